@@ -1,0 +1,147 @@
+"""The ``spectrace`` command.
+
+Every user error (bad SQL, a missing store, bad arguments) ends with one line
+on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A one-line error for the user; exit code 2."""
+
+
+def _default_dir() -> str:
+    return os.environ.get("SPECTRACE_DIR") or "spectrace-data"
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, max_width: int = 60) -> str:
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(value)
+        text = text.replace("\n", " ")
+        return text if len(text) <= max_width else text[: max_width - 1] + "…"
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [len(c) for c in columns]
+    for row in cells:
+        widths = [max(w, len(v)) for w, v in zip(widths, row)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()
+    rule = "  ".join("-" * w for w in widths)
+    body = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join([line, rule, *body])
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from spectrace.queries import named
+    from spectrace.queries.store import StoreError, open as open_store
+
+    if args.named:
+        try:
+            sql = named.load(args.named)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+    elif args.sql:
+        sql = args.sql
+    else:
+        raise UsageError("give SQL to run, or --named NAME (see --list)")
+    try:
+        con = open_store(args.dir)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        result = con.execute(sql)
+        columns = [d[0] for d in result.description] if result.description else []
+        rows = result.fetchall() if columns else []
+    except duckdb.Error as exc:
+        message = str(exc).strip().splitlines()[0]
+        raise UsageError(f"query failed: {message}") from None
+    out = sys.stdout
+    if args.format == "json":
+        json.dump([dict(zip(columns, map(_jsonable, row))) for row in rows], out, indent=1)
+        out.write("\n")
+    elif args.format == "csv":
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        out.write(format_table(columns, rows) + "\n")
+        out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from spectrace.queries import report
+    from spectrace.queries.store import StoreError, open as open_store
+
+    try:
+        con = open_store(args.dir)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        text = report.render(con, run_id=args.run, plot=args.plot)
+    except report.ReportError as exc:
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spectrace", description="Observability for speculative decoding in vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    query = sub.add_parser("query", help="run SQL over the store (read-only, works while vLLM writes)")
+    query.add_argument("sql", nargs="?", help="SQL over the views (runs, spans, findings, ...)")
+    query.add_argument("--named", help="run one of spectrace's named queries instead of SQL")
+    query.add_argument("--dir", default=_default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
+    query.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    query.set_defaults(func=cmd_query)
+
+    report = sub.add_parser("report", help="readable summary of a run")
+    report.add_argument("--dir", default=_default_dir())
+    report.add_argument("--run", help="run id (default: the latest run)")
+    report.add_argument("--plot", help="write acceptance per position as a PNG to this file")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed one usage line
+        return int(exc.code or 0) and EXIT_USAGE
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"spectrace: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""Named SQL queries shipped with spectrace (``spectrace query --named NAME``).
+
+Each ``queries/<name>.sql`` file is one query over the store's views.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_DIR = Path(__file__).parent
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in _DIR.glob("*.sql") if p.stem != "views")
+
+
+def load(name: str) -> str:
+    path = _DIR / f"{name}.sql"
+    if name == "views" or not path.exists():
+        raise KeyError(f"no named query {name!r}; known: {', '.join(names()) or 'none'}")
+    return path.read_text()

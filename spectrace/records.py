@@ -1,0 +1,151 @@
+"""The record model: every table spectrace writes, with its columns and types.
+
+Writers (``spectrace.exporters``) and readers (``spectrace.queries``) both use
+these definitions, so a column exists in exactly one place. Each Parquet segment
+carries ``schema_version``; readers accept segments of every older version
+(missing columns read as NULL).
+
+Types are DuckDB type names; ``JSON`` columns are stored as strings.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# Every record carries who wrote it.
+COMMON: list[tuple[str, str]] = [
+    ("run_id", "VARCHAR"),
+    ("process_role", "VARCHAR"),
+    ("pid", "BIGINT"),
+    ("host", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("schema_version", "INTEGER"),
+]
+
+TABLES: dict[str, list[tuple[str, str]]] = {
+    # One row per engine start (one config resolution), written by the frontend.
+    "runs": [
+        ("started_at", "TIMESTAMP_NS"),
+        ("vllm_version", "VARCHAR"),
+        ("spectrace_version", "VARCHAR"),
+        ("target_model", "VARCHAR"),
+        ("draft_model", "VARCHAR"),
+        ("method", "VARCHAR"),
+        ("method_inferred", "BOOLEAN"),
+        ("num_speculative_tokens", "INTEGER"),
+        ("model_runner", "VARCHAR"),
+        ("trace_id", "VARCHAR"),
+    ],
+    # The meaning of the OpenTelemetry Collector ClickHouse exporter's otel_traces.
+    "spans": [
+        ("trace_id", "VARCHAR"),
+        ("span_id", "VARCHAR"),
+        ("parent_span_id", "VARCHAR"),
+        ("name", "VARCHAR"),
+        ("kind", "VARCHAR"),
+        ("service_name", "VARCHAR"),
+        ("start_time", "TIMESTAMP_NS"),
+        ("end_time", "TIMESTAMP_NS"),
+        ("status_code", "VARCHAR"),
+        ("status_message", "VARCHAR"),
+        ("attributes", "JSON"),
+        ("resource_attributes", "JSON"),
+        ("events", "JSON"),
+        ("links", "JSON"),
+    ],
+    # Which vLLM callables spectrace hooked in this process, and which it could not.
+    "hooks": [
+        ("ts", "TIMESTAMP_NS"),
+        ("hook", "VARCHAR"),
+        ("target", "VARCHAR"),
+        ("status", "VARCHAR"),  # installed | missing
+        ("detail", "VARCHAR"),
+        ("vllm_version", "VARCHAR"),
+        ("supported_versions", "VARCHAR"),
+    ],
+    # Exceptions raised inside spectrace's own hooks (vLLM went on).
+    "internal_errors": [
+        ("ts", "TIMESTAMP_NS"),
+        ("hook", "VARCHAR"),
+        ("error", "VARCHAR"),
+        ("count", "BIGINT"),
+    ],
+    # Raw and resolved config per model (the config-resolution step).
+    "model_configs": [
+        ("ts", "TIMESTAMP_NS"),
+        ("model_role", "VARCHAR"),  # target | draft
+        ("model", "VARCHAR"),
+        ("declared", "JSON"),
+        ("transformers_class", "VARCHAR"),
+        ("transformers_resolved", "JSON"),
+        ("vllm_class", "VARCHAR"),
+        ("vllm_resolved", "JSON"),
+        ("error", "VARCHAR"),
+    ],
+    # Field by field: declared vs resolved.
+    "config_fields": [
+        ("model_role", "VARCHAR"),
+        ("field", "VARCHAR"),
+        ("declared", "JSON"),
+        ("resolved", "JSON"),
+        ("status", "VARCHAR"),  # ok | dropped | changed | defaulted
+    ],
+    # Per attention layer: declared vs resolved vs runtime.
+    "attention_layout": [
+        ("model_role", "VARCHAR"),
+        ("layer_index", "INTEGER"),
+        ("layer_name", "VARCHAR"),
+        ("declared_type", "VARCHAR"),
+        ("declared_window", "INTEGER"),
+        ("resolved_type", "VARCHAR"),
+        ("resolved_window", "INTEGER"),
+        ("runtime_type", "VARCHAR"),
+        ("runtime_window", "INTEGER"),
+        ("kv_cache_spec", "VARCHAR"),
+        ("causal", "BOOLEAN"),
+        ("process", "VARCHAR"),
+    ],
+    "findings": [
+        ("ts", "TIMESTAMP_NS"),
+        ("code", "VARCHAR"),
+        ("severity", "VARCHAR"),  # error | warning | info
+        ("component", "VARCHAR"),
+        ("model_role", "VARCHAR"),
+        ("message", "VARCHAR"),
+        ("evidence", "JSON"),
+        ("fix", "VARCHAR"),
+        ("caused_by", "VARCHAR"),
+    ],
+    # One row per request-step with drafts (sampled by SPECTRACE_STEP_SAMPLE).
+    "verify_steps": [
+        ("ts", "TIMESTAMP_NS"),
+        ("step", "BIGINT"),
+        ("request_id", "VARCHAR"),
+        ("context_len", "BIGINT"),
+        ("num_drafted", "INTEGER"),
+        ("num_accepted", "INTEGER"),
+        ("greedy", "BOOLEAN"),
+        ("structured_output", "BOOLEAN"),
+    ],
+    # Complete per-position counts, aggregated per flush (never sampled).
+    "verify_counts": [
+        ("ts", "TIMESTAMP_NS"),
+        ("source", "VARCHAR"),  # engine_core | worker
+        ("position", "INTEGER"),
+        ("context_bucket", "VARCHAR"),
+        ("drafted", "BIGINT"),
+        ("accepted", "BIGINT"),
+        ("steps", "BIGINT"),
+    ],
+}
+
+JSON_COLUMNS = {
+    (table, name) for table, cols in TABLES.items() for name, kind in cols if kind == "JSON"
+}
+
+
+def columns(table: str) -> list[tuple[str, str]]:
+    """All columns of ``table``: common columns first, then the table's own."""
+    own = TABLES[table]
+    own_names = {name for name, _ in own}
+    return [c for c in COMMON if c[0] not in own_names] + own

@@ -1,0 +1,72 @@
+"""The one place that reads spectrace's environment variables.
+
+Everything else receives a :class:`Settings`. Each variable, its default and
+its meaning is listed in README.md ("Configuration").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _flag(env: dict[str, str], name: str, default: bool = False) -> bool:
+    value = env.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in _FALSE
+
+
+def _number(env: dict[str, str], name: str, default: float, cast=float):
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    enabled: bool = False
+    dir: Path = Path("spectrace-data")
+    run_id: str | None = None
+    exporters: tuple[str, ...] = ("duckdb",)
+    flush_interval_s: float = 1.0
+    max_buffer_rows: int = 200_000
+    step_sample: float = 1.0
+    span_every_steps: int = 100
+    collapse_threshold: float = 0.1
+    collapse_window_tokens: int = 2000
+    collapse_min_tokens: int = 200
+    record_tokens: bool = False
+    inject_fault: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        exporters = tuple(
+            part.strip().lower()
+            for part in env.get("SPECTRACE_EXPORTER", "duckdb").split(",")
+            if part.strip()
+        ) or ("duckdb",)
+        return cls(
+            enabled=_flag(env, "SPECTRACE"),
+            dir=Path(env.get("SPECTRACE_DIR") or "spectrace-data").absolute(),
+            run_id=env.get("SPECTRACE_RUN_ID") or None,
+            exporters=exporters,
+            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", 1.0),
+            max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", 200_000, int),
+            step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", 1.0),
+            span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", 100, int),
+            collapse_threshold=_number(env, "SPECTRACE_COLLAPSE_THRESHOLD", 0.1),
+            collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", 2000, int),
+            collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", 200, int),
+            record_tokens=_flag(env, "SPECTRACE_RECORD_TOKENS"),
+            inject_fault=env.get("SPECTRACE_INJECT_FAULT") or None,
+        )

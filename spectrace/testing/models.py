@@ -1,0 +1,610 @@
+"""Offline builders of tiny random-weight models for real vLLM (CPU) runs.
+
+Every builder writes a self-contained Hugging Face model directory (``config.json``,
+``model.safetensors`` and the tokenizer files) and returns its path. Shapes are tiny
+(float32, hidden 128, 4 heads / 2 KV heads, head_dim 32, vocab 512) so that vLLM 0.32
+loads and runs them with speculative decoding in a few seconds on a CPU.
+
+Nothing here downloads anything: the tokenizer is trained locally and all weights are
+drawn from a seeded generator.
+
+Zeroing the final norm (``zero_final_norm=True``) makes every logit 0, so greedy
+argmax is token 0 at every step. A target and a drafter that both zero their final
+norm agree on every token: 100 % acceptance for eagle3 / dflash / mtp drafters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+__all__ = [
+    "ZOO_VERSION",
+    "build_dflash",
+    "build_draft_model",
+    "build_eagle3",
+    "build_mtp",
+    "build_target",
+    "build_tokenizer",
+    "build_zoo",
+]
+
+#: Bump whenever a builder's output changes; :func:`build_zoo` rebuilds on mismatch.
+ZOO_VERSION = 1
+
+HIDDEN_SIZE = 128
+INTERMEDIATE_SIZE = 256
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = 32
+VOCAB_SIZE = 512
+RMS_NORM_EPS = 1e-6
+WEIGHT_STD = 0.2
+
+EOS_TOKEN = "<|endoftext|>"
+BOS_TOKEN = "<|bos|>"
+PAD_TOKEN = "<|pad|>"
+MASK_TOKEN = "<|mask|>"
+_SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN, PAD_TOKEN, MASK_TOKEN)
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+_ZOO_MARKER = "spectrace-zoo.json"
+
+_WORDS = (
+    "the a an of to in is was for on that with as by at from it this be are or not but "
+    "have has had which one all were they their there been more when will would who so "
+    "if out no up what about into than them can only other new some could time these two "
+    "may then do first any my now such like our over man me even most made after also did "
+    "many before must through back years where much your way well down should because "
+    "each just those people how too little state good very make world still own see men "
+    "work long get here between both life being under never day same another know while "
+    "last might us great old year off come since against go came right used take three "
+    "draft token accept reject verify speculative decode model layer hidden state target"
+).split()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _corpus() -> list[str]:
+    """Deterministic English-like training text for the BPE tokenizer."""
+    rng = random.Random(0)
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + rng.choice(".,!?")
+        for _ in range(3000)
+    ]
+
+
+def _special_ids(tokenizer_dir: str | os.PathLike[str]) -> dict[str, int]:
+    """Ids of the special tokens, read from a saved ``tokenizer.json``."""
+    data = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    by_content = {tok["content"]: tok["id"] for tok in data.get("added_tokens", [])}
+    ids = {
+        "eos_token_id": by_content.get(EOS_TOKEN),
+        "bos_token_id": by_content.get(BOS_TOKEN),
+        "pad_token_id": by_content.get(PAD_TOKEN),
+        "mask_token_id": by_content.get(MASK_TOKEN),
+    }
+    return {key: value for key, value in ids.items() if value is not None}
+
+
+def _copy_tokenizer(src: str | os.PathLike[str], dst: Path) -> None:
+    """Copy the tokenizer files of ``src`` (a tokenizer or model dir) into ``dst``."""
+    for name in _TOKENIZER_FILES:
+        path = Path(src) / name
+        if path.is_file():
+            shutil.copyfile(path, dst / name)
+
+
+def _random_tensors(shapes: Mapping[str, Sequence[int]], seed: int) -> dict[str, torch.Tensor]:
+    """Seeded float32 weights: norms are ones, everything else ~ N(0, WEIGHT_STD)."""
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(shapes):
+        shape = tuple(shapes[name])
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape, dtype=torch.float32)
+        else:
+            out[name] = torch.randn(shape, generator=gen, dtype=torch.float32) * WEIGHT_STD
+    return out
+
+
+def _decoder_layer_shapes(
+    prefix: str, *, qkv_in: int = HIDDEN_SIZE, qk_norm: bool = True, qkv_bias: bool = False
+) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of one Llama/Qwen decoder layer under ``prefix``."""
+    q, kv = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
+    shapes: dict[str, tuple[int, ...]] = {
+        f"{prefix}.self_attn.q_proj.weight": (q, qkv_in),
+        f"{prefix}.self_attn.k_proj.weight": (kv, qkv_in),
+        f"{prefix}.self_attn.v_proj.weight": (kv, qkv_in),
+        f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, q),
+        f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+        f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
+        f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
+        f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
+        f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
+    }
+    if qk_norm:
+        shapes[f"{prefix}.self_attn.q_norm.weight"] = (HEAD_DIM,)
+        shapes[f"{prefix}.self_attn.k_norm.weight"] = (HEAD_DIM,)
+    if qkv_bias:
+        shapes[f"{prefix}.self_attn.q_proj.bias"] = (q,)
+        shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv,)
+        shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv,)
+    return shapes
+
+
+def _write_checkpoint(
+    out_dir: str | os.PathLike[str],
+    config: Mapping[str, Any],
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    tokenizer_src: str | os.PathLike[str],
+) -> Path:
+    """Write ``config.json`` exactly as given, ``model.safetensors`` and the tokenizer."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+    save_file(
+        {name: t.contiguous() for name, t in tensors.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    _copy_tokenizer(tokenizer_src, out)
+    return out
+
+
+def _save_causal_lm(
+    out_dir: str | os.PathLike[str],
+    config: Any,
+    *,
+    seed: int,
+    tokenizer_dir: str | os.PathLike[str],
+    zero: Iterable[str] = (),
+    extra_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Path:
+    """Build a transformers model from ``config``, fill it with seeded random weights
+    (``zero`` names set to 0; ``extra_shapes`` adds tensors the HF class lacks) and
+    ``save_pretrained`` it together with the tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    architectures = list(config.architectures or [])  # save_pretrained overwrites it
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    shapes.update(extra_shapes or {})
+    state = _random_tensors(shapes, seed)
+    for name in zero:
+        state[name].zero_()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _quiet_progress():
+        model.save_pretrained(out, state_dict=state)
+    # save_pretrained writes the Python class name (e.g. Qwen2ForCausalLM) as the
+    # architecture; keep the one the config declares (e.g. MiMoForCausalLM).
+    if architectures:
+        saved = json.loads((out / "config.json").read_text())
+        saved["architectures"] = architectures
+        (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    _copy_tokenizer(tokenizer_dir, out)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """Silence transformers' "Writing model shards" progress bar for one save."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _base_config(tokenizer_dir: str | os.PathLike[str], **overrides: Any) -> dict[str, Any]:
+    """The shared tiny shape plus the tokenizer's special token ids."""
+    ids = _special_ids(tokenizer_dir)
+    ids.pop("mask_token_id", None)
+    return {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_attention_heads": NUM_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "rms_norm_eps": RMS_NORM_EPS,
+        "tie_word_embeddings": False,
+        **ids,
+        **overrides,
+    }
+
+
+def _draft_config(target_dir: str | os.PathLike[str], **fields: Any) -> dict[str, Any]:
+    """A hand-written drafter config: the target's shape, rope and ids plus ``fields``.
+
+    Only the keys listed here and in ``fields`` are written: no derived defaults
+    (``layer_types``, ``sliding_window``, ``use_sliding_window``...) are added.
+    """
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    keys = (
+        "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+        "max_position_embeddings", "rope_parameters", "bos_token_id", "eos_token_id",
+        "pad_token_id",
+    )  # fmt: skip
+    config = {key: target[key] for key in keys if target.get(key) is not None}
+    config.update(tie_word_embeddings=False, attention_bias=False, dtype="float32")
+    config.update(fields)
+    return config
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``extra`` into ``base`` (nested dicts are merged, not replaced)."""
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _not_none(**items: Any) -> dict[str, Any]:
+    return {key: value for key, value in items.items() if value is not None}
+
+
+# -------------------------------------------------------------------------- builders
+
+
+def build_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
+    """Train a deterministic 512-token byte-level BPE and save it as a
+    ``PreTrainedTokenizerFast`` (special tokens eos/bos/pad/mask take ids 508-511,
+    so id 0 is an ordinary token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.add_special_tokens(list(_SPECIAL_TOKENS))
+    if tok.get_vocab_size() != VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, want {VOCAB_SIZE}")
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        mask_token=MASK_TOKEN,
+        model_max_length=2048,
+        chat_template=_CHAT_TEMPLATE,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    wrapped.save_pretrained(out)
+    return out
+
+
+def build_target(
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer_dir: str | os.PathLike[str],
+    num_layers: int = 8,
+    seed: int = 0,
+    zero_final_norm: bool = False,
+    max_position_embeddings: int = 2048,
+    rope_scaling: Mapping[str, Any] | None = None,
+) -> Path:
+    """A random ``Qwen3ForCausalLM`` target (``zero_final_norm``: argmax is always 0)."""
+    from transformers import Qwen3Config
+
+    extra = {"rope_scaling": dict(rope_scaling)} if rope_scaling is not None else {}
+    config = Qwen3Config(
+        **_base_config(tokenizer_dir),
+        num_hidden_layers=num_layers,
+        max_position_embeddings=max_position_embeddings,
+        architectures=["Qwen3ForCausalLM"],
+        **extra,
+    )
+    zero = ["model.norm.weight"] if zero_final_norm else []
+    return _save_causal_lm(out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir, zero=zero)
+
+
+def build_draft_model(
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer_dir: str | os.PathLike[str],
+    seed: int,
+    num_layers: int = 2,
+) -> Path:
+    """A plain Qwen3 model for ``method="draft_model"``.
+
+    With the target's seed and ``num_layers`` it is identical to the target (100 %
+    greedy acceptance); another seed disagrees almost always (acceptance near 0).
+    """
+    return build_target(out_dir, tokenizer_dir=tokenizer_dir, num_layers=num_layers, seed=seed)
+
+
+def build_dflash(
+    out_dir: str | os.PathLike[str],
+    *,
+    target_dir: str | os.PathLike[str],
+    num_layers: int = 1,
+    seed: int = 1,
+    zero_final_norm: bool = False,
+    layer_types: Sequence[str] | None = None,
+    sliding_window: int | None = None,
+    use_sliding_window: bool | None = None,
+    swa_window_size: int | None = None,
+    dflash_target_layer_ids: Sequence[int] | None = (1, 4, 6),
+    top_level_target_layer_ids: Sequence[int] | None = None,
+    mask_token_id: int | None = None,
+    extra_config: Mapping[str, Any] | None = None,
+) -> Path:
+    """A ``DFlashDraftModel`` drafter (vLLM ``qwen3_dflash.py``) for ``target_dir``.
+
+    Arguments left as None are not written to ``config.json`` at all, so a config can
+    reproduce exactly what a user declared (e.g. ``sliding_window`` without
+    ``use_sliding_window``). ``layer_types``, ``sliding_window`` and
+    ``use_sliding_window`` go to the top level; ``swa_window_size``, ``mask_token_id``
+    and ``dflash_target_layer_ids`` (as ``target_layer_ids``) to ``dflash_config``.
+    ``top_level_target_layer_ids`` is written as top-level ``target_layer_ids``
+    instead of ``dflash_config.target_layer_ids``. ``mask_token_id=None`` uses the
+    target tokenizer's ``<|mask|>`` id (vLLM refuses a DFlash drafter without one).
+    ``fc`` is ``[H, n_taps * H]`` with n_taps the number of declared ids (3 if none).
+    Embeddings and ``lm_head`` are not stored: vLLM shares the target's.
+    ``extra_config`` is merged last (nested dicts merge).
+    """
+    if mask_token_id is None:
+        mask_token_id = _special_ids(target_dir).get("mask_token_id")
+    if top_level_target_layer_ids is not None:
+        ids = list(top_level_target_layer_ids)
+        dflash_ids = None
+    else:
+        ids = list(dflash_target_layer_ids) if dflash_target_layer_ids is not None else []
+        dflash_ids = ids if dflash_target_layer_ids is not None else None
+    n_taps = len(ids) or 3
+
+    config = _draft_config(
+        target_dir,
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        num_hidden_layers=num_layers,
+        dflash_config=_not_none(
+            mask_token_id=mask_token_id,
+            target_layer_ids=dflash_ids,
+            swa_window_size=swa_window_size,
+        ),
+        **_not_none(
+            layer_types=list(layer_types) if layer_types is not None else None,
+            sliding_window=sliding_window,
+            use_sliding_window=use_sliding_window,
+            target_layer_ids=ids if top_level_target_layer_ids is not None else None,
+        ),
+    )
+    _merge(config, extra_config or {})
+
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (HIDDEN_SIZE, n_taps * HIDDEN_SIZE),
+        "hidden_norm.weight": (HIDDEN_SIZE,),
+        "norm.weight": (HIDDEN_SIZE,),
+    }
+    for i in range(num_layers):
+        shapes.update(_decoder_layer_shapes(f"layers.{i}"))
+    tensors = _random_tensors(shapes, seed)
+    if zero_final_norm:
+        tensors["norm.weight"].zero_()
+    return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
+
+
+def build_eagle3(
+    out_dir: str | os.PathLike[str],
+    *,
+    target_dir: str | os.PathLike[str],
+    aux_layer_ids: Sequence[int] | None = (1, 4, 6),
+    zero_final_norm: bool = False,
+    seed: int = 2,
+    draft_vocab_size: int | None = None,
+) -> Path:
+    """A one-layer ``LlamaForCausalLMEagle3`` drafter (vLLM ``llama_eagle3.py``).
+
+    ``aux_layer_ids`` is written as top-level ``eagle_aux_hidden_state_layer_ids``
+    (read by both vLLM runners); None declares no ids, so vLLM uses the target's
+    default taps. ``fc`` is ``[H, n * H]``; when n != 3 ``num_aux_hidden_states`` is
+    written too, because ``llama_eagle3.py`` sizes ``fc`` from that key (or from
+    ``eagle_config``), not from the top-level ids. Embeddings are shared with the
+    target; ``lm_head`` too unless ``draft_vocab_size`` is given: then the drafter
+    has its own ``[draft_vocab_size, H]`` head and ``d2t``/``t2d`` tensors mapping
+    draft id i to target id ``i * vocab // draft_vocab_size`` (id 0 maps to 0).
+    """
+    n_aux = len(aux_layer_ids) if aux_layer_ids else 3
+    fields = _not_none(
+        eagle_aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids else None,
+        num_aux_hidden_states=n_aux if n_aux != 3 else None,
+        draft_vocab_size=draft_vocab_size,
+    )
+    config = _draft_config(
+        target_dir,
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        **fields,
+    )
+    vocab = int(config["vocab_size"])
+
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (HIDDEN_SIZE, n_aux * HIDDEN_SIZE),
+        "norm.weight": (HIDDEN_SIZE,),
+        "midlayer.hidden_norm.weight": (HIDDEN_SIZE,),
+        **_decoder_layer_shapes("midlayer", qkv_in=2 * HIDDEN_SIZE, qk_norm=False),
+    }
+    if draft_vocab_size is not None:
+        if not 0 < draft_vocab_size <= vocab:
+            raise ValueError(f"draft_vocab_size must be in 1..{vocab}, got {draft_vocab_size}")
+        shapes["lm_head.weight"] = (draft_vocab_size, HIDDEN_SIZE)
+    tensors = _random_tensors(shapes, seed)
+    if zero_final_norm:
+        tensors["norm.weight"].zero_()
+    if draft_vocab_size is not None:
+        draft_ids = torch.arange(draft_vocab_size, dtype=torch.long)
+        target_ids = draft_ids * vocab // draft_vocab_size
+        tensors["d2t"] = target_ids - draft_ids
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[target_ids] = True
+        tensors["t2d"] = t2d
+    return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
+
+
+def build_mtp(
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer_dir: str | os.PathLike[str],
+    num_layers: int = 2,
+    seed: int = 3,
+    zero_final_norm: bool = False,
+) -> Path:
+    """A Qwen2-style ``MiMoForCausalLM`` target with one MTP layer
+    (``model.mtp_layers.0.*``, vLLM ``mimo_mtp.py``): run it with
+    ``speculative_config={"method": "mtp", "num_speculative_tokens": k}`` and no
+    draft path. ``zero_final_norm`` zeroes both the final norm and the MTP layer's
+    ``final_layernorm``."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        **_base_config(tokenizer_dir),
+        num_hidden_layers=num_layers,
+        max_position_embeddings=2048,
+        num_nextn_predict_layers=1,
+        architectures=["MiMoForCausalLM"],
+    )
+    mtp = "model.mtp_layers.0"
+    extra: dict[str, tuple[int, ...]] = {
+        f"{mtp}.token_layernorm.weight": (HIDDEN_SIZE,),
+        f"{mtp}.hidden_layernorm.weight": (HIDDEN_SIZE,),
+        f"{mtp}.input_proj.weight": (HIDDEN_SIZE, 2 * HIDDEN_SIZE),
+        f"{mtp}.final_layernorm.weight": (HIDDEN_SIZE,),
+        **_decoder_layer_shapes(mtp, qk_norm=False, qkv_bias=True),
+    }
+    zero = ["model.norm.weight", f"{mtp}.final_layernorm.weight"] if zero_final_norm else []
+    return _save_causal_lm(
+        out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir, zero=zero, extra_shapes=extra
+    )
+
+
+# ------------------------------------------------------------------------------- zoo
+
+_ZOO_NAMES = (
+    "tokenizer", "target", "target_zero", "draft_self", "draft_seeded", "dflash",
+    "dflash_zero", "eagle3", "eagle3_zero", "eagle3_noids", "mtp", "mtp_zero",
+)  # fmt: skip
+
+
+def _zoo_paths(root: Path) -> dict[str, Path]:
+    paths = {name: root / name for name in _ZOO_NAMES}
+    paths["draft_self"] = root / "target"  # the target itself is the perfect drafter
+    return paths
+
+
+def _zoo_fingerprint() -> dict[str, Any]:
+    import tokenizers
+    import transformers
+
+    return {
+        "zoo_version": ZOO_VERSION,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "torch": torch.__version__.split("+")[0],
+    }
+
+
+def _zoo_ready(root: Path) -> bool:
+    try:
+        marker = json.loads((root / _ZOO_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("fingerprint") == _zoo_fingerprint() and all(
+        (path / "config.json").is_file() or name == "tokenizer"
+        for name, path in _zoo_paths(root).items()
+    )
+
+
+def _build_zoo_into(root: Path) -> None:
+    tok = build_tokenizer(root / "tokenizer")
+    target = build_target(root / "target", tokenizer_dir=tok)
+    target_zero = build_target(root / "target_zero", tokenizer_dir=tok, zero_final_norm=True)
+    build_draft_model(root / "draft_seeded", tokenizer_dir=tok, seed=1)
+    build_dflash(root / "dflash", target_dir=target)
+    build_dflash(root / "dflash_zero", target_dir=target_zero, zero_final_norm=True)
+    build_eagle3(root / "eagle3", target_dir=target)
+    build_eagle3(root / "eagle3_zero", target_dir=target_zero, zero_final_norm=True)
+    build_eagle3(root / "eagle3_noids", target_dir=target, aux_layer_ids=None)
+    build_mtp(root / "mtp", tokenizer_dir=tok)
+    build_mtp(root / "mtp_zero", tokenizer_dir=tok, zero_final_norm=True)
+
+
+def build_zoo(root: str | os.PathLike[str], *, force: bool = False) -> dict[str, Path]:
+    """Build the standard model set under ``root`` once and return name -> path.
+
+    Names: tokenizer, target (8 layers), target_zero, draft_self (the target dir),
+    draft_seeded, dflash, dflash_zero, eagle3, eagle3_zero, eagle3_noids, mtp,
+    mtp_zero. ``*_zero`` drafters pair with ``target_zero`` (mtp_zero is its own
+    target). A marker file keyed on :data:`ZOO_VERSION` (and library versions) makes
+    later calls instant; the zoo is built in a temporary sibling directory and
+    renamed into place, so a partial or concurrent build never leaves a half zoo.
+    """
+    root = Path(root).absolute()
+    paths = _zoo_paths(root)
+    if not force and _zoo_ready(root):
+        return paths
+    if root.exists() and any(root.iterdir()) and not (root / _ZOO_MARKER).exists():
+        raise FileExistsError(f"{root} exists and is not a spectrace model zoo")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.build-", dir=root.parent))
+    tmp.chmod(0o755)  # mkdtemp creates 0700; the zoo is shared read-only data
+    aside = root.parent / f".{root.name}.old-{uuid.uuid4().hex}"
+    try:
+        _build_zoo_into(tmp)
+        marker = {"fingerprint": _zoo_fingerprint(), "models": sorted(paths)}
+        (tmp / _ZOO_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        if not force and _zoo_ready(root):  # another process finished first
+            return paths
+        if root.exists():
+            os.rename(root, aside)
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            if not _zoo_ready(root):  # lost a race to a build that is not usable
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(aside, ignore_errors=True)
+    return paths

@@ -1,0 +1,293 @@
+"""Frontend hooks: run start, config resolution, engine started.
+
+vLLM 0.32 sites (``engine/arg_utils.py``, ``config/model.py``,
+``v1/engine/llm_engine.py``, ``v1/engine/async_llm.py``):
+
+- ``EngineArgs.create_engine_config`` resolves every config of one engine: a run
+  starts here (root span ``spectrace.run``).
+- ``get_config`` as imported by ``vllm.config.model`` builds each model's
+  transformers config (target first, then the draft from
+  ``SpeculativeConfig.__post_init__``). We note what it returned; the declared
+  ``config.json`` is read from disk next to it.
+- ``LLMEngine.__init__`` / ``AsyncLLM.__init__`` return once the engine core is
+  up: the root span ends there, so it is exported even if the server is killed.
+
+Records that a failing load must not lose (config, findings) are flushed
+synchronously.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spectrace.tracer import runtime
+from spectrace.tracer.hooks import Hook
+
+ROLE = "frontend"
+
+
+@dataclass
+class ConfigCapture:
+    model: str
+    start_ns: int
+    end_ns: int
+    config: Any = None
+    error: str | None = None
+
+
+def read_declared(model: str) -> dict[str, Any] | None:
+    """The raw ``config.json`` of ``model`` as written (local dir or HF cache)."""
+    path = Path(model)
+    if path.is_dir():
+        file = path / "config.json"
+        return json.loads(file.read_text()) if file.exists() else None
+    try:
+        from transformers import PretrainedConfig
+
+        config_dict, _ = PretrainedConfig.get_config_dict(model, local_files_only=True)
+        return config_dict
+    except Exception:
+        return None
+
+
+def config_to_dict(config: Any) -> dict[str, Any] | None:
+    if config is None:
+        return None
+    try:
+        data = config.to_dict()
+    except Exception:
+        data = dict(getattr(config, "__dict__", {}))
+    return json.loads(json.dumps(data, default=str))
+
+
+# -- hooks -----------------------------------------------------------------------
+
+
+def wrap_create_engine_config(original):
+    def create_engine_config(self, *args, **kwargs):
+        rt = runtime.get()
+        run = None
+        with runtime.guard("frontend.create_engine_config"):
+            if rt is not None:
+                run = rt.begin_run()
+                rt.enter_role(ROLE)
+        try:
+            vllm_config = original(self, *args, **kwargs)
+        except BaseException as exc:
+            with runtime.guard("frontend.create_engine_config"):
+                if rt is not None and run is not None:
+                    record_resolution(rt, run, self, None, exc)
+                    rt.end_run_span(exc)
+            raise
+        with runtime.guard("frontend.create_engine_config"):
+            if rt is not None and run is not None:
+                record_resolution(rt, run, self, vllm_config, None)
+        return vllm_config
+
+    return create_engine_config
+
+
+def wrap_get_config(original):
+    def get_config(model, *args, **kwargs):
+        start = time.time_ns()
+        try:
+            config = original(model, *args, **kwargs)
+        except BaseException as exc:
+            with runtime.guard("frontend.get_config"):
+                _capture(ConfigCapture(str(model), start, time.time_ns(), None, f"{type(exc).__name__}: {exc}"))
+            raise
+        with runtime.guard("frontend.get_config"):
+            _capture(ConfigCapture(str(model), start, time.time_ns(), config))
+        return config
+
+    return get_config
+
+
+def _capture(capture: ConfigCapture) -> None:
+    rt = runtime.get()
+    if rt is not None and rt.run is not None and rt.run.root_span is not None:
+        rt.run.model_captures.append(capture)
+
+
+def wrap_engine_init(original):
+    def __init__(self, *args, **kwargs):
+        try:
+            original(self, *args, **kwargs)
+        except BaseException as exc:
+            with runtime.guard("frontend.engine_started"):
+                rt = runtime.get()
+                if rt is not None:
+                    rt.end_run_span(exc)
+            raise
+        with runtime.guard("frontend.engine_started"):
+            rt = runtime.get()
+            if rt is not None:
+                rt.end_run_span()
+
+    return __init__
+
+
+HOOKS = [
+    Hook("frontend.create_engine_config", "vllm.engine.arg_utils:EngineArgs.create_engine_config", wrap_create_engine_config),
+    Hook("frontend.get_config", "vllm.config.model:get_config", wrap_get_config),
+    Hook("frontend.llm_engine_started", "vllm.v1.engine.llm_engine:LLMEngine.__init__", wrap_engine_init),
+    Hook("frontend.async_llm_started", "vllm.v1.engine.async_llm:AsyncLLM.__init__", wrap_engine_init),
+]
+
+
+# -- what gets recorded ----------------------------------------------------------
+
+
+def _spec_dict(engine_args: Any) -> dict[str, Any]:
+    spec = getattr(engine_args, "speculative_config", None)
+    if isinstance(spec, dict):
+        return spec
+    if spec is None:
+        return {}
+    return {k: getattr(spec, k, None) for k in ("model", "method", "num_speculative_tokens")}
+
+
+def run_info(engine_args: Any, vllm_config: Any) -> dict[str, Any]:
+    """Target, draft, method and runner of this engine, from whatever resolved."""
+    spec_args = _spec_dict(engine_args)
+    info: dict[str, Any] = {
+        "target_model": str(getattr(engine_args, "model", "") or ""),
+        "draft_model": spec_args.get("model"),
+        "method": spec_args.get("method"),
+        "method_inferred": bool(spec_args) and not spec_args.get("method"),
+        "num_speculative_tokens": spec_args.get("num_speculative_tokens"),
+        "model_runner": None,
+        "parallel_drafting": None,
+    }
+    if vllm_config is not None:
+        info["target_model"] = vllm_config.model_config.model
+        spec = vllm_config.speculative_config
+        if spec is not None:
+            info["method"] = spec.method
+            info["num_speculative_tokens"] = spec.num_speculative_tokens
+            info["parallel_drafting"] = bool(getattr(spec, "parallel_drafting", False))
+            draft = getattr(spec, "draft_model_config", None)
+            if draft is not None and spec.method not in ("ngram", "[ngram]", "suffix"):
+                info["draft_model"] = draft.model
+            elif spec.method in ("ngram", "[ngram]", "suffix"):
+                info["draft_model"] = None
+        try:
+            info["model_runner"] = "v2" if vllm_config.use_v2_model_runner else "v1"
+        except Exception:
+            info["model_runner"] = None
+    if info["draft_model"] is not None:
+        info["draft_model"] = str(info["draft_model"])
+    return info
+
+
+def assign_roles(captures: list[ConfigCapture], info: dict[str, Any]) -> list[tuple[str, ConfigCapture]]:
+    """Which captured get_config call was the target's and which the draft's.
+
+    The target resolves first; a drafter that is the target itself resolves again
+    under the same path, so roles go by order, not only by path.
+    """
+    roles: list[tuple[str, ConfigCapture]] = []
+    want = [("target", info.get("target_model"))]
+    if info.get("draft_model"):
+        want.append(("draft", info["draft_model"]))
+    for capture in captures:
+        for i, (role, path) in enumerate(want):
+            if path is not None and _same_model(capture.model, path):
+                roles.append((role, capture))
+                want.pop(i)
+                break
+    return roles
+
+
+def _same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def vllm_resolved(vllm_config: Any, role: str) -> Any:
+    if vllm_config is None:
+        return None
+    if role == "target":
+        return vllm_config.model_config.hf_config
+    spec = vllm_config.speculative_config
+    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
+    return getattr(draft, "hf_config", None)
+
+
+def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: Any, vllm_config: Any, error: BaseException | None) -> None:
+    """Write runs / model_configs rows and one ``spectrace.config.resolve`` span per model."""
+    from spectrace.tracer import audit_live
+
+    info = run_info(engine_args, vllm_config)
+    run.info.update(info)
+    error_text = f"{type(error).__name__}: {error}" if error is not None else None
+    rt.record(
+        "runs",
+        {
+            "started_at": run.started_ns,
+            "vllm_version": runtime.vllm_version(),
+            "spectrace_version": __import__("spectrace").__version__,
+            "target_model": info["target_model"],
+            "draft_model": info["draft_model"],
+            "method": info["method"],
+            "method_inferred": info["method_inferred"],
+            "num_speculative_tokens": info["num_speculative_tokens"],
+            "model_runner": info["model_runner"],
+            "trace_id": run.traceparent.split("-")[1] if run.traceparent.count("-") >= 2 else None,
+        },
+        role=ROLE,
+    )
+    models = []
+    for role, capture in assign_roles(run.model_captures, info):
+        declared = read_declared(capture.model)
+        transformers_resolved = config_to_dict(capture.config)
+        final = vllm_resolved(vllm_config, role)
+        final_dict = config_to_dict(final)
+        models.append(
+            {
+                "model_role": role,
+                "model": capture.model,
+                "declared": declared,
+                "transformers_class": type(capture.config).__name__ if capture.config is not None else None,
+                "transformers_resolved": transformers_resolved,
+                "vllm_class": type(final).__name__ if final is not None else None,
+                "vllm_resolved": final_dict,
+                "error": capture.error,
+            }
+        )
+        attributes = {
+            "spectrace.model.role": role,
+            "spectrace.model.path": capture.model,
+            "spectrace.config.declared": json.dumps(declared, sort_keys=True, default=str),
+            "spectrace.config.transformers_class": models[-1]["transformers_class"],
+            "spectrace.config.resolved": json.dumps(transformers_resolved, sort_keys=True, default=str),
+            "spectrace.config.vllm_class": models[-1]["vllm_class"],
+            "spectrace.config.vllm_resolved": json.dumps(final_dict, sort_keys=True, default=str),
+            "spectrace.method": info["method"] if role == "draft" else None,
+            "spectrace.num_speculative_tokens": info["num_speculative_tokens"] if role == "draft" else None,
+            "spectrace.model_runner": info["model_runner"],
+        }
+        with rt.span("spectrace.config.resolve", role=ROLE, attributes=attributes, start_time=capture.start_ns) as span:
+            if capture.error:
+                span.set_attribute("spectrace.config.error", capture.error)
+        rt.record(
+            "model_configs",
+            {
+                **{k: v for k, v in models[-1].items() if k not in ("declared", "transformers_resolved", "vllm_resolved")},
+                "ts": capture.end_ns,
+                "declared": json.dumps(declared, default=str),
+                "transformers_resolved": json.dumps(transformers_resolved, default=str),
+                "vllm_resolved": json.dumps(final_dict, default=str),
+            },
+            role=ROLE,
+        )
+    audit_live.audit_resolution(rt, info, models, vllm_config, error_text)
+    rt.flush()

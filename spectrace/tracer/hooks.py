@@ -1,0 +1,121 @@
+"""Installing and removing wrappers around vLLM callables.
+
+A :class:`Hook` names its target as ``"module:Qualified.name"`` and says which
+vLLM versions it was written against. Installing checks that the target exists
+in the installed vLLM; a missing one is reported (log line + ``hooks`` row),
+never silently skipped. Every installed hook can be removed again, leaving the
+original object in place (tests check identity).
+
+Wrappers are built by a factory ``make(original) -> wrapper``. A wrapper calls
+the original exactly once with the caller's arguments and returns its result or
+raises its exception unchanged; spectrace's own work inside it runs under
+:func:`spectrace.tracer.runtime.guard`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("spectrace")
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    target: str  # "package.module:Class.method" or "package.module:function"
+    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    supported: str = "vllm 0.32.x"
+
+    @property
+    def module(self) -> str:
+        return self.target.split(":", 1)[0]
+
+    @property
+    def path(self) -> list[str]:
+        return self.target.split(":", 1)[1].split(".")
+
+
+@dataclass
+class Installed:
+    hook: Hook
+    owner: Any
+    attr: str
+    original: Any  # the raw attribute as found in owner.__dict__ (or None)
+    had_own: bool
+
+
+class MissingTarget(Exception):
+    pass
+
+
+def resolve(target: str) -> tuple[Any, str, Any]:
+    """Return (owner, attribute name, current value) for ``target``."""
+    module_name, _, qualname = target.partition(":")
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise MissingTarget(f"module {module_name} cannot be imported: {exc}") from None
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        if not hasattr(owner, part):
+            raise MissingTarget(f"{module_name} has no {part}")
+        owner = getattr(owner, part)
+    attr = parts[-1]
+    if not hasattr(owner, attr):
+        raise MissingTarget(f"{module_name}:{'.'.join(parts[:-1]) or '<module>'} has no {attr}")
+    return owner, attr, getattr(owner, attr)
+
+
+class HookSet:
+    """The hooks installed in this process."""
+
+    def __init__(self) -> None:
+        self.installed: dict[str, Installed] = {}
+        self.missing: dict[str, str] = {}
+
+    def install(self, hook: Hook) -> str | None:
+        """Install ``hook``; return None on success, else why it is missing."""
+        if hook.name in self.installed:
+            return None
+        try:
+            owner, attr, current = resolve(hook.target)
+        except MissingTarget as exc:
+            reason = str(exc)
+            self.missing[hook.name] = reason
+            log.warning(
+                "spectrace: hook %s not installed: %s (written for %s); "
+                "that part of the audit is unavailable",
+                hook.name,
+                reason,
+                hook.supported,
+            )
+            return reason
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else current
+        had_own = isinstance(owner, type) and attr in owner.__dict__
+        if isinstance(raw, staticmethod):
+            replacement: Any = staticmethod(_wraps(hook.make(raw.__func__), raw.__func__))
+        elif isinstance(raw, classmethod):
+            replacement = classmethod(_wraps(hook.make(raw.__func__), raw.__func__))
+        else:
+            replacement = _wraps(hook.make(current), current)
+        setattr(owner, attr, replacement)
+        self.installed[hook.name] = Installed(hook, owner, attr, raw, had_own)
+        return None
+
+    def uninstall_all(self) -> None:
+        for name in list(self.installed):
+            entry = self.installed.pop(name)
+            if isinstance(entry.owner, type) and not entry.had_own:
+                delattr(entry.owner, entry.attr)
+            else:
+                setattr(entry.owner, entry.attr, entry.original)
+
+
+def _wraps(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    wrapped = functools.wraps(original)(wrapper)
+    wrapped.__spectrace_original__ = original  # type: ignore[attr-defined]
+    return wrapped

@@ -1,0 +1,347 @@
+"""Per-process tracing state: settings, the store writer, the tracer, the run.
+
+One :class:`Runtime` per process, created by the plugin when ``SPECTRACE=1``.
+
+Runs and trace context
+    A run is one engine start (one config resolution). The frontend starts it in
+    ``EngineArgs.create_engine_config``: it opens the root span ``spectrace.run``
+    and puts ``<run_id>;<traceparent>`` into ``SPECTRACE_ACTIVE_RUN`` so that the
+    engine-core and worker processes vLLM starts afterwards join the same run
+    and the same trace. Processes that hold several roles (single-process vLLM)
+    share the in-memory run.
+
+Roles
+    A process's role comes from the hook site that fires in it: ``frontend``,
+    ``engine_core`` or ``worker``. Each record carries the role of the hook that
+    wrote it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+import spectrace
+from spectrace.exporters.duckdb import DuckDBSpanExporter
+from spectrace.exporters.segments import SegmentWriter
+from spectrace.settings import Settings
+from spectrace.tracer.hooks import Hook, HookSet
+
+log = logging.getLogger("spectrace")
+
+ACTIVE_RUN_ENV = "SPECTRACE_ACTIVE_RUN"
+_propagator = TraceContextTextMapPropagator()
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def vllm_version() -> str | None:
+    try:
+        from vllm import __version__
+
+        return __version__
+    except Exception:
+        return None
+
+
+@dataclass
+class Run:
+    run_id: str
+    traceparent: str
+    root_span: Any = None  # only in the frontend that started the run
+    started_ns: int = field(default_factory=time.time_ns)
+    model_captures: list = field(default_factory=list)  # get_config results (frontend)
+    info: dict[str, Any] = field(default_factory=dict)  # target, draft, method, ...
+
+    @property
+    def context(self):
+        return _propagator.extract({"traceparent": self.traceparent})
+
+    def env_value(self) -> str:
+        return f"{self.run_id};{self.traceparent}"
+
+    @classmethod
+    def from_env_value(cls, value: str) -> "Run | None":
+        run_id, sep, traceparent = value.partition(";")
+        if not sep or not run_id:
+            return None
+        return cls(run_id=run_id, traceparent=traceparent)
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pid = os.getpid()
+        self.host = socket.gethostname()
+        self.roles: set[str] = set()
+        self.ranks: dict[str, int] = {}
+        self.hooks = HookSet()
+        self.errors: dict[str, int] = {}
+        self._errors_written: dict[str, int] = {}
+        self.run: Run | None = None
+        self._runs_started = 0
+        self._lock = threading.RLock()
+        self.writer = SegmentWriter(
+            settings.dir,
+            host=self.host,
+            flush_interval_s=settings.flush_interval_s,
+            max_buffer_rows=settings.max_buffer_rows,
+        )
+        self.writer.on_flush(self._flush_error_counts)
+        self.provider = TracerProvider(
+            resource=Resource.create(
+                {
+                    "service.name": os.environ.get("OTEL_SERVICE_NAME", "vllm"),
+                    "host.name": self.host,
+                    "process.pid": self.pid,
+                    "spectrace.version": spectrace.__version__,
+                    "vllm.version": vllm_version() or "unknown",
+                }
+            ),
+            shutdown_on_exit=False,
+        )
+        if "duckdb" in settings.exporters:
+            self.provider.add_span_processor(SimpleSpanProcessor(DuckDBSpanExporter(self.writer)))
+        self.tracer = self.provider.get_tracer("spectrace", spectrace.__version__)
+        inherited = os.environ.get(ACTIVE_RUN_ENV)
+        if inherited:
+            self.run = Run.from_env_value(inherited)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def install(self, hooks: list[Hook]) -> None:
+        for hook in hooks:
+            reason = self.hooks.install(hook)
+            self.record(
+                "hooks",
+                {
+                    "ts": time.time_ns(),
+                    "hook": hook.name,
+                    "target": hook.target,
+                    "status": "missing" if reason else "installed",
+                    "detail": reason or "",
+                    "vllm_version": vllm_version(),
+                    "supported_versions": hook.supported,
+                },
+                role="process",
+            )
+
+    def shutdown(self) -> None:
+        try:
+            self.provider.force_flush()
+        finally:
+            self.writer.close()
+
+    # -- runs -----------------------------------------------------------------
+
+    def begin_run(self) -> Run:
+        """Start a new run in this (frontend) process and open its root span."""
+        with self._lock:
+            self._runs_started += 1
+            run_id = self.settings.run_id or new_run_id()
+            if self.settings.run_id and self._runs_started > 1:
+                run_id = f"{self.settings.run_id}.{self._runs_started}"
+            root = self.tracer.start_span(
+                "spectrace.run",
+                context=None,
+                attributes={
+                    "spectrace.run_id": run_id,
+                    "spectrace.process.role": "frontend",
+                },
+            )
+            carrier: dict[str, str] = {}
+            _propagator.inject(carrier, context=trace.set_span_in_context(root))
+            run = Run(run_id=run_id, traceparent=carrier.get("traceparent", ""), root_span=root)
+            self.run = run
+            os.environ[ACTIVE_RUN_ENV] = run.env_value()
+            return run
+
+    def end_run_span(self, error: BaseException | None = None) -> None:
+        run = self.run
+        if run is None or run.root_span is None or not run.root_span.is_recording():
+            return
+        span = run.root_span
+        for key, value in run.info.items():
+            if value is not None:
+                span.set_attribute(f"spectrace.{key}", value)
+        if error is not None:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end()
+        self.flush()
+
+    # -- roles ----------------------------------------------------------------
+
+    def enter_role(self, role: str, rank: int | None = None) -> None:
+        """Note that ``role`` fires in this process; the first time, emit process start."""
+        if rank is not None:
+            self.ranks[role] = rank
+        if role in self.roles:
+            return
+        self.roles.add(role)
+        attrs = {
+            "spectrace.process.roles": sorted(self.roles),
+            "spectrace.hooks.installed": sorted(self.hooks.installed),
+            "spectrace.hooks.missing": json.dumps(self.hooks.missing),
+        }
+        with self.span("spectrace.process.start", role=role, attributes=attrs):
+            pass
+
+    # -- emitting -------------------------------------------------------------
+
+    def common(self, role: str, rank: int | None = None) -> dict[str, Any]:
+        return {
+            "run_id": self.run.run_id if self.run else None,
+            "process_role": role,
+            "pid": self.pid,
+            "host": self.host,
+            "rank": rank if rank is not None else self.ranks.get(role),
+        }
+
+    def record(self, table: str, row: dict[str, Any], *, role: str, rank: int | None = None) -> None:
+        self.writer.append(table, {**self.common(role, rank), **row})
+
+    def records(self, table: str, rows: list[dict[str, Any]], *, role: str, rank: int | None = None) -> None:
+        common = self.common(role, rank)
+        self.writer.extend(table, [{**common, **row} for row in rows])
+
+    def flush(self) -> None:
+        """Write everything buffered now (records a failing load must not lose)."""
+        self.writer.flush()
+
+    @contextlib.contextmanager
+    def span(
+        self,
+        name: str,
+        *,
+        role: str,
+        rank: int | None = None,
+        attributes: dict[str, Any] | None = None,
+        start_time: int | None = None,
+    ) -> Iterator[Any]:
+        """A span in the current run's trace, with the common attributes set."""
+        attrs: dict[str, Any] = {"spectrace.process.role": role}
+        if self.run is not None:
+            attrs["spectrace.run_id"] = self.run.run_id
+        rank = rank if rank is not None else self.ranks.get(role)
+        if rank is not None:
+            attrs["spectrace.rank"] = rank
+        attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
+        parent = self.run.context if self.run is not None else None
+        span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time)
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            span.end()
+
+    # -- errors inside spectrace ---------------------------------------------
+
+    def count_error(self, hook: str, exc: BaseException) -> None:
+        with self._lock:
+            first = hook not in self.errors
+            self.errors[hook] = self.errors.get(hook, 0) + 1
+        if first:
+            log.warning(
+                "spectrace: hook %s raised %s: %s (vLLM is unaffected; further errors "
+                "of this hook are counted in internal_errors, not logged)",
+                hook,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+
+    def _flush_error_counts(self) -> None:
+        with self._lock:
+            deltas = {
+                hook: count - self._errors_written.get(hook, 0)
+                for hook, count in self.errors.items()
+                if count != self._errors_written.get(hook, 0)
+            }
+            self._errors_written.update(self.errors)
+        for hook, delta in deltas.items():
+            self.writer.append(
+                "internal_errors",
+                {**self.common("process"), "ts": time.time_ns(), "hook": hook, "error": "", "count": delta},
+            )
+
+
+_runtime: Runtime | None = None
+_start_lock = threading.Lock()
+
+
+def get() -> Runtime | None:
+    """This process's runtime, or None when tracing is off.
+
+    In a process forked from a traced one the hooks are already patched in but the
+    parent's threads are gone: the first call there builds a fresh runtime that
+    keeps the installed hooks.
+    """
+    rt = _runtime
+    if rt is None or rt.pid == os.getpid():
+        return rt
+    return start()
+
+
+def start(settings: Settings | None = None) -> Runtime:
+    """Create this process's runtime (once) and install the hooks."""
+    global _runtime
+    with _start_lock:
+        previous = _runtime
+        if previous is not None and previous.pid == os.getpid():
+            return previous
+        rt = Runtime(settings or (previous.settings if previous else Settings.from_env()))
+        if previous is not None:  # forked child: hooks are inherited, keep them
+            rt.hooks = previous.hooks
+            if rt.run is None and previous.run is not None:
+                rt.run = Run(previous.run.run_id, previous.run.traceparent)
+        _runtime = rt
+        if previous is None:
+            from spectrace.tracer import stages
+
+            rt.install(stages.all_hooks())
+        rt.writer.start()
+        atexit.register(rt.shutdown)
+        return rt
+
+
+def stop() -> None:
+    """Remove every hook and flush (tests, and embedding applications)."""
+    global _runtime
+    with _start_lock:
+        rt, _runtime = _runtime, None
+    if rt is not None:
+        rt.hooks.uninstall_all()
+        rt.shutdown()
+
+
+@contextlib.contextmanager
+def guard(hook: str) -> Iterator[None]:
+    """Run spectrace's own work: any exception is caught, counted and logged once."""
+    try:
+        rt = _runtime
+        if rt is not None and rt.settings.inject_fault == hook:
+            raise RuntimeError(f"fault injected into {hook} (SPECTRACE_INJECT_FAULT)")
+        yield
+    except Exception as exc:
+        rt = _runtime
+        if rt is not None:
+            rt.count_error(hook, exc)
