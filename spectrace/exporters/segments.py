@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from spectrace.records import SCHEMA_VERSION, columns
 
-log = logging.getLogger("spectrace")
+log = logging.getLogger("vllm.spectrace")
 
 _ARROW = {
     "VARCHAR": pa.string(),

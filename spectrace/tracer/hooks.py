@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-log = logging.getLogger("spectrace")
+log = logging.getLogger("vllm.spectrace")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from spectrace.exporters.segments import SegmentWriter
 from spectrace.settings import Settings
 from spectrace.tracer.hooks import Hook, HookSet
 
-log = logging.getLogger("spectrace")
+log = logging.getLogger("vllm.spectrace")
 
 ACTIVE_RUN_ENV = "SPECTRACE_ACTIVE_RUN"
 _propagator = TraceContextTextMapPropagator()

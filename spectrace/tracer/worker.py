@@ -27,12 +27,17 @@ def wrap_load_model(original):
                 rt.enter_role(ROLE, rank)
         if rt is None:
             return original(self, *args, **kwargs)
-        with rt.span("spectrace.worker.load_model", role=ROLE, rank=rank):
-            result = original(self, *args, **kwargs)
-        with runtime.guard("worker.load_model"):
-            from spectrace.tracer import layout
+        from spectrace.tracer import layout
 
-            layout.record_runtime_layout(rt, self, ROLE, rank)
+        with rt.span("spectrace.worker.load_model", role=ROLE, rank=rank) as span:
+            try:
+                result = original(self, *args, **kwargs)
+            except BaseException as exc:
+                with runtime.guard("worker.load_model"):
+                    layout.record_load_error(rt, self, exc, ROLE, rank, span)
+                raise
+            with runtime.guard("worker.layout"):
+                layout.record_runtime_layout(rt, self, ROLE, rank, span)
         return result
 
     return load_model

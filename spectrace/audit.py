@@ -1,0 +1,569 @@
+"""The audit: pure functions that turn captured config and layout into findings.
+
+Nothing here imports vLLM or touches a process: the live hooks
+(``spectrace.tracer``) and ``spectrace doctor`` feed the same functions with
+plain dicts, and the unit tests feed them hand-written ones.
+
+Root causes and consequences: each root cause is one ``error`` (or ``warning``)
+finding; what follows from it is reported as ``info`` findings whose
+``caused_by`` names the root cause's code, so a user reads one error, not five.
+Finding codes are stable and documented in README.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+SLIDING = "sliding"
+FULL = "full"
+UNSPECIFIED = "unspecified"
+
+# Config fields whose value decides the attention layout or the pairing.
+ATTENTION_FIELDS = (
+    "layer_types",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    "rope_scaling",
+    "vocab_size",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "target_layer_ids",
+    "num_nextn_predict_layers",
+)
+DFLASH_FIELDS = ("swa_window_size", "use_swa", "target_layer_ids", "layer_ids", "mask_token_id", "causal")
+
+# Keys that transformers rewrites on every load without changing their meaning.
+_BOOKKEEPING = {"transformers_version", "torch_dtype", "dtype", "_name_or_path", "architectures"}
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str  # error | warning | info
+    component: str  # config | layout | method | vocab | context | load
+    model_role: str | None
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    caused_by: str | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["evidence"] = json.dumps(self.evidence, sort_keys=True, default=str)
+        return row
+
+
+@dataclass
+class FieldDiff:
+    model_role: str
+    field: str
+    declared: Any
+    resolved: Any
+    status: str  # ok | dropped | changed | defaulted
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "model_role": self.model_role,
+            "field": self.field,
+            "declared": json.dumps(self.declared, default=str),
+            "resolved": json.dumps(self.resolved, default=str),
+            "status": self.status,
+        }
+
+
+@dataclass
+class LayerPlan:
+    """One attention layer: what the config declared, resolved to, and what runs."""
+
+    layer_index: int
+    declared_type: str = UNSPECIFIED
+    declared_window: int | None = None
+    resolved_type: str | None = None
+    resolved_window: int | None = None
+    runtime_type: str | None = None
+    runtime_window: int | None = None
+    layer_name: str | None = None
+    kv_cache_spec: str | None = None
+    causal: bool | None = None
+
+
+_MISSING = object()
+
+
+# -- reading config dicts ------------------------------------------------------------
+
+
+def _get(config: dict[str, Any] | None, dotted: str, default: Any = _MISSING) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _dflash(config: dict[str, Any] | None) -> dict[str, Any]:
+    value = _get(config, "dflash_config", None)
+    return value if isinstance(value, dict) else {}
+
+
+def _layer_kind(value: Any) -> str:
+    text = str(value).lower()
+    if "sliding" in text or text in ("swa", "local", "local_attention"):
+        return SLIDING
+    return FULL
+
+
+def _num_layers(*configs: dict[str, Any] | None) -> int:
+    for config in configs:
+        n = _get(config, "num_hidden_layers", None)
+        if isinstance(n, int):
+            return n
+        types = _get(config, "layer_types", None)
+        if isinstance(types, list):
+            return len(types)
+    return 0
+
+
+def architecture(config: dict[str, Any] | None) -> str:
+    archs = _get(config, "architectures", None) or []
+    return archs[0] if archs else ""
+
+
+def declared_sliding_intent(declared: dict[str, Any] | None) -> bool:
+    """Does ``config.json`` mean some layer to slide?"""
+    if declared is None:
+        return False
+    types = _get(declared, "layer_types", None)
+    if isinstance(types, list) and any(_layer_kind(t) == SLIDING for t in types):
+        return True
+    dflash = _dflash(declared)
+    if dflash.get("use_swa"):
+        return True
+    window = _get(declared, "sliding_window", None)
+    if window is not None and _get(declared, "use_sliding_window", None) is not False:
+        return True
+    return False
+
+
+def _declared_window(declared: dict[str, Any] | None) -> int | None:
+    dflash = _dflash(declared)
+    if dflash.get("swa_window_size") is not None:
+        return dflash["swa_window_size"]
+    return _get(declared, "sliding_window", None)
+
+
+def _resolved_window(resolved: dict[str, Any] | None) -> int | None:
+    dflash = _dflash(resolved)
+    if dflash.get("swa_window_size") is not None:
+        return dflash["swa_window_size"]
+    return _get(resolved, "sliding_window", None)
+
+
+def layer_plans(declared: dict[str, Any] | None, resolved: dict[str, Any] | None) -> list[LayerPlan]:
+    """Declared and resolved type/window for every layer (runtime filled in later)."""
+    n = _num_layers(resolved, declared)
+    declared_types = _get(declared, "layer_types", None)
+    resolved_types = _get(resolved, "layer_types", None)
+    dflash_resolved = _dflash(resolved)
+    plans = []
+    for i in range(n):
+        plan = LayerPlan(layer_index=i)
+        if isinstance(declared_types, list) and i < len(declared_types):
+            plan.declared_type = _layer_kind(declared_types[i])
+            plan.declared_window = _declared_window(declared) if plan.declared_type == SLIDING else None
+        else:
+            plan.declared_type = UNSPECIFIED
+            plan.declared_window = _declared_window(declared) if declared_sliding_intent(declared) else None
+        if resolved is not None:
+            if isinstance(resolved_types, list) and i < len(resolved_types):
+                kind = _layer_kind(resolved_types[i])
+            elif dflash_resolved.get("use_swa"):
+                kind = SLIDING
+            else:
+                kind = FULL
+            window = _resolved_window(resolved) if kind == SLIDING else None
+            plan.resolved_type = kind
+            plan.resolved_window = window
+        plans.append(plan)
+    return plans
+
+
+def _is_window(value: Any) -> bool:
+    return isinstance(value, int) and value > 0
+
+
+# -- config: declared vs resolved ----------------------------------------------------
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_normalise(v) for v in value]
+    if isinstance(value, list):
+        return [_normalise(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normalise(v) for k, v in value.items()}
+    return value
+
+
+def field_diffs(role: str, declared: dict[str, Any] | None, resolved: dict[str, Any] | None) -> list[FieldDiff]:
+    """Every attention-relevant field, and every declared key that changed or vanished."""
+    if declared is None:
+        return []
+    resolved = resolved or {}
+    names = [f for f in ATTENTION_FIELDS]
+    names += [f"dflash_config.{f}" for f in DFLASH_FIELDS if f in _dflash(declared) or f in _dflash(resolved)]
+    names += [k for k in declared if k not in names and k not in _BOOKKEEPING and k != "dflash_config"]
+    diffs = []
+    for name in names:
+        d = _get(declared, name)
+        r = _get(resolved, name)
+        if d is _MISSING and r is _MISSING:
+            continue
+        if name == "rope_scaling" and d is not _MISSING and r is _MISSING:
+            r = _get(resolved, "rope_parameters")  # transformers 5 moved it
+            if isinstance(r, dict) and isinstance(d, dict):
+                r = {k: v for k, v in r.items() if k in d}
+        if name == "rope_theta" and r is _MISSING:
+            r = _get(resolved, "rope_parameters.rope_theta")
+        if d is _MISSING:
+            status = "defaulted"
+        elif r is _MISSING:
+            status = "dropped"
+        elif _normalise(d) != _normalise(r):
+            status = "changed"
+        else:
+            status = "ok"
+        diffs.append(
+            FieldDiff(role, name, None if d is _MISSING else d, None if r is _MISSING else r, status)
+        )
+    return diffs
+
+
+def audit_config(
+    role: str,
+    declared: dict[str, Any] | None,
+    resolved: dict[str, Any] | None,
+) -> tuple[list[FieldDiff], list[Finding]]:
+    """Findings about one model's config: what transformers did to what was declared."""
+    diffs = field_diffs(role, declared, resolved)
+    findings: list[Finding] = []
+    if declared is None or resolved is None:
+        return diffs, findings
+    plans = layer_plans(declared, resolved)
+    intent = declared_sliding_intent(declared)
+    any_resolved_window = any(_is_window(p.resolved_window) for p in plans)
+    root: str | None = None
+    if intent and not any_resolved_window:
+        root = "SWA_DROPPED"
+        window = _declared_window(declared)
+        reasons = []
+        if _get(declared, "sliding_window", None) is not None and _get(resolved, "sliding_window", None) is None:
+            use = _get(declared, "use_sliding_window", None)
+            reasons.append(
+                "use_sliding_window is "
+                + ("absent (default false)" if use is None else json.dumps(use))
+                + f", so transformers' {resolved.get('model_type', '')} config set sliding_window to None"
+            )
+        if _get(declared, "layer_types", None) is None and _get(resolved, "layer_types", None) is not None:
+            reasons.append("layer_types was not declared, so transformers derived it: every layer full attention")
+        findings.append(
+            Finding(
+                code="SWA_DROPPED",
+                severity="error",
+                component="config",
+                model_role=role,
+                message=(
+                    f"{role} declares sliding-window attention (window {window}) but no layer gets a window "
+                    "after config resolution: " + ("; ".join(reasons) or "the window was lost on resolution")
+                ),
+                evidence={
+                    "declared": {k: _get(declared, k, None) for k in ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")},
+                    "declared_dflash_config": _dflash(declared) or None,
+                    "resolved": {k: _get(resolved, k, None) for k in ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")},
+                },
+                fix=(
+                    'add "use_sliding_window": true and an explicit "layer_types" list to config.json, '
+                    'or give the window as "dflash_config": {"swa_window_size": N}'
+                ),
+            )
+        )
+    if _get(declared, "layer_types", None) is None and _get(resolved, "layer_types", None) is not None and (intent or root):
+        findings.append(
+            Finding(
+                code="LAYER_TYPES_DEFAULTED",
+                severity="info" if root else "warning",
+                component="config",
+                model_role=role,
+                message=f"{role} declares no layer_types; transformers derived {_summarise(_get(resolved, 'layer_types'))}",
+                evidence={"resolved_layer_types": _get(resolved, "layer_types"), "max_window_layers": _get(resolved, "max_window_layers", None)},
+                fix='declare "layer_types" explicitly in config.json',
+                caused_by=root,
+            )
+        )
+    for diff in diffs:
+        if diff.field not in ATTENTION_FIELDS and not diff.field.startswith("dflash_config."):
+            continue
+        if diff.status not in ("dropped", "changed"):
+            continue
+        if diff.field == "layer_types" and diff.declared is None:
+            continue
+        caused = root if root and diff.field in ("sliding_window", "layer_types", "use_sliding_window") else None
+        code = "FIELD_DROPPED" if diff.status == "dropped" else "FIELD_CHANGED"
+        findings.append(
+            Finding(
+                code=code,
+                severity="info" if caused else "warning",
+                component="config",
+                model_role=role,
+                message=f"{role} {diff.field}: declared {json.dumps(diff.declared, default=str)}, "
+                f"resolved {json.dumps(diff.resolved, default=str)}",
+                evidence={"field": diff.field, "declared": diff.declared, "resolved": diff.resolved},
+                fix="" if caused else f"check why {diff.field} changes on load",
+                caused_by=caused,
+            )
+        )
+    return diffs, findings
+
+
+def _summarise(types: Any) -> str:
+    if not isinstance(types, list) or not types:
+        return repr(types)
+    kinds = [_layer_kind(t) for t in types]
+    if len(set(kinds)) == 1:
+        return f"all {len(kinds)} layers {kinds[0]} attention"
+    return ", ".join(kinds)
+
+
+def root_causes(findings: Iterable[Finding]) -> set[str]:
+    return {f.code for f in findings if f.severity in ("error", "warning") and f.caused_by is None}
+
+
+# -- layout: runtime vs resolved vs declared ----------------------------------------
+
+
+def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Finding]:
+    """LAYOUT_MISMATCH where a layer runs differently from its config."""
+    findings = []
+    vs_resolved = []
+    vs_declared = []
+    for p in plans:
+        if p.runtime_type is None:
+            continue
+        if p.resolved_type is not None and (
+            p.runtime_type != p.resolved_type or (p.runtime_type == SLIDING and p.runtime_window != p.resolved_window)
+        ):
+            vs_resolved.append(p)
+        elif p.declared_type != UNSPECIFIED and (
+            p.runtime_type != p.declared_type or (p.runtime_type == SLIDING and p.runtime_window != p.declared_window)
+        ):
+            vs_declared.append(p)
+        elif p.declared_type == UNSPECIFIED and _is_window(p.declared_window) and p.runtime_window != p.declared_window:
+            vs_declared.append(p)
+    if vs_resolved:
+        findings.append(
+            Finding(
+                code="LAYOUT_MISMATCH",
+                severity="error",
+                component="layout",
+                model_role=role,
+                message=f"{role}: {len(vs_resolved)} layer(s) run differently from their resolved config: "
+                + _layers_text(vs_resolved, "resolved"),
+                evidence={"layers": [asdict(p) for p in vs_resolved]},
+                fix="vLLM does not apply this config's layer layout; check the vLLM version's support for it",
+            )
+        )
+    if vs_declared:
+        caused = "SWA_DROPPED" if "SWA_DROPPED" in causes else None
+        findings.append(
+            Finding(
+                code="LAYOUT_MISMATCH",
+                severity="info" if caused else "error",
+                component="layout",
+                model_role=role,
+                message=f"{role}: {len(vs_declared)} layer(s) run differently from config.json: "
+                + _layers_text(vs_declared, "declared"),
+                evidence={"layers": [asdict(p) for p in vs_declared]},
+                fix="" if caused else "the layout declared in config.json is not what runs",
+                caused_by=caused,
+            )
+        )
+    return findings
+
+
+def _layers_text(plans: list[LayerPlan], against: str) -> str:
+    parts = []
+    for p in plans[:8]:
+        want_type = p.resolved_type if against == "resolved" else p.declared_type
+        want_window = p.resolved_window if against == "resolved" else p.declared_window
+        parts.append(
+            f"layer {p.layer_index} runs {p.runtime_type}"
+            + (f"({p.runtime_window})" if p.runtime_type == SLIDING else "")
+            + f", {against} {want_type}"
+            + (f"({want_window})" if want_window else "")
+        )
+    if len(plans) > 8:
+        parts.append(f"... {len(plans) - 8} more")
+    return "; ".join(parts)
+
+
+# -- the pair: method, vocabulary, context -------------------------------------------
+
+_METHOD_BY_ARCH = (
+    ("dflash", "dflash"),
+    ("eagle3", "eagle3"),
+    ("eagle", "eagle"),
+    ("mtp", "mtp"),
+)
+
+
+def architecture_method(draft: dict[str, Any] | None) -> str | None:
+    """The speculative method a drafter's architecture implies, if any."""
+    arch = architecture(draft).lower()
+    for needle, method in _METHOD_BY_ARCH:
+        if needle in arch:
+            return method
+    if _get(draft, "dflash_config", None) is not None:
+        return "dflash"
+    return None
+
+
+def effective_context(config: dict[str, Any] | None) -> int | None:
+    base = _get(config, "max_position_embeddings", None)
+    if not isinstance(base, int):
+        return None
+    scaling = _get(config, "rope_scaling", None) or _get(config, "rope_parameters", None)
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type") or scaling.get("type")
+        factor = scaling.get("factor")
+        if kind not in (None, "default") and isinstance(factor, (int, float)) and factor > 1:
+            original = scaling.get("original_max_position_embeddings") or base
+            return int(original * factor)
+    return base
+
+
+def audit_pair(
+    *,
+    method: str | None,
+    method_given: bool,
+    draft_path: str | None,
+    target: dict[str, Any] | None,
+    draft: dict[str, Any] | None,
+    target_max_model_len: int | None = None,
+) -> list[Finding]:
+    """Findings about target + drafter together."""
+    findings: list[Finding] = []
+    if draft is None or method in (None, "ngram", "[ngram]", "suffix"):
+        return findings
+    implied = architecture_method(draft)
+    mismatch = None
+    if implied is not None and method is not None and implied != method and not (implied == "eagle" and method == "eagle3"):
+        mismatch = Finding(
+            code="METHOD_MISMATCH",
+            severity="error",
+            component="method",
+            model_role="draft",
+            message=f"drafter architecture {architecture(draft)} is a {implied} drafter, but vLLM runs it as "
+            f"method {method!r}" + (" (inferred from the path)" if not method_given else ""),
+            evidence={"architecture": architecture(draft), "implied_method": implied, "method": method, "method_given": method_given, "draft_path": draft_path},
+            fix=f'pass "method": "{implied}" in --speculative-config',
+        )
+        findings.append(mismatch)
+    if not method_given and draft_path:
+        findings.append(
+            Finding(
+                code="METHOD_INFERRED",
+                severity="info" if mismatch else "warning",
+                component="method",
+                model_role="draft",
+                message=f"no method was given; vLLM inferred {method!r} from the draft path {draft_path!r}",
+                evidence={"method": method, "draft_path": draft_path},
+                fix=f'pass "method": "{implied or method}" explicitly',
+                caused_by="METHOD_MISMATCH" if mismatch else None,
+            )
+        )
+    findings.extend(_audit_vocab(method, target, draft))
+    findings.extend(_audit_context(method, target, draft, target_max_model_len))
+    return findings
+
+
+def _audit_vocab(method: str | None, target: dict[str, Any] | None, draft: dict[str, Any] | None) -> list[Finding]:
+    tv = _get(target, "vocab_size", None)
+    dv = _get(draft, "vocab_size", None)
+    if not isinstance(tv, int) or not isinstance(dv, int):
+        return []
+    draft_vocab = _get(draft, "draft_vocab_size", None)
+    if method == "eagle3" and isinstance(draft_vocab, int) and draft_vocab <= tv and dv == tv:
+        return []  # a reduced draft vocabulary with its d2t mapping
+    if dv == tv:
+        return []
+    return [
+        Finding(
+            code="VOCAB_MISMATCH",
+            severity="error",
+            component="vocab",
+            model_role="draft",
+            message=f"draft vocabulary ({dv}) and target vocabulary ({tv}) cannot line up for method {method!r}",
+            evidence={"target_vocab_size": tv, "draft_vocab_size": dv, "draft_reduced_vocab": draft_vocab},
+            fix="use a drafter trained for this target's tokenizer",
+        )
+    ]
+
+
+def _audit_context(method, target, draft, target_max_model_len) -> list[Finding]:
+    if method not in ("eagle", "eagle3", "dflash", "draft_model", "mtp"):
+        return []
+    draft_ctx = effective_context(draft)
+    target_ctx = target_max_model_len or effective_context(target)
+    if draft_ctx is None or target_ctx is None or draft_ctx >= target_ctx:
+        return []
+    return [
+        Finding(
+            code="DRAFT_CONTEXT_SHORT",
+            severity="warning",
+            component="context",
+            model_role="draft",
+            message=f"the drafter's effective context ({draft_ctx}) is shorter than the target's ({target_ctx}); "
+            "drafts beyond it come from positions the drafter never saw",
+            evidence={
+                "draft_max_position_embeddings": _get(draft, "max_position_embeddings", None),
+                "draft_rope_scaling": _get(draft, "rope_scaling", None),
+                "target_context": target_ctx,
+                "target_rope_scaling": _get(target, "rope_scaling", None),
+            },
+            fix="give the drafter the target's rope scaling (e.g. the same YaRN factor) or cap --max-model-len",
+        )
+    ]
+
+
+def explain_load_error(error: str, draft_findings: list[Finding]) -> Finding:
+    """vLLM refused to build a model: say why in config terms when a finding explains it."""
+    causes = root_causes(draft_findings)
+    caused = None
+    lowered = error.lower()
+    if "SWA_DROPPED" in causes and ("window" in lowered or "sliding" in lowered):
+        caused = "SWA_DROPPED"
+    elif "VOCAB_MISMATCH" in causes and ("vocab" in lowered or "size mismatch" in lowered or "shape" in lowered):
+        caused = "VOCAB_MISMATCH"
+    elif "METHOD_MISMATCH" in causes:
+        caused = "METHOD_MISMATCH"
+    explanation = ""
+    if caused:
+        root = next(f for f in draft_findings if f.code == caused)
+        explanation = f" This follows from {caused}: {root.message}"
+    return Finding(
+        code="LOAD_FAILED",
+        severity="info" if caused else "error",
+        component="load",
+        model_role="draft",
+        message=f"vLLM refused to build the model: {error}.{explanation}",
+        evidence={"error": error},
+        fix="" if caused else "see the error; vLLM did not start",
+        caused_by=caused,
+    )

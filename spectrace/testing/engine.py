@@ -1,0 +1,200 @@
+"""Run real vLLM engines in a child process and bring back what they did.
+
+vLLM loads plugins per process and reads its environment at start, so every
+traced run happens in a fresh Python process. One child can start several
+engines one after another (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps each
+engine in the child), which saves vLLM's import time per engine.
+
+    results = run_engines([EngineSpec(name="self", target=..., speculative={...})],
+                          store=tmp_path / "store")
+    results["self"].tokens, results["self"].metrics, results["self"].run_id
+
+Used by the tests, ``make demo`` and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROMPTS = [
+    "the quick brown fox",
+    "hello world speculative decoding",
+    "a b c d e f g",
+    "once upon a time there was",
+]
+
+
+@dataclass
+class EngineSpec:
+    name: str
+    target: str
+    tokenizer: str | None = None
+    speculative: dict[str, Any] | None = None
+    prompts: list[str] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    max_tokens: int = 24
+    enforce_eager: bool = True
+    max_model_len: int = 512
+    extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EngineResult:
+    name: str
+    ok: bool
+    run_id: str | None = None
+    tokens: list[list[int]] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class ChildFailed(RuntimeError):
+    pass
+
+
+def base_env(store: Path | None, *, traced: bool = True, multiprocessing: bool = False, scratch: Path | None = None) -> dict[str, str]:
+    """Environment for a child that runs vLLM on CPU, offline."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0",
+        PYTHONUNBUFFERED="1",
+    )
+    if scratch is not None:
+        env.setdefault("VLLM_CACHE_ROOT", str(scratch / "vllm-cache"))
+    for key in [k for k in env if k.startswith("SPECTRACE")]:
+        del env[key]
+    if traced:
+        env["SPECTRACE"] = "1"
+        if store is not None:
+            env["SPECTRACE_DIR"] = str(store)
+    return env
+
+
+def run_engines(
+    specs: list[EngineSpec],
+    *,
+    store: Path | None,
+    traced: bool = True,
+    multiprocessing: bool = False,
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+    log_file: Path | None = None,
+) -> dict[str, EngineResult]:
+    """Start each engine in ``specs`` in one child process; return results by name."""
+    scratch = Path(store).parent if store is not None else Path.cwd()
+    child_env = base_env(store, traced=traced, multiprocessing=multiprocessing, scratch=scratch)
+    child_env.update(env or {})
+    out = scratch / f".engine-results-{os.getpid()}-{id(specs)}.json"
+    request = {"specs": [asdict(s) for s in specs], "out": str(out)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "spectrace.testing.engine", json.dumps(request)],
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    if log_file is not None:
+        Path(log_file).write_text(proc.stdout)
+    if not out.exists():
+        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        raise ChildFailed(f"engine child exited {proc.returncode} without results:\n{tail}")
+    raw = json.loads(out.read_text())
+    out.unlink()
+    results = {r["name"]: EngineResult(**r) for r in raw}
+    for r in results.values():
+        r.log = proc.stdout  # type: ignore[attr-defined]
+    return results
+
+
+# -- child side --------------------------------------------------------------------
+
+
+def _spec_metrics(llm) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for metric in llm.get_metrics():
+        if not metric.name.startswith("vllm:spec_decode"):
+            continue
+        if hasattr(metric, "values"):
+            metrics[metric.name] = list(metric.values)
+        else:
+            metrics[metric.name] = metric.value
+    return metrics
+
+
+def _child(request: dict[str, Any]) -> None:
+    import gc
+    import time
+
+    from vllm import LLM, SamplingParams
+
+    results = []
+    out = Path(request["out"])
+    for raw in request["specs"]:
+        spec = EngineSpec(**raw)
+        started = time.time()
+        result = EngineResult(name=spec.name, ok=False)
+        llm = None
+        try:
+            kwargs: dict[str, Any] = dict(
+                model=spec.target,
+                tokenizer=spec.tokenizer or spec.target,
+                dtype="float32",
+                enforce_eager=spec.enforce_eager,
+                max_model_len=spec.max_model_len,
+                kv_cache_memory_bytes=64 << 20,
+                disable_log_stats=False,
+                seed=0,
+            )
+            if spec.speculative:
+                kwargs["speculative_config"] = spec.speculative
+            kwargs.update(spec.extra_llm_kwargs)
+            llm = LLM(**kwargs)
+            outputs = llm.generate(spec.prompts, SamplingParams(temperature=0.0, max_tokens=spec.max_tokens), use_tqdm=False)
+            result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
+            result.metrics = _spec_metrics(llm)
+            result.ok = True
+        except Exception as exc:  # the parent decides whether a failure is expected
+            result.error = f"{type(exc).__name__}: {exc}"
+        result.run_id = _current_run_id()
+        result.seconds = round(time.time() - started, 2)
+        results.append(asdict(result))
+        del llm
+        gc.collect()
+        _flush_spectrace()
+    out.write_text(json.dumps(results))
+
+
+def _current_run_id() -> str | None:
+    try:
+        from spectrace.tracer import runtime
+
+        rt = runtime.get()
+        return rt.run.run_id if rt is not None and rt.run is not None else None
+    except Exception:
+        return None
+
+
+def _flush_spectrace() -> None:
+    try:
+        from spectrace.tracer import runtime
+
+        rt = runtime.get()
+        if rt is not None:
+            rt.provider.force_flush()
+            rt.flush()
+    except Exception:
+        pass
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))
