@@ -135,7 +135,13 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("context_bucket", "VARCHAR"),
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
-        ("steps", "BIGINT"),
+    ],
+    # Acceptance length (accepted + 1) histogram per flush, request-steps with drafts.
+    "acceptance_lengths": [
+        ("ts", "TIMESTAMP_NS"),
+        ("source", "VARCHAR"),
+        ("length", "INTEGER"),
+        ("count", "BIGINT"),
     ],
 }
 

@@ -224,7 +224,7 @@ def _quiet_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _base_config(tokenizer_dir: str | os.PathLike[str], **overrides: Any) -> dict[str, Any]:
+def _base_config(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The shared tiny shape plus the tokenizer's special token ids."""
     ids = _special_ids(tokenizer_dir)
     ids.pop("mask_token_id", None)
@@ -239,7 +239,6 @@ def _base_config(tokenizer_dir: str | os.PathLike[str], **overrides: Any) -> dic
         "rms_norm_eps": RMS_NORM_EPS,
         "tie_word_embeddings": False,
         **ids,
-        **overrides,
     }
 
 
@@ -384,7 +383,7 @@ def build_dflash(
     Embeddings and ``lm_head`` are not stored: vLLM shares the target's.
     ``extra_config`` is merged last (nested dicts merge).
     """
-    if mask_token_id is None:
+    if mask_token_id is None and (Path(target_dir) / "tokenizer.json").is_file():
         mask_token_id = _special_ids(target_dir).get("mask_token_id")
     if top_level_target_layer_ids is not None:
         ids = list(top_level_target_layer_ids)

@@ -18,10 +18,10 @@ log = logging.getLogger("vllm.spectrace")
 _LEVEL = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
 
 
-def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = None, rank: int | None = None) -> None:
+def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = None, rank: int | None = None, run: Any = None) -> None:
     now = time.time_ns()
     for finding in findings:
-        rt.record("findings", {"ts": now, **finding.as_row()}, role=role, rank=rank)
+        rt.record("findings", {"ts": now, **finding.as_row()}, role=role, rank=rank, run=run)
         if span is not None and span.is_recording():
             span.add_event(
                 f"spectrace.finding.{finding.code}",
@@ -45,19 +45,24 @@ def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = N
         )
 
 
-def config_findings(models: list[dict[str, Any]]) -> tuple[list[audit.FieldDiff], dict[str, list[audit.Finding]]]:
+def config_findings(models: list[dict[str, Any]], method: str | None = None) -> tuple[list[audit.FieldDiff], dict[str, list[audit.Finding]]]:
     diffs: list[audit.FieldDiff] = []
     by_role: dict[str, list[audit.Finding]] = {}
     for model in models:
-        model_diffs, findings = audit.audit_config(model["model_role"], model["declared"], model["transformers_resolved"])
+        role = model["model_role"]
+        model_diffs, findings = audit.audit_config(role, model["declared"], model["transformers_resolved"])
+        if role == "draft" and method == "mtp":
+            # vLLM re-reads the target checkpoint for MTP and rewrites its fields through
+            # SpeculativeConfig.hf_config_override by design: not a finding.
+            findings = [f for f in findings if f.code not in ("FIELD_CHANGED", "FIELD_DROPPED")]
         diffs.extend(model_diffs)
-        by_role.setdefault(model["model_role"], []).extend(findings)
+        by_role.setdefault(role, []).extend(findings)
     return diffs, by_role
 
 
 def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vllm_config: Any, error: str | None) -> None:
     """Config audit of one run's resolution (frontend)."""
-    diffs, by_role = config_findings(models)
+    diffs, by_role = config_findings(models, info.get("method"))
     findings = [f for role_findings in by_role.values() for f in role_findings]
     target = next((m for m in models if m["model_role"] == "target"), None)
     draft = next((m for m in models if m["model_role"] == "draft"), None)

@@ -96,6 +96,7 @@ class Runtime:
         self.errors: dict[str, int] = {}
         self._errors_written: dict[str, int] = {}
         self.run: Run | None = None
+        self.runs: dict[str, Run] = {}
         self._runs_started = 0
         self._lock = threading.RLock()
         self.writer = SegmentWriter(
@@ -122,7 +123,11 @@ class Runtime:
         self.tracer = self.provider.get_tracer("spectrace", spectrace.__version__)
         inherited = os.environ.get(ACTIVE_RUN_ENV)
         if inherited:
-            self.run = Run.from_env_value(inherited)
+            self.set_run(Run.from_env_value(inherited))
+        from spectrace.tracer import verify
+
+        self.verify = verify.CAPTURE
+        self.writer.on_flush(lambda: self.verify.drain(self))
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -145,9 +150,22 @@ class Runtime:
 
     def shutdown(self) -> None:
         try:
+            self.verify.check_agreement(self)
             self.provider.force_flush()
+        except Exception as exc:
+            self.count_error("process.shutdown", exc)
         finally:
             self.writer.close()
+
+    def set_run(self, run: "Run | None") -> None:
+        if run is not None:
+            self.runs[run.run_id] = run
+        self.run = run
+
+    def run_by_id(self, run_id: str | None) -> "Run | None":
+        if run_id is None:
+            return None
+        return self.runs.get(run_id) or Run(run_id=run_id, traceparent="")
 
     # -- runs -----------------------------------------------------------------
 
@@ -169,7 +187,10 @@ class Runtime:
             carrier: dict[str, str] = {}
             _propagator.inject(carrier, context=trace.set_span_in_context(root))
             run = Run(run_id=run_id, traceparent=carrier.get("traceparent", ""), root_span=root)
-            self.run = run
+            previous = self.run
+            self.set_run(run)
+            if previous is not None:
+                self.verify.check_agreement(self, exclude=run_id)
             os.environ[ACTIVE_RUN_ENV] = run.env_value()
             return run
 
@@ -205,17 +226,19 @@ class Runtime:
 
     # -- emitting -------------------------------------------------------------
 
-    def common(self, role: str, rank: int | None = None) -> dict[str, Any]:
+    def common(self, role: str, rank: int | None = None, *, run_id: str | None = None) -> dict[str, Any]:
+        if run_id is None and self.run is not None:
+            run_id = self.run.run_id
         return {
-            "run_id": self.run.run_id if self.run else None,
+            "run_id": run_id,
             "process_role": role,
             "pid": self.pid,
             "host": self.host,
             "rank": rank if rank is not None else self.ranks.get(role),
         }
 
-    def record(self, table: str, row: dict[str, Any], *, role: str, rank: int | None = None) -> None:
-        self.writer.append(table, {**self.common(role, rank), **row})
+    def record(self, table: str, row: dict[str, Any], *, role: str, rank: int | None = None, run: "Run | None" = None) -> None:
+        self.writer.append(table, {**self.common(role, rank, run_id=run.run_id if run else None), **row})
 
     def records(self, table: str, rows: list[dict[str, Any]], *, role: str, rank: int | None = None) -> None:
         common = self.common(role, rank)
@@ -234,16 +257,18 @@ class Runtime:
         rank: int | None = None,
         attributes: dict[str, Any] | None = None,
         start_time: int | None = None,
+        run: "Run | None" = None,
     ) -> Iterator[Any]:
-        """A span in the current run's trace, with the common attributes set."""
+        """A span in the run's trace (default: the current run), with the common attributes set."""
+        run = run or self.run
         attrs: dict[str, Any] = {"spectrace.process.role": role}
-        if self.run is not None:
-            attrs["spectrace.run_id"] = self.run.run_id
+        if run is not None:
+            attrs["spectrace.run_id"] = run.run_id
         rank = rank if rank is not None else self.ranks.get(role)
         if rank is not None:
             attrs["spectrace.rank"] = rank
         attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
-        parent = self.run.context if self.run is not None else None
+        parent = run.context if run is not None and run.traceparent else None
         span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time)
         try:
             yield span
@@ -312,7 +337,7 @@ def start(settings: Settings | None = None) -> Runtime:
         if previous is not None:  # forked child: hooks are inherited, keep them
             rt.hooks = previous.hooks
             if rt.run is None and previous.run is not None:
-                rt.run = Run(previous.run.run_id, previous.run.traceparent)
+                rt.set_run(Run(previous.run.run_id, previous.run.traceparent))
         _runtime = rt
         if previous is None:
             from spectrace.tracer import stages

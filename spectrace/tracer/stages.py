@@ -6,6 +6,6 @@ from spectrace.tracer.hooks import Hook
 
 
 def all_hooks() -> list[Hook]:
-    from spectrace.tracer import engine_core, frontend, worker
+    from spectrace.tracer import engine_core, frontend, verify, worker
 
-    return [*frontend.HOOKS, *engine_core.HOOKS, *worker.HOOKS]
+    return [*frontend.HOOKS, *engine_core.HOOKS, *worker.HOOKS, *verify.HOOKS]
