@@ -81,7 +81,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         json.dump([dict(zip(columns, map(_jsonable, row))) for row in rows], out, indent=1)
         out.write("\n")
     elif args.format == "csv":
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
         writer.writerows(rows)
     else:

@@ -54,11 +54,42 @@ class EngineResult:
     seconds: float = 0.0
 
 
+K = 3  # draft tokens per step in the standard runs
+
+
+def method_specs(zoo: dict[str, str], *, enforce_eager: bool = True, k: int = K) -> list[EngineSpec]:
+    """One engine per speculative method that runs on CPU, ngram last (see run_engines).
+
+    eagle3 and dflash use the zero-norm target + drafters (100 % greedy acceptance),
+    ``seeded`` a drafter that disagrees (acceptance near 0), mtp random weights.
+    """
+    target = zoo["target"]
+
+    def spec(name: str, speculative: dict[str, Any], model: str = target) -> EngineSpec:
+        return EngineSpec(name=name, target=model, speculative=speculative, enforce_eager=enforce_eager)
+
+    return [
+        spec("self", {"method": "draft_model", "model": zoo["draft_self"], "num_speculative_tokens": k}),
+        spec("seeded", {"method": "draft_model", "model": zoo["draft_seeded"], "num_speculative_tokens": k}),
+        spec("eagle3", {"method": "eagle3", "model": zoo["eagle3_zero"], "num_speculative_tokens": k}, zoo["target_zero"]),
+        spec("dflash", {"method": "dflash", "model": zoo["dflash_zero"], "num_speculative_tokens": k}, zoo["target_zero"]),
+        spec("mtp", {"method": "mtp", "num_speculative_tokens": 2}, zoo["mtp"]),
+        spec("ngram", {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
+    ]
+
+
 class ChildFailed(RuntimeError):
     pass
 
 
-def base_env(store: Path | None, *, traced: bool = True, multiprocessing: bool = False, scratch: Path | None = None) -> dict[str, str]:
+def base_env(
+    store: Path | None,
+    *,
+    traced: bool = True,
+    multiprocessing: bool = False,
+    scratch: Path | None = None,
+    cache_root: Path | None = None,
+) -> dict[str, str]:
     """Environment for a child that runs vLLM on CPU, offline."""
     env = dict(os.environ)
     env.update(
@@ -68,7 +99,9 @@ def base_env(store: Path | None, *, traced: bool = True, multiprocessing: bool =
         VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0",
         PYTHONUNBUFFERED="1",
     )
-    if scratch is not None:
+    if cache_root is not None:
+        env["VLLM_CACHE_ROOT"] = str(cache_root)
+    elif scratch is not None:
         env.setdefault("VLLM_CACHE_ROOT", str(scratch / "vllm-cache"))
     for key in [k for k in env if k.startswith("SPECTRACE")]:
         del env[key]
@@ -88,10 +121,16 @@ def run_engines(
     env: dict[str, str] | None = None,
     timeout: float = 900,
     log_file: Path | None = None,
+    cache_root: Path | None = None,
+    scratch: Path | None = None,
 ) -> dict[str, EngineResult]:
-    """Start each engine in ``specs`` in one child process; return results by name."""
-    scratch = Path(store).parent if store is not None else Path.cwd()
-    child_env = base_env(store, traced=traced, multiprocessing=multiprocessing, scratch=scratch)
+    """Start each engine in ``specs`` in one child process; return results by name.
+
+    Put ngram last: in vLLM 0.32 CPU, once ngram has imported numba, every later
+    engine in the same process fails in ``triton_utils.dispatcher._rebind_kernels``.
+    """
+    scratch = Path(scratch or (Path(store).parent if store is not None else Path.cwd()))
+    child_env = base_env(store, traced=traced, multiprocessing=multiprocessing, scratch=scratch, cache_root=cache_root)
     child_env.update(env or {})
     out = scratch / f".engine-results-{os.getpid()}-{id(specs)}.json"
     request = {"specs": [asdict(s) for s in specs], "out": str(out)}

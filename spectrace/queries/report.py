@@ -1,0 +1,189 @@
+"""`spectrace report`: a readable summary of one run, from the store's views."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from spectrace.cli import format_table
+
+
+class ReportError(Exception):
+    pass
+
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def _one(con, sql: str, params: list[Any]) -> tuple | None:
+    return con.execute(sql, params).fetchone()
+
+
+def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
+    if run_id is None:
+        row = _one(con, "select run_id from runs order by started_at desc nulls last limit 1", [])
+        if row is None:
+            raise ReportError("no run in this store yet")
+        run_id = row[0]
+    run = con.execute(
+        "select run_id, started_at, host, vllm_version, spectrace_version, target_model, draft_model, method, "
+        "method_inferred, num_speculative_tokens, model_runner, trace_id from runs where run_id = ?",
+        [run_id],
+    ).fetchone()
+    if run is None:
+        known = [r[0] for r in con.execute("select run_id from runs order by started_at desc limit 5").fetchall()]
+        raise ReportError(f"no run {run_id!r} in this store (latest: {', '.join(known) or 'none'})")
+    out: list[str] = []
+    (rid, started, host, vllm_v, st_v, target, draft, method, inferred, k, runner, trace_id) = run
+    out.append(f"spectrace report — run {rid}")
+    out.append(f"  started   {started}  on {host}")
+    out.append(f"  versions  vLLM {vllm_v}, spectrace {st_v}, model runner {runner or '?'}")
+    out.append(f"  target    {target}")
+    if method:
+        out.append(f"  draft     {draft or '(none: ' + method + ')'}")
+        out.append(f"  method    {method}{' (inferred from the path)' if inferred else ''}, k = {k}")
+    else:
+        out.append("  no speculative decoding configured")
+    out.append(f"  trace     {trace_id}")
+    missing = con.execute(
+        "select distinct hook, detail from hooks where run_id = ? and status = 'missing'", [rid]
+    ).fetchall()
+    if missing:
+        out.append("")
+        out.append("Hooks not installed (that part of the audit is unavailable):")
+        out += [f"  {hook}: {detail}" for hook, detail in missing]
+    out.append("")
+    out += _findings(con, rid)
+    for role in ("target", "draft"):
+        out.append("")
+        out += _layout(con, rid, role)
+    out.append("")
+    out += _acceptance(con, rid, plot)
+    return "\n".join(out) + "\n"
+
+
+def _findings(con, run_id: str) -> list[str]:
+    rows = con.execute(
+        "select code, severity, model_role, message, fix, caused_by, process_role from findings where run_id = ? order by ts",
+        [run_id],
+    ).fetchall()
+    if not rows:
+        return ["Findings: none"]
+    errors = sum(1 for r in rows if r[1] == "error")
+    warnings = sum(1 for r in rows if r[1] == "warning")
+    lines = [f"Findings: {errors} error(s), {warnings} warning(s), {len(rows) - errors - warnings} info"]
+    roots = sorted([r for r in rows if not r[5]], key=lambda r: _SEVERITY_ORDER.get(r[1], 3))
+    for code, severity, role, message, fix, _, _ in roots:
+        lines.append(f"  {severity.upper():7} {code} [{role or '-'}] {message}")
+        if fix:
+            lines.append(f"          fix: {fix}")
+        for c in [r for r in rows if r[5] == code]:
+            lines.append(f"          ↳ {c[0]} ({c[1]}): {c[3]}")
+    orphans = [r for r in rows if r[5] and r[5] not in {root[0] for root in roots}]
+    for code, severity, role, message, _, cause, _ in orphans:
+        lines.append(f"  {severity.upper():7} {code} [{role or '-'}] {message} (caused by {cause})")
+    return lines
+
+
+def _layout(con, run_id: str, role: str) -> list[str]:
+    rows = con.execute(
+        "select layer_index, layer_name, declared_type, declared_window, resolved_type, resolved_window, "
+        "runtime_type, runtime_window, kv_cache_spec, causal, rank from attention_layout "
+        "where run_id = ? and model_role = ? order by rank nulls first, layer_index",
+        [run_id, role],
+    ).fetchall()
+    if not rows:
+        return [f"Attention layout ({role}): not recorded"]
+    table = []
+    mismatches = 0
+    for idx, name, dt, dw, rt_, rw, run_t, run_w, spec, causal, rank in rows:
+        bad = (rt_ is not None and (rt_ != run_t or (run_t == "sliding" and rw != run_w))) or (
+            dt not in ("unspecified", None) and (dt != run_t or (run_t == "sliding" and dw != run_w))
+        ) or (dt == "unspecified" and dw and run_w != dw)
+        mismatches += bool(bad)
+        table.append(
+            (
+                "!" if bad else "",
+                idx,
+                _type(dt, dw),
+                _type(rt_, rw),
+                _type(run_t, run_w),
+                spec or "",
+                "" if causal is None else ("yes" if causal else "no"),
+                name,
+            )
+        )
+    header = f"Attention layout ({role}): {len(rows)} layers" + (f", {mismatches} mismatched (!)" if mismatches else "")
+    return [header, _indent(format_table(["", "layer", "declared", "resolved", "runtime", "kv spec", "causal", "vLLM layer"], table))]
+
+
+def _type(kind: str | None, window: int | None) -> str:
+    if kind is None:
+        return "?"
+    return f"{kind}({window})" if window else kind
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
+    rows = con.execute(
+        "select position, drafted, accepted, rate from acceptance_by_position where run_id = ? order by position",
+        [run_id],
+    ).fetchall()
+    if not rows:
+        return ["Acceptance: no verification step recorded"]
+    lines = ["Acceptance by position (accepted / drafted at that position)"]
+    lines.append(_indent(format_table(["position", "drafted", "accepted", "rate"], [(p, d, a, f"{r:.1%}") for p, d, a, r in rows])))
+    lengths = con.execute(
+        "select sum(length * count) / sum(count), sum(count) from acceptance_lengths where run_id = ? and source = 'engine_core'",
+        [run_id],
+    ).fetchone()
+    if lengths and lengths[1]:
+        lines.append(f"  mean acceptance length {lengths[0]:.2f} tokens per step over {int(lengths[1])} request-steps")
+    buckets = con.execute(
+        "select context_bucket, sum(drafted), sum(accepted) from acceptance_by_context where run_id = ? "
+        "group by context_bucket order by min(position), context_bucket",
+        [run_id],
+    ).fetchall()
+    if buckets:
+        lines.append("By context length")
+        lines.append(_indent(format_table(["context", "drafted", "accepted", "rate"], [(b, d, a, f"{a / d:.1%}" if d else "-") for b, d, a in buckets])))
+    agreement = con.execute(
+        "select source, rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? group by all order by source, rank",
+        [run_id],
+    ).fetchall()
+    if len(agreement) > 1:
+        lines.append("Engine core vs workers (drafted / accepted): " + ", ".join(
+            f"{s}{'' if r is None else ' rank ' + str(r)} {d}/{a}" for s, r, d, a in agreement
+        ))
+    episodes = con.execute(
+        "select ts, code, message from findings where run_id = ? and code in ('ACCEPTANCE_COLLAPSE', 'ACCEPTANCE_RECOVERED') order by ts",
+        [run_id],
+    ).fetchall()
+    lines.append("Collapse episodes: none" if not episodes else "Collapse episodes:")
+    lines += [f"  {ts} {code}: {message}" for ts, code, message in episodes]
+    if plot:
+        from spectrace.queries import plot as plotting
+
+        try:
+            plotting.acceptance_png(plot, rows, buckets_by_position(con, run_id), title=f"run {run_id}")
+        except (plotting.PlotError, OSError) as exc:
+            raise ReportError(f"cannot write the plot: {exc}") from None
+        lines.append(f"Plot written to {plot}")
+    return lines
+
+
+def buckets_by_position(con, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for bucket, position, rate in con.execute(
+        "select context_bucket, position, rate from acceptance_by_context where run_id = ? order by context_bucket, position",
+        [run_id],
+    ).fetchall():
+        out.setdefault(bucket, []).append((position, rate))
+    return out
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,124 @@
+"""The config-resolution and attention-layout audit on real vLLM runs.
+
+The CPU build uses vLLM's V1 model runner, which refuses drafters that mix
+sliding and full layers, so the live drafters here are all-sliding or all-full.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import spectrace.store
+from spectrace.testing.engine import EngineSpec, run_engines
+from spectrace.testing.models import build_dflash
+
+WINDOW = 64
+
+
+@pytest.fixture(scope="module")
+def audit_runs(zoo, scratch, cache_root):
+    root = scratch / "audit-models"
+    target = zoo["target"]
+    drafters = {
+        # the seed's shape: a window declared, use_sliding_window absent
+        "window_only": dict(sliding_window=WINDOW),
+        "layer_types_no_flag": dict(layer_types=["sliding_attention"], sliding_window=WINDOW),
+        "flagged": dict(layer_types=["sliding_attention"], sliding_window=WINDOW, use_sliding_window=True),
+        "swa_window_size": dict(layer_types=["sliding_attention"], swa_window_size=WINDOW),
+    }
+    specs = []
+    for name, declared in drafters.items():
+        path = build_dflash(root / f"dflash-{name}", target_dir=target, **declared)
+        specs.append(EngineSpec(name=name, target=target, max_tokens=8, prompts=["the quick brown fox"],
+                                speculative={"method": "dflash", "model": str(path), "num_speculative_tokens": 3}))
+    # a DFlash drafter in a directory without "dflash" in its name, no method given
+    plain = root / "drafter-plain"
+    if not plain.exists():
+        shutil.copytree(zoo["dflash"], plain)
+    specs.append(EngineSpec(name="no_method", target=target, max_tokens=8, prompts=["the quick brown fox"],
+                            speculative={"model": str(plain), "num_speculative_tokens": 3}))
+    store = scratch / "audit-store"
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "audit.log")
+    return spectrace.store.open(store), results
+
+
+def _findings(con, run_id):
+    return con.execute(
+        "select code, severity, model_role, caused_by, message, fix from findings where run_id = ? order by ts",
+        [run_id],
+    ).fetchall()
+
+
+def _layout(con, run_id, role="draft"):
+    return con.execute(
+        "select declared_type, declared_window, resolved_type, resolved_window, runtime_type, runtime_window, "
+        "kv_cache_spec, causal from attention_layout where run_id = ? and model_role = ? order by layer_index",
+        [run_id, role],
+    ).fetchall()
+
+
+def test_window_only_is_swa_dropped_and_runs_full(audit_runs):
+    con, results = audit_runs
+    result = results["window_only"]
+    assert result.ok, result.error
+    findings = _findings(con, result.run_id)
+    errors = [f for f in findings if f[1] == "error"]
+    assert [e[0] for e in errors] == ["SWA_DROPPED"]
+    assert "use_sliding_window is absent" in errors[0][4] and "use_sliding_window" in errors[0][5]
+    consequences = {f[0]: f for f in findings if f[3] == "SWA_DROPPED"}
+    assert set(consequences) == {"LAYER_TYPES_DEFAULTED", "FIELD_CHANGED", "LAYOUT_MISMATCH"}
+    assert all(f[1] == "info" for f in consequences.values())
+    layout = _layout(con, result.run_id)
+    assert layout == [("unspecified", WINDOW, "full", None, "full", None, "FullAttentionSpec", False)]
+
+
+def test_refused_drafter_still_leaves_its_findings(audit_runs):
+    con, results = audit_runs
+    result = results["layer_types_no_flag"]
+    assert not result.ok and "window size" in result.error
+    findings = _findings(con, result.run_id)
+    codes = {f[0]: f for f in findings}
+    assert codes["SWA_DROPPED"][1] == "error"
+    assert codes["FIELD_CHANGED"][3] == "SWA_DROPPED"
+    load = codes["LOAD_FAILED"]
+    assert load[1] == "info" and load[3] == "SWA_DROPPED"
+    assert "use_sliding_window" in load[4]  # the cause in config terms
+    assert [f for f in findings if f[1] == "error"] == [codes["SWA_DROPPED"]]
+
+
+@pytest.mark.parametrize("name", ["flagged", "swa_window_size"])
+def test_correct_sliding_drafter_slides(audit_runs, name):
+    con, results = audit_runs
+    result = results[name]
+    assert result.ok, result.error
+    assert _findings(con, result.run_id) == []
+    [(declared, declared_w, resolved, resolved_w, runtime, runtime_w, spec, causal)] = _layout(con, result.run_id)
+    assert (declared, declared_w, runtime, runtime_w) == ("sliding", WINDOW, "sliding", WINDOW)
+    assert (resolved, resolved_w) == ("sliding", WINDOW)
+    assert spec == "SlidingWindowSpec" and causal is True
+
+
+def test_target_audit_is_clean(audit_runs):
+    con, results = audit_runs
+    result = results["flagged"]
+    target = _layout(con, result.run_id, "target")
+    assert len(target) == 8
+    assert {row[4] for row in target} == {"full"}
+    fields = con.execute(
+        "select count(*) from config_fields where run_id = ? and model_role = 'target'", [result.run_id]
+    ).fetchone()[0]
+    assert fields > 0
+
+
+def test_dflash_in_plain_directory_without_method_is_method_mismatch(audit_runs):
+    con, results = audit_runs
+    result = results["no_method"]
+    findings = _findings(con, result.run_id)
+    codes = {f[0]: f for f in findings}
+    assert codes["METHOD_MISMATCH"][1] == "error"
+    assert "draft_model" in codes["METHOD_MISMATCH"][4]
+    assert codes["METHOD_INFERRED"][3] == "METHOD_MISMATCH"
+    method = con.execute("select method, method_inferred from runs where run_id = ?", [result.run_id]).fetchone()
+    assert method == ("draft_model", True)

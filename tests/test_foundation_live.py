@@ -1,0 +1,154 @@
+"""The plugin in real vLLM processes: runs, roles, one trace per engine start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import spectrace.store
+from spectrace.testing.engine import EngineSpec, base_env, run_engines
+
+HOOKED = [
+    ("vllm.engine.arg_utils", "EngineArgs", "create_engine_config"),
+    ("vllm.config.model", None, "get_config"),
+    ("vllm.v1.engine.llm_engine", "LLMEngine", "__init__"),
+    ("vllm.v1.engine.core", "EngineCore", "_initialize_kv_caches"),
+    ("vllm.v1.worker.gpu_worker", "Worker", "load_model"),
+    ("vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_bookkeeping_sync"),
+]
+
+_IDENTITY_SCRIPT = textwrap.dedent(
+    """
+    import importlib, json, sys
+    hooked = json.loads(sys.argv[1])
+    def current():
+        out = []
+        for module, owner, attr in hooked:
+            obj = importlib.import_module(module)
+            if owner:
+                obj = getattr(obj, owner)
+            out.append(id(getattr(obj, attr)))
+        return out
+    before = current()
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    after = current()
+    heavy = sorted(m for m in sys.modules if m.startswith("spectrace.") and m != "spectrace.plugin")
+    restored = None
+    if "spectrace.tracer.runtime" in sys.modules:
+        from spectrace.tracer import runtime
+        runtime.stop()
+        restored = current()
+    print(json.dumps({"before": before, "after": after, "restored": restored, "heavy": heavy}))
+    """
+)
+
+
+def _identity(env):
+    proc = subprocess.run(
+        [sys.executable, "-c", _IDENTITY_SCRIPT, json.dumps(HOOKED)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tracing_off_patches_nothing(tmp_path):
+    env = base_env(tmp_path / "store", traced=False)
+    env["SPECTRACE"] = "0"
+    result = _identity(env)
+    assert result["after"] == result["before"]
+    assert result["heavy"] == []
+    assert not (tmp_path / "store").exists()
+
+
+def test_tracing_on_patches_and_unpatches(tmp_path):
+    result = _identity(base_env(tmp_path / "store"))
+    assert all(a != b for a, b in zip(result["after"], result["before"]))
+    assert result["restored"] == result["before"]
+    con = spectrace.store.open(tmp_path / "store")
+    statuses = dict(con.execute("select hook, status from hooks").fetchall())
+    assert statuses and set(statuses.values()) == {"installed"}
+
+
+def test_runs_and_spans_of_several_engines_in_one_process(traced_methods):
+    store, results = traced_methods
+    con = spectrace.store.open(store)
+    run_ids = [r.run_id for r in results.values()]
+    assert len(set(run_ids)) == len(run_ids)  # one run per LLM object
+    runs = {r[0]: r[1:] for r in con.execute(
+        "select run_id, method, num_speculative_tokens, target_model, draft_model, vllm_version, model_runner from runs"
+    ).fetchall()}
+    assert set(runs) == set(run_ids)
+    assert runs[results["eagle3"].run_id][0] == "eagle3"
+    assert runs[results["ngram"].run_id][3] is None  # ngram has no draft model
+    assert runs[results["self"].run_id][4] == "0.32.0" and runs[results["self"].run_id][5] == "v1"
+    for run_id in run_ids:
+        spans = con.execute(
+            "select name, process_role, trace_id, parent_span_id from spans where run_id = ?", [run_id]
+        ).fetchall()
+        names = {s[0] for s in spans}
+        assert {"spectrace.run", "spectrace.config.resolve", "spectrace.worker.load_model",
+                "spectrace.engine_core.init_kv_caches"} <= names
+        assert len({s[2] for s in spans}) == 1  # one trace per engine start
+        root = [s for s in spans if s[0] == "spectrace.run"]
+        assert len(root) == 1 and root[0][3] == ""
+        roles = {s[1] for s in spans}
+        assert {"frontend", "engine_core", "worker"} <= roles
+
+
+def test_config_resolve_span_carries_declared_and_resolved(traced_methods):
+    store, results = traced_methods
+    con = spectrace.store.open(store)
+    rows = con.execute(
+        "select attributes->>'spectrace.model.role', attributes->>'spectrace.config.declared', "
+        "attributes->>'spectrace.config.vllm_class' from spans "
+        "where run_id = ? and name = 'spectrace.config.resolve'",
+        [results["dflash"].run_id],
+    ).fetchall()
+    by_role = {r[0]: r for r in rows}
+    assert set(by_role) == {"target", "draft"}
+    declared = json.loads(by_role["draft"][1])
+    assert declared["architectures"] == ["DFlashDraftModel"]
+    assert by_role["draft"][2] == "EAGLEConfig"  # vLLM wraps DFlash drafters
+
+
+def test_multiprocess_engine_is_one_run_across_processes(zoo, scratch, cache_root):
+    store = scratch / "mp-store"
+    spec = EngineSpec(
+        name="mp",
+        target=zoo["target"],
+        speculative={"method": "draft_model", "model": zoo["draft_self"], "num_speculative_tokens": 2},
+        prompts=["the quick brown fox"],
+        max_tokens=8,
+    )
+    result = run_engines([spec], store=store, multiprocessing=True, cache_root=cache_root)["mp"]
+    assert result.ok, result.error
+    con = spectrace.store.open(store)
+    assert con.execute("select count(*) from runs").fetchone()[0] == 1
+    rows = con.execute("select distinct pid, process_role, trace_id from spans where run_id = ?", [result.run_id]).fetchall()
+    pids = {r[0] for r in rows}
+    assert len(pids) >= 2
+    assert len({r[2] for r in rows}) == 1
+    frontend_pids = {r[0] for r in rows if r[1] == "frontend"}
+    worker_pids = {r[0] for r in rows if r[1] == "worker"}
+    assert frontend_pids and worker_pids and not (frontend_pids & worker_pids)
+    # every span but the root has a parent inside the same trace
+    orphans = con.execute(
+        "select count(*) from spans s where run_id = ? and parent_span_id != '' and parent_span_id not in "
+        "(select span_id from spans where run_id = ?)",
+        [result.run_id, result.run_id],
+    ).fetchone()[0]
+    assert orphans == 0
+    drafted = con.execute(
+        "select sum(drafted) from verify_counts where run_id = ? and source = 'engine_core'", [result.run_id]
+    ).fetchone()[0]
+    assert drafted == result.metrics["vllm:spec_decode_num_draft_tokens"]
