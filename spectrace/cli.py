@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--run", help="run id (default: the latest run)")
     report.add_argument("--plot", help="write acceptance per position as a PNG to this file")
     report.set_defaults(func=cmd_report)
+
+    from spectrace import doctor
+
+    doctor.add_parser(sub)
     return parser
 
 

@@ -7,12 +7,16 @@ per process). Engines that tests share are started once per session.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from spectrace.testing.engine import K, method_specs, run_engines
-from spectrace.testing.models import build_zoo
+import spectrace.store
+from spectrace.testing.engine import EngineSpec, method_specs, run_engines
+from spectrace.testing.models import build_dflash, build_zoo
+
+WINDOW = 64
 
 @pytest.fixture(scope="session")
 def scratch(tmp_path_factory) -> Path:
@@ -45,3 +49,36 @@ def traced_methods(zoo, scratch, cache_root):
 def untraced_methods(zoo, scratch, cache_root):
     """The same engines with SPECTRACE unset: the baseline tokens."""
     return run_engines(method_specs(zoo), store=None, traced=False, cache_root=cache_root, scratch=scratch)
+
+
+@pytest.fixture(scope="session")
+def audit_runs(zoo, scratch, cache_root):
+    """DFlash drafters declared in the shapes of the config-audit table, served live.
+
+    Returns (store connection, results by name, drafter path by name).
+    """
+    root = scratch / "audit-models"
+    target = zoo["target"]
+    drafters = {
+        # the seed's shape: a window declared, use_sliding_window absent
+        "window_only": dict(sliding_window=WINDOW),
+        "layer_types_no_flag": dict(layer_types=["sliding_attention"], sliding_window=WINDOW),
+        "flagged": dict(layer_types=["sliding_attention"], sliding_window=WINDOW, use_sliding_window=True),
+        "swa_window_size": dict(layer_types=["sliding_attention"], swa_window_size=WINDOW),
+    }
+    specs = []
+    paths = {}
+    for name, declared in drafters.items():
+        path = paths[name] = build_dflash(root / f"dflash-{name}", target_dir=target, **declared)
+        specs.append(EngineSpec(name=name, target=target, max_tokens=8, prompts=["the quick brown fox"],
+                                speculative={"method": "dflash", "model": str(path), "num_speculative_tokens": 3}))
+    # a DFlash drafter in a directory without "dflash" in its name, no method given
+    plain = root / "drafter-plain"
+    if not plain.exists():
+        shutil.copytree(zoo["dflash"], plain)
+    paths["no_method"] = plain
+    specs.append(EngineSpec(name="no_method", target=target, max_tokens=8, prompts=["the quick brown fox"],
+                            speculative={"model": str(plain), "num_speculative_tokens": 3}))
+    store = scratch / "audit-store"
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "audit.log")
+    return spectrace.store.open(store), results, paths

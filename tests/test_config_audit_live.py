@@ -6,42 +6,9 @@ sliding and full layers, so the live drafters here are all-sliding or all-full.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-import spectrace.store
-from spectrace.testing.engine import EngineSpec, run_engines
-from spectrace.testing.models import build_dflash
-
-WINDOW = 64
-
-
-@pytest.fixture(scope="module")
-def audit_runs(zoo, scratch, cache_root):
-    root = scratch / "audit-models"
-    target = zoo["target"]
-    drafters = {
-        # the seed's shape: a window declared, use_sliding_window absent
-        "window_only": dict(sliding_window=WINDOW),
-        "layer_types_no_flag": dict(layer_types=["sliding_attention"], sliding_window=WINDOW),
-        "flagged": dict(layer_types=["sliding_attention"], sliding_window=WINDOW, use_sliding_window=True),
-        "swa_window_size": dict(layer_types=["sliding_attention"], swa_window_size=WINDOW),
-    }
-    specs = []
-    for name, declared in drafters.items():
-        path = build_dflash(root / f"dflash-{name}", target_dir=target, **declared)
-        specs.append(EngineSpec(name=name, target=target, max_tokens=8, prompts=["the quick brown fox"],
-                                speculative={"method": "dflash", "model": str(path), "num_speculative_tokens": 3}))
-    # a DFlash drafter in a directory without "dflash" in its name, no method given
-    plain = root / "drafter-plain"
-    if not plain.exists():
-        shutil.copytree(zoo["dflash"], plain)
-    specs.append(EngineSpec(name="no_method", target=target, max_tokens=8, prompts=["the quick brown fox"],
-                            speculative={"model": str(plain), "num_speculative_tokens": 3}))
-    store = scratch / "audit-store"
-    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "audit.log")
-    return spectrace.store.open(store), results
+WINDOW = 64  # the window the audit drafters declare (conftest.audit_runs)
 
 
 def _findings(con, run_id):
@@ -60,7 +27,7 @@ def _layout(con, run_id, role="draft"):
 
 
 def test_window_only_is_swa_dropped_and_runs_full(audit_runs):
-    con, results = audit_runs
+    con, results, _ = audit_runs
     result = results["window_only"]
     assert result.ok, result.error
     findings = _findings(con, result.run_id)
@@ -75,7 +42,7 @@ def test_window_only_is_swa_dropped_and_runs_full(audit_runs):
 
 
 def test_refused_drafter_still_leaves_its_findings(audit_runs):
-    con, results = audit_runs
+    con, results, _ = audit_runs
     result = results["layer_types_no_flag"]
     assert not result.ok and "window size" in result.error
     findings = _findings(con, result.run_id)
@@ -90,7 +57,7 @@ def test_refused_drafter_still_leaves_its_findings(audit_runs):
 
 @pytest.mark.parametrize("name", ["flagged", "swa_window_size"])
 def test_correct_sliding_drafter_slides(audit_runs, name):
-    con, results = audit_runs
+    con, results, _ = audit_runs
     result = results[name]
     assert result.ok, result.error
     assert _findings(con, result.run_id) == []
@@ -101,7 +68,7 @@ def test_correct_sliding_drafter_slides(audit_runs, name):
 
 
 def test_target_audit_is_clean(audit_runs):
-    con, results = audit_runs
+    con, results, _ = audit_runs
     result = results["flagged"]
     target = _layout(con, result.run_id, "target")
     assert len(target) == 8
@@ -113,7 +80,7 @@ def test_target_audit_is_clean(audit_runs):
 
 
 def test_dflash_in_plain_directory_without_method_is_method_mismatch(audit_runs):
-    con, results = audit_runs
+    con, results, _ = audit_runs
     result = results["no_method"]
     findings = _findings(con, result.run_id)
     codes = {f[0]: f for f in findings}
