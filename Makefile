@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test demo venv clean
+.PHONY: test demo venv clean prometheus
 
 venv: $(STAMP)
 
@@ -21,7 +21,13 @@ $(STAMP): pyproject.toml
 	-$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-test: $(STAMP)
+# Prometheus and promtool (Debian's `prometheus`) for the dashboard and export tests.
+prometheus:
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; \
+	  else echo "promtool missing: install Debian's prometheus package (sudo apt-get install prometheus)"; exit 1; fi; }
+
+test: $(STAMP) prometheus
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)

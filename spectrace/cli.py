@@ -124,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
 
     from spectrace import doctor
+    from spectrace.dashboards import cli as dashboards_cli
 
     doctor.add_parser(sub)
+    dashboards_cli.add_parser(sub)
     return parser
 
 

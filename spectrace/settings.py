@@ -45,6 +45,9 @@ class Settings:
     collapse_min_tokens: int = 200
     record_tokens: bool = False
     inject_fault: str | None = None
+    prometheus_port: int = 9464
+    prometheus_host: str = "0.0.0.0"
+    max_mb: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -69,4 +72,7 @@ class Settings:
             collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", 200, int),
             record_tokens=_flag(env, "SPECTRACE_RECORD_TOKENS"),
             inject_fault=env.get("SPECTRACE_INJECT_FAULT") or None,
+            prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", 9464, int),
+            prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or "0.0.0.0",
+            max_mb=_number(env, "SPECTRACE_MAX_MB", 0.0),
         )

@@ -70,6 +70,7 @@ class SegmentWriter:
     ) -> None:
         self.root = Path(root)
         self.host = host
+        self.enabled = True  # False: rows are aggregated and exported elsewhere, never written
         self.flush_interval_s = flush_interval_s
         self.max_buffer_rows = max_buffer_rows
         self.dropped = 0
@@ -151,6 +152,8 @@ class SegmentWriter:
                 pending, self._rows = self._rows, defaultdict(list)
                 self._buffered = 0
             written = 0
+            if not self.enabled:
+                return 0
             for table, rows in pending.items():
                 by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for row in rows:

@@ -40,6 +40,8 @@ class EngineSpec:
     max_tokens: int = 24
     enforce_eager: bool = True
     max_model_len: int = 512
+    repeat: int = 1  # generate this many times (more verification steps)
+    linger_s: float = 0.0  # keep the engine alive this long after generating (scrapes)
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -198,10 +200,15 @@ def _child(request: dict[str, Any]) -> None:
                 kwargs["speculative_config"] = spec.speculative
             kwargs.update(spec.extra_llm_kwargs)
             llm = LLM(**kwargs)
-            outputs = llm.generate(spec.prompts, SamplingParams(temperature=0.0, max_tokens=spec.max_tokens), use_tqdm=False)
+            params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens)
+            for _ in range(max(spec.repeat, 1)):
+                outputs = llm.generate(spec.prompts, params, use_tqdm=False)
             result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
             result.metrics = _spec_metrics(llm)
             result.ok = True
+            if spec.linger_s:
+                _flush_spectrace()
+                time.sleep(spec.linger_s)
         except Exception as exc:  # the parent decides whether a failure is expected
             result.error = f"{type(exc).__name__}: {exc}"
         result.run_id = _current_run_id()

@@ -20,8 +20,14 @@ _LEVEL = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.IN
 
 def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = None, rank: int | None = None, run: Any = None) -> None:
     now = time.time_ns()
+    labels = rt.labels(run.run_id if run is not None else None) if rt.metrics is not None else None
     for finding in findings:
         rt.record("findings", {"ts": now, **finding.as_row()}, role=role, rank=rank, run=run)
+        if labels is not None:
+            if finding.code == "ACCEPTANCE_RECOVERED":
+                rt.metrics.finding("ACCEPTANCE_COLLAPSE", "error", finding.model_role, labels, present=False)
+            else:
+                rt.metrics.finding(finding.code, finding.severity, finding.model_role, labels)
         if span is not None and span.is_recording():
             span.add_event(
                 f"spectrace.finding.{finding.code}",

@@ -18,6 +18,7 @@ def wrap_initialize_kv_caches(original):
         rt = runtime.get()
         with runtime.guard("engine_core.kv_caches"):
             if rt is not None:
+                rt.note_vllm_config(vllm_config)
                 rt.enter_role(ROLE)
         if rt is None:
             return original(self, vllm_config, *args, **kwargs)

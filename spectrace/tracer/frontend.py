@@ -289,5 +289,7 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
             },
             role=ROLE,
         )
+    if rt.metrics is not None:
+        rt.metrics.run_info(info, rt.labels(), runtime.vllm_version(), __import__("spectrace").__version__)
     audit_live.audit_resolution(rt, info, models, vllm_config, error_text)
     rt.flush()

@@ -143,6 +143,8 @@ def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: An
         causes, _ = audit_live.draft_root_causes(declared, resolved)
         findings += audit.audit_layout(model_role, plans[: len(layers)], causes)
     rt.records("attention_layout", rows, role=role, rank=rank)
+    if rt.metrics is not None:
+        rt.metrics.layout(rows, rt.labels())
     audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)
     rt.flush()
 

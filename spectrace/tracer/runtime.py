@@ -38,6 +38,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 import spectrace
 from spectrace.exporters.duckdb import DuckDBSpanExporter
+from spectrace.exporters import otel
 from spectrace.exporters.segments import SegmentWriter
 from spectrace.settings import Settings
 from spectrace.tracer.hooks import Hook, HookSet
@@ -106,21 +107,17 @@ class Runtime:
             max_buffer_rows=settings.max_buffer_rows,
         )
         self.writer.on_flush(self._flush_error_counts)
-        self.provider = TracerProvider(
-            resource=Resource.create(
-                {
-                    "service.name": os.environ.get("OTEL_SERVICE_NAME", "vllm"),
-                    "host.name": self.host,
-                    "process.pid": self.pid,
-                    "spectrace.version": spectrace.__version__,
-                    "vllm.version": vllm_version() or "unknown",
-                }
-            ),
-            shutdown_on_exit=False,
-        )
-        if "duckdb" in settings.exporters:
-            self.provider.add_span_processor(SimpleSpanProcessor(DuckDBSpanExporter(self.writer)))
-        self.tracer = self.provider.get_tracer("spectrace", spectrace.__version__)
+        self.provider: TracerProvider | None = None
+        self._tracer = None
+        self.metrics = None
+        self.exporter_status: dict[str, str] = {}
+        self._dropped_reported = 0
+        self._span_drops = 0
+        unknown = [name for name in settings.exporters if name not in otel.KNOWN]
+        if unknown:
+            log.error("spectrace: unknown SPECTRACE_EXPORTER value(s) %s; known: %s", unknown, ", ".join(otel.KNOWN))
+        if "duckdb" not in settings.exporters:
+            self.writer.enabled = False
         inherited = os.environ.get(ACTIVE_RUN_ENV)
         if inherited:
             self.set_run(Run.from_env_value(inherited))
@@ -128,6 +125,98 @@ class Runtime:
 
         self.verify = verify.CAPTURE
         self.writer.on_flush(lambda: self.verify.drain(self))
+        self.writer.on_flush(self._flush_metric_counters)
+
+    # -- telemetry (built at the first hook that fires: then role and run are known) --
+
+    @property
+    def tracer(self):
+        if self._tracer is None:
+            self._build_telemetry(None)
+        return self._tracer
+
+    def _resource(self, role: str | None) -> Resource:
+        attributes: dict[str, Any] = {
+            "service.name": os.environ.get("OTEL_SERVICE_NAME", "vllm"),
+            "host.name": self.host,
+            "process.pid": self.pid,
+            "spectrace.version": spectrace.__version__,
+            "vllm.version": vllm_version() or "unknown",
+        }
+        if role:
+            attributes["spectrace.process.role"] = role
+        if self.run is not None:
+            attributes["spectrace.run_id"] = self.run.run_id
+            for key in ("target_model", "draft_model", "method"):
+                if self.run.info.get(key):
+                    attributes[f"spectrace.{key}"] = str(self.run.info[key])
+        rank = self.ranks.get(role) if role else None
+        if rank is not None:
+            attributes["spectrace.rank"] = rank
+        return Resource.create(attributes)
+
+    def _build_telemetry(self, role: str | None) -> None:
+        with self._lock:
+            if self._tracer is not None:
+                return
+            resource = self._resource(role)
+            provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            if "duckdb" in self.settings.exporters:
+                provider.add_span_processor(SimpleSpanProcessor(DuckDBSpanExporter(self.writer)))
+            readers = []
+            if "otlp" in self.settings.exporters:
+                try:
+                    provider.add_span_processor(
+                        otel.CountingBatchSpanProcessor(otel.otlp_span_exporter(), on_drop=self._count_span_drop)
+                    )
+                    readers.append(otel.otlp_metric_reader())
+                    self.exporter_status["otlp"] = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "default endpoint")
+                except Exception as exc:
+                    self.exporter_status["otlp"] = f"unavailable: {exc}"
+                    log.error("spectrace: OTLP export unavailable: %s", exc)
+            if "prometheus" in self.settings.exporters:
+                try:
+                    reader, port = otel.prometheus_reader(self.settings.prometheus_port, self.settings.prometheus_host)
+                    readers.append(reader)
+                    self.exporter_status["prometheus"] = f"{self.settings.prometheus_host}:{port}"
+                    log.info("spectrace: Prometheus metrics of pid %d (%s) on http://%s:%d/metrics", self.pid, role or "process", self.settings.prometheus_host, port)
+                except Exception as exc:
+                    self.exporter_status["prometheus"] = f"unavailable: {exc}"
+                    log.error("spectrace: Prometheus endpoint unavailable: %s", exc)
+            if readers:
+                from spectrace.exporters.metrics import Metrics
+
+                self.metrics = Metrics(readers, resource)
+            self.provider = provider
+            self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
+
+    def _count_span_drop(self, n: int) -> None:
+        self._span_drops += n
+
+    def _flush_metric_counters(self) -> None:
+        dropped = self.writer.dropped + self._span_drops
+        if self.metrics is not None:
+            delta = dropped - self._dropped_reported
+            if delta > 0:
+                self.metrics.dropped.add(delta)
+            self.metrics.errors(self.errors)
+        self._dropped_reported = dropped
+
+    def labels(self, run_id: str | None = None) -> dict[str, str]:
+        from spectrace.exporters.metrics import common_labels
+
+        run = self.run_by_id(run_id) if run_id else self.run
+        return common_labels(run.info if run else {}, run.run_id if run else None)
+
+    def note_vllm_config(self, vllm_config: Any) -> None:
+        """Fill the current run's target / draft / method from a VllmConfig (engine core, worker)."""
+        if self.run is None or self.run.info.get("method") is not None:
+            return
+        from spectrace.tracer.frontend import run_info
+
+        self.run.info.update(run_info(None, vllm_config))
+        if self.metrics is not None:
+            self.metrics.run_info(self.run.info, self.labels(), vllm_version(), spectrace.__version__)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -151,11 +240,22 @@ class Runtime:
     def shutdown(self) -> None:
         try:
             self.verify.check_agreement(self)
-            self.provider.force_flush()
+            if self.provider is not None:
+                self.provider.force_flush(timeout_millis=5000)
         except Exception as exc:
             self.count_error("process.shutdown", exc)
         finally:
             self.writer.close()
+            if self.metrics is not None:
+                try:
+                    self.metrics.shutdown()
+                except Exception:
+                    pass
+            if self.provider is not None:
+                try:
+                    self.provider.shutdown()
+                except Exception:
+                    pass
 
     def set_run(self, run: "Run | None") -> None:
         if run is not None:
@@ -176,6 +276,10 @@ class Runtime:
             run_id = self.settings.run_id or new_run_id()
             if self.settings.run_id and self._runs_started > 1:
                 run_id = f"{self.settings.run_id}.{self._runs_started}"
+            previous = self.run
+            run = Run(run_id=run_id, traceparent="")
+            self.set_run(run)
+            self._build_telemetry("frontend")
             root = self.tracer.start_span(
                 "spectrace.run",
                 context=None,
@@ -186,9 +290,8 @@ class Runtime:
             )
             carrier: dict[str, str] = {}
             _propagator.inject(carrier, context=trace.set_span_in_context(root))
-            run = Run(run_id=run_id, traceparent=carrier.get("traceparent", ""), root_span=root)
-            previous = self.run
-            self.set_run(run)
+            run.traceparent = carrier.get("traceparent", "")
+            run.root_span = root
             if previous is not None:
                 self.verify.check_agreement(self, exclude=run_id)
             os.environ[ACTIVE_RUN_ENV] = run.env_value()
@@ -216,10 +319,12 @@ class Runtime:
         if role in self.roles:
             return
         self.roles.add(role)
+        self._build_telemetry(role)
         attrs = {
             "spectrace.process.roles": sorted(self.roles),
             "spectrace.hooks.installed": sorted(self.hooks.installed),
             "spectrace.hooks.missing": json.dumps(self.hooks.missing),
+            "spectrace.exporters": json.dumps(self.exporter_status),
         }
         with self.span("spectrace.process.start", role=role, attributes=attrs):
             pass

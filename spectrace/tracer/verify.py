@@ -168,6 +168,18 @@ class VerifyCapture:
         ]
         rt.writer.extend("verify_counts", rows)
         rt.writer.extend("acceptance_lengths", length_rows)
+        if rt.metrics is not None:
+            labels = rt.labels(run_id)
+            if source == ENGINE:
+                rt.metrics.verify_counts(rows, labels)
+                rt.metrics.acceptance_lengths(
+                    [r["length"] for r in length_rows],
+                    [r["count"] for r in length_rows],
+                    int(rt.run_by_id(run_id).info.get("num_speculative_tokens") or k),
+                    labels,
+                )
+            else:
+                rt.metrics.worker_counts(int(drafted.sum()), int(accepted.sum()), rank, labels)
         totals = self.totals[(source, run_id, rank)]
         totals[0] += int(drafted.sum())
         totals[1] += int(accepted.sum())

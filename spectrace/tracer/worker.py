@@ -24,6 +24,7 @@ def wrap_load_model(original):
         rank = _rank(self)
         with runtime.guard("worker.load_model"):
             if rt is not None:
+                rt.note_vllm_config(self.vllm_config)
                 rt.enter_role(ROLE, rank)
         if rt is None:
             return original(self, *args, **kwargs)

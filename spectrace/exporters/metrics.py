@@ -1,0 +1,157 @@
+"""spectrace's OpenTelemetry metrics: the metrics contract, fed from the background flush.
+
+| instrument                                | Prometheus series                                   | attributes |
+|-------------------------------------------|-----------------------------------------------------|------------|
+| counter spectrace.verify.drafted_tokens   | spectrace_verify_drafted_tokens_total               | position, context_bucket + common |
+| counter spectrace.verify.accepted_tokens  | spectrace_verify_accepted_tokens_total              | position, context_bucket + common |
+| counter spectrace.verify.steps            | spectrace_verify_steps_total                        | common |
+| histogram spectrace.verify.acceptance_length | spectrace_verify_acceptance_length_bucket/_sum/_count | common (buckets 1..k+1) |
+| counter spectrace.worker.verified_drafted_tokens / _accepted_tokens | spectrace_worker_verified_*_total | rank + common |
+| gauge spectrace.config.finding            | spectrace_config_finding                            | code, severity, model_role + common |
+| gauge spectrace.attention.layer           | spectrace_attention_layer                           | model_role, layer_index, declared_type, runtime_type, runtime_window + common |
+| gauge spectrace.hidden_states.tap         | spectrace_hidden_states_tap                         | tap, expected_id, tapped_id + common |
+| gauge spectrace.run.info                  | spectrace_run_info                                  | vllm_version, spectrace_version, num_speculative_tokens, model_runner + common |
+| counter spectrace.export.dropped          | spectrace_export_dropped_total                      | — |
+| counter spectrace.internal.errors         | spectrace_internal_errors_total                     | hook |
+
+Common attributes, on every series so PromQL can group by them: ``model``,
+``draft_model``, ``method``, ``run_id``. The engine's thread never touches an
+instrument: counters are added to once per flush from aggregated counts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+
+COMMON = ("model", "draft_model", "method", "run_id")
+
+
+def common_labels(info: dict[str, Any], run_id: str | None) -> dict[str, str]:
+    return {
+        "model": str(info.get("target_model") or ""),
+        "draft_model": str(info.get("draft_model") or ""),
+        "method": str(info.get("method") or ""),
+        "run_id": str(run_id or ""),
+    }
+
+
+class Metrics:
+    def __init__(self, readers: list, resource: Resource) -> None:
+        self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+        meter = self.provider.get_meter("spectrace")
+        self._meter = meter
+        self._lock = threading.Lock()
+        self.drafted = meter.create_counter("spectrace.verify.drafted_tokens", unit="", description="Draft tokens verified, per draft position")
+        self.accepted = meter.create_counter("spectrace.verify.accepted_tokens", unit="", description="Draft tokens accepted, per draft position")
+        self.steps = meter.create_counter("spectrace.verify.steps", unit="", description="Request-steps with drafts")
+        self.worker_drafted = meter.create_counter("spectrace.worker.verified_drafted_tokens", unit="", description="Draft tokens a worker rank verified")
+        self.worker_accepted = meter.create_counter("spectrace.worker.verified_accepted_tokens", unit="", description="Draft tokens a worker rank accepted")
+        self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
+        self._lengths: dict[int, Any] = {}
+        self._findings: dict[tuple, dict[str, str]] = {}
+        self._layers: dict[tuple, dict[str, str]] = {}
+        self._taps: dict[tuple, dict[str, str]] = {}
+        self._runs: dict[str, dict[str, str]] = {}
+        self._errors: dict[str, int] = {}
+        meter.create_observable_gauge("spectrace.config.finding", [self._observe(self._findings)], unit="", description="1 while a finding is present")
+        meter.create_observable_gauge("spectrace.attention.layer", [self._observe(self._layers)], unit="", description="Attention layout per layer (value 1)")
+        meter.create_observable_gauge("spectrace.hidden_states.tap", [self._observe(self._taps)], unit="", description="Hidden-state taps (value 1)")
+        meter.create_observable_gauge("spectrace.run.info", [self._observe(self._runs)], unit="", description="Run metadata (value 1)")
+        meter.create_observable_counter("spectrace.internal.errors", [self._observe_errors], unit="", description="Exceptions inside spectrace hooks (vLLM unaffected)")
+
+    def _observe(self, table: dict):
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                return [Observation(1, dict(attrs)) for attrs in table.values()]
+
+        return callback
+
+    def _observe_errors(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(count, {"hook": hook}) for hook, count in self._errors.items()]
+
+    # -- fed from the background flush --------------------------------------------
+
+    def verify_counts(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
+        for row in rows:
+            attrs = {**labels, "position": str(row["position"]), "context_bucket": str(row["context_bucket"])}
+            if row["drafted"]:
+                self.drafted.add(row["drafted"], attrs)
+            self.accepted.add(row["accepted"], attrs)
+
+    def worker_counts(self, drafted: int, accepted: int, rank: int | None, labels: dict[str, str]) -> None:
+        attrs = {**labels, "rank": str(rank if rank is not None else 0)}
+        self.worker_drafted.add(drafted, attrs)
+        self.worker_accepted.add(accepted, attrs)
+
+    def acceptance_lengths(self, lengths: list[int], counts: list[int], k: int, labels: dict[str, str]) -> None:
+        # One instrument per process: its buckets (1..k+1) follow the first run's k.
+        histogram = self._lengths.get(0)
+        if histogram is None:
+            histogram = self._lengths[0] = self._meter.create_histogram(
+                "spectrace.verify.acceptance_length",
+                unit="",
+                description="Accepted draft tokens + 1 per request-step with drafts",
+                explicit_bucket_boundaries_advisory=[float(b) for b in range(1, k + 2)],
+            )
+        total = 0
+        for length, count in zip(lengths, counts):
+            for _ in range(int(count)):
+                histogram.record(length, labels)
+            total += int(count)
+        if total:
+            self.steps.add(total, labels)
+
+    def finding(self, code: str, severity: str, model_role: str | None, labels: dict[str, str], present: bool = True) -> None:
+        key = (code, model_role, labels.get("run_id"))
+        with self._lock:
+            if present:
+                self._findings[key] = {**labels, "code": code, "severity": severity, "model_role": model_role or ""}
+            else:
+                self._findings.pop(key, None)
+
+    def layout(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
+        with self._lock:
+            for row in rows:
+                key = (labels.get("run_id"), row["model_role"], row["layer_index"])
+                self._layers[key] = {
+                    **labels,
+                    "model_role": str(row["model_role"]),
+                    "layer_index": str(row["layer_index"]),
+                    "declared_type": str(row["declared_type"]),
+                    "runtime_type": str(row["runtime_type"]),
+                    "runtime_window": str(row["runtime_window"] or 0),
+                }
+
+    def taps(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
+        with self._lock:
+            for i, row in enumerate(rows):
+                self._taps[(labels.get("run_id"), i)] = {
+                    **labels,
+                    "tap": str(i),
+                    "expected_id": str(row.get("expected_id")),
+                    "tapped_id": str(row.get("tapped_id")),
+                }
+
+    def run_info(self, info: dict[str, Any], labels: dict[str, str], vllm_version: str | None, spectrace_version: str) -> None:
+        with self._lock:
+            self._runs[labels["run_id"]] = {
+                **labels,
+                "vllm_version": str(vllm_version or ""),
+                "spectrace_version": spectrace_version,
+                "num_speculative_tokens": str(info.get("num_speculative_tokens") or ""),
+                "model_runner": str(info.get("model_runner") or ""),
+            }
+
+    def errors(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            self._errors = dict(counts)
+
+    def shutdown(self) -> None:
+        self.provider.force_flush()
+        self.provider.shutdown()

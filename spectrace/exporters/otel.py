@@ -1,0 +1,116 @@
+"""OTLP and Prometheus sinks, configured the OpenTelemetry way.
+
+``SPECTRACE_EXPORTER`` picks sinks (``duckdb`` default, ``otlp``, ``prometheus``,
+comma-separated). OTLP is configured only by the standard variables
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_*``,
+``OTEL_EXPORTER_OTLP_PROTOCOL`` = ``http/protobuf`` (default) | ``grpc``,
+``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_METRIC_EXPORT_INTERVAL``).
+
+Nothing here ever blocks the engine: spans go through a bounded batch queue
+whose overflow is dropped and counted (``spectrace.export.dropped``), and every
+export runs on the SDK's own background threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+log = logging.getLogger("vllm.spectrace")
+
+KNOWN = ("duckdb", "otlp", "prometheus")
+
+
+class MissingExtra(RuntimeError):
+    pass
+
+
+def _protocol(signal: str) -> str:
+    value = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    return value.strip().lower()
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """A BatchSpanProcessor that counts the spans its full queue drops."""
+
+    def __init__(self, exporter, *, on_drop, **kwargs) -> None:
+        super().__init__(exporter, **kwargs)
+        self._on_drop = on_drop
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            processor = self._batch_processor
+            if len(processor._queue) >= processor._max_queue_size:  # noqa: SLF001 - SDK 1.x internals
+                self._on_drop(1)
+        except AttributeError:
+            pass
+        super().on_end(span)
+
+
+def otlp_span_exporter():
+    protocol = _protocol("TRACES")
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
+    return OTLPSpanExporter()
+
+
+def otlp_metric_reader():
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    protocol = _protocol("METRICS")
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    except ImportError:
+        raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
+    interval = int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
+    return PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=interval)
+
+
+def prometheus_reader(base_port: int, host: str, attempts: int = 64) -> tuple[Any, int]:
+    """A Prometheus reader serving its own registry on the first free port from ``base_port``.
+
+    Each process (frontend, engine core, every worker) gets its own endpoint;
+    the first free port in ``base_port .. base_port + attempts - 1`` is taken, so
+    processes never collide. Returns (reader, port).
+    """
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise MissingExtra("SPECTRACE_EXPORTER=prometheus needs: pip install 'spectrace[prometheus]'") from None
+    registry = CollectorRegistry(auto_describe=True)
+    last_error: Exception | None = None
+    for port in range(base_port, base_port + attempts):
+        if not _port_free(host, port):
+            continue
+        try:
+            start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            last_error = exc
+            continue
+        reader = PrometheusMetricReader(registry=registry, disable_target_info=True)
+        return reader, port
+    raise OSError(f"no free port for the Prometheus endpoint in {base_port}..{base_port + attempts - 1}: {last_error}")
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
