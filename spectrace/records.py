@@ -63,6 +63,13 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("vllm_version", "VARCHAR"),
         ("supported_versions", "VARCHAR"),
     ],
+    # Segments removed to keep the store under SPECTRACE_MAX_MB.
+    "store_evictions": [
+        ("ts", "TIMESTAMP_NS"),
+        ("evicted_run_id", "VARCHAR"),
+        ("segments", "BIGINT"),
+        ("bytes", "BIGINT"),
+    ],
     # Exceptions raised inside spectrace's own hooks (vLLM went on).
     "internal_errors": [
         ("ts", "TIMESTAMP_NS"),
@@ -126,6 +133,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("num_accepted", "INTEGER"),
         ("greedy", "BOOLEAN"),
         ("structured_output", "BOOLEAN"),
+        ("draft_token_ids", "JSON"),  # only with SPECTRACE_RECORD_TOKENS=1
     ],
     # Complete per-position counts, aggregated per flush (never sampled).
     "verify_counts": [

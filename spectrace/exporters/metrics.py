@@ -152,6 +152,5 @@ class Metrics:
         with self._lock:
             self._errors = dict(counts)
 
-    def shutdown(self) -> None:
-        self.provider.force_flush()
-        self.provider.shutdown()
+    def shutdown(self, timeout_millis: int = 3000) -> None:
+        self.provider.shutdown(timeout_millis=timeout_millis)

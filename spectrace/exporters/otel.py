@@ -18,8 +18,9 @@ import os
 import socket
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -52,6 +53,71 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         super().on_end(span)
 
 
+class _FailureLog:
+    """One clear log line when an export path starts failing, one when it recovers."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failing = False
+
+    def result(self, ok: bool) -> None:
+        if not ok and not self.failing:
+            self.failing = True
+            log.error(
+                "spectrace: %s export to %s is failing; spectrace keeps going (bounded queue, drops counted "
+                "in spectrace.export.dropped) and vLLM is unaffected",
+                self.what,
+                os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the default OTLP endpoint"),
+            )
+        elif ok and self.failing:
+            self.failing = False
+            log.warning("spectrace: %s export recovered", self.what)
+
+
+class LoggedSpanExporter(SpanExporter):
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.status = _FailureLog("OTLP span")
+
+    def export(self, spans):
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        self.status.result(result == SpanExportResult.SUCCESS)
+        return result
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+class LoggedMetricExporter(MetricExporter):
+    def __init__(self, inner: MetricExporter) -> None:
+        super().__init__(
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+        )
+        self.inner = inner
+        self.status = _FailureLog("OTLP metric")
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+        try:
+            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception:
+            result = MetricExportResult.FAILURE
+        self.status.result(result == MetricExportResult.SUCCESS)
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
 def otlp_span_exporter():
     protocol = _protocol("TRACES")
     try:
@@ -61,7 +127,7 @@ def otlp_span_exporter():
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
         raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
-    return OTLPSpanExporter()
+    return LoggedSpanExporter(OTLPSpanExporter())
 
 
 def otlp_metric_reader():
@@ -76,7 +142,7 @@ def otlp_metric_reader():
     except ImportError:
         raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
     interval = int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
-    return PeriodicExportingMetricReader(OTLPMetricExporter(), export_interval_millis=interval)
+    return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()), export_interval_millis=interval)
 
 
 def prometheus_reader(base_port: int, host: str, attempts: int = 64) -> tuple[Any, int]:

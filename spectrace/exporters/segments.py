@@ -38,6 +38,13 @@ _ARROW = {
 }
 
 
+def _scandir(path) -> list:
+    try:
+        return [e for e in os.scandir(path) if not e.name.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def arrow_schema(table: str) -> pa.Schema:
     return pa.schema(
         [(name, _ARROW[kind]) for name, kind in columns(table)],
@@ -85,6 +92,12 @@ class SegmentWriter:
         self._thread: threading.Thread | None = None
         self._error_logged = False
         self._before_flush: list = []
+        self.max_bytes = 0  # 0: no cap (SPECTRACE_MAX_MB)
+        self.active_runs: set[str] = set()  # runs this process still writes: never evicted
+        self.evictions: list[dict[str, Any]] = []
+        self._cap_checked = 0.0
+        self._over_cap = False
+        self._cap_logged = False
 
     # -- hot side -------------------------------------------------------------
 
@@ -154,6 +167,15 @@ class SegmentWriter:
             written = 0
             if not self.enabled:
                 return 0
+            if self.max_bytes and time.time() - self._cap_checked >= 5 * self.flush_interval_s:
+                self._cap_checked = time.time()
+                try:
+                    self.enforce_cap()
+                except Exception:
+                    log.exception("spectrace: enforcing SPECTRACE_MAX_MB failed")
+                if self.evictions:
+                    evicted, self.evictions = self.evictions, []
+                    pending["store_evictions"].extend(evicted)
             for table, rows in pending.items():
                 by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for row in rows:
@@ -163,7 +185,68 @@ class SegmentWriter:
                         written += len(run_rows)
             return written
 
+    # -- size cap ---------------------------------------------------------------
+
+    def enforce_cap(self, *, finished_after_s: float = 30.0) -> None:
+        """Keep the store under ``max_bytes``: remove the oldest finished runs' segments.
+
+        A run is finished for this purpose when no process has written a segment of
+        it for ``finished_after_s`` seconds and this process is not writing it. When
+        only active runs remain and the store is still over the cap, new rows are
+        dropped (and counted) until there is room again.
+        """
+        if not self.max_bytes:
+            return
+        runs: dict[str, list[tuple[Path, int, float]]] = defaultdict(list)
+        total = 0
+        for table_dir in _scandir(self.root):
+            for run_dir in _scandir(table_dir):
+                for entry in _scandir(run_dir):
+                    try:
+                        stat = entry.stat()
+                    except OSError:
+                        continue
+                    total += stat.st_size
+                    runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
+        if total <= self.max_bytes:
+            self._over_cap = False
+            return
+        now = time.time()
+        candidates = sorted(
+            (max(m for _, _, m in files), run_id)
+            for run_id, files in runs.items()
+            if run_id not in self.active_runs and now - max(m for _, _, m in files) >= finished_after_s
+        )
+        for _, run_id in candidates:
+            if total <= self.max_bytes:
+                break
+            removed = freed = 0
+            for path, size, _ in runs[run_id]:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed += 1
+                freed += size
+            total -= freed
+            log.warning(
+                "spectrace: store over SPECTRACE_MAX_MB (%.1f MB): removed %d segments (%.1f MB) of finished run %s",
+                self.max_bytes / 1e6, removed, freed / 1e6, run_id,
+            )
+            self.evictions.append({"ts": time.time_ns(), "evicted_run_id": run_id, "segments": removed, "bytes": freed})
+        self._over_cap = total > self.max_bytes
+        if self._over_cap and not self._cap_logged:
+            self._cap_logged = True
+            log.error(
+                "spectrace: store at %s is over SPECTRACE_MAX_MB with only active runs left; new records are "
+                "dropped and counted until there is room",
+                self.root,
+            )
+
     def _write(self, table: str, run_id: str, rows: list[dict[str, Any]]) -> bool:
+        if self._over_cap:
+            self.dropped += len(rows)
+            return False
         folder = self.root / table / f"run={run_id}"
         self._seq += 1
         name = f"{self.host}-{os.getpid()}-{time.time_ns()}-{self._seq:06d}.parquet"

@@ -106,6 +106,7 @@ class Runtime:
             flush_interval_s=settings.flush_interval_s,
             max_buffer_rows=settings.max_buffer_rows,
         )
+        self.writer.max_bytes = int(settings.max_mb * 1e6)
         self.writer.on_flush(self._flush_error_counts)
         self.provider: TracerProvider | None = None
         self._tracer = None
@@ -260,6 +261,7 @@ class Runtime:
     def set_run(self, run: "Run | None") -> None:
         if run is not None:
             self.runs[run.run_id] = run
+            self.writer.active_runs = {run.run_id}
         self.run = run
 
     def run_by_id(self, run_id: str | None) -> "Run | None":

@@ -29,6 +29,7 @@ skipped. Unlike vLLM, requests aborted while their step ran are still counted
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -109,6 +110,7 @@ class VerifyCapture:
                             "num_accepted": accepted,
                             "greedy": greedy,
                             "structured_output": structured,
+                            "draft_token_ids": json.dumps(list(draft_ids)) if settings.record_tokens else None,
                         }
                     )
             if not batch:
@@ -309,6 +311,8 @@ def wrap_update_from_output(original):
             try:
                 rt = runtime._runtime
                 if rt is not None:
+                    if rt.settings.inject_fault == "engine_core.verify":
+                        raise RuntimeError("fault injected into engine_core.verify (SPECTRACE_INJECT_FAULT)")
                     sampled = model_runner_output.sampled_token_ids
                     capture.engine_step_no += 1
                     capture.engine_steps.append(

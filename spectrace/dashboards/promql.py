@@ -1,0 +1,109 @@
+"""The Prometheus series spectrace exports, and the PromQL built on them.
+
+The metric names below are the exporter's contract (``spectrace.exporters``);
+the dashboards (``build.py``) and the alert rules (``alerts.py``) both build
+their expressions here, so an acceptance rate means the same thing in a panel
+and in an alert: accepted / drafted tokens at the same position, summed over
+context buckets before dividing.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+DRAFTED = "spectrace_verify_drafted_tokens_total"
+ACCEPTED = "spectrace_verify_accepted_tokens_total"
+VERIFY_STEPS = "spectrace_verify_steps_total"
+ACCEPTANCE_LENGTH = "spectrace_verify_acceptance_length"  # histogram: _bucket, _sum, _count
+WORKER_DRAFTED = "spectrace_worker_verified_drafted_tokens_total"
+WORKER_ACCEPTED = "spectrace_worker_verified_accepted_tokens_total"
+CONFIG_FINDING = "spectrace_config_finding"
+ATTENTION_LAYER = "spectrace_attention_layer"
+HIDDEN_STATES_TAP = "spectrace_hidden_states_tap"
+RUN_INFO = "spectrace_run_info"
+EXPORT_DROPPED = "spectrace_export_dropped_total"
+INTERNAL_ERRORS = "spectrace_internal_errors_total"
+
+# One serving deployment: the same target, drafter and method behind one scrape job.
+DEPLOYMENT = ("job", "model", "draft_model", "method")
+# One serving process of a deployment.
+INSTANCE = ("job", "instance", "model", "draft_model", "method")
+
+CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+")
+
+TAP_CODES = ("TAP_MISMATCH", "TAP_COUNT_MISMATCH", "TAP_OUT_OF_RANGE")
+
+
+def series(metric: str, matchers: Iterable[str] = ()) -> str:
+    """``metric{m1, m2}`` (just ``metric`` without matchers)."""
+    inner = ", ".join(matchers)
+    return f"{metric}{{{inner}}}" if inner else metric
+
+
+def by(labels: Sequence[str]) -> str:
+    return f"by ({', '.join(labels)})" if labels else ""
+
+
+def summed(fn: str, metric: str, window: str, labels: Sequence[str], matchers: Iterable[str] = ()) -> str:
+    """``sum by (labels) (fn(metric{matchers}[window]))``."""
+    grouping = f" {by(labels)}" if labels else ""
+    return f"sum{grouping} ({fn}({series(metric, matchers)}[{window}]))"
+
+
+def ratio(
+    numerator: str,
+    denominator: str,
+    window: str,
+    labels: Sequence[str] = (),
+    matchers: Iterable[str] = (),
+    fn: str = "rate",
+) -> str:
+    """Rate of one counter over the rate of another, both summed by ``labels``."""
+    matchers = list(matchers)
+    return (
+        f"{summed(fn, numerator, window, labels, matchers)}\n"
+        f"  / {summed(fn, denominator, window, labels, matchers)}"
+    )
+
+
+def acceptance(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
+    """Acceptance rate: accepted / drafted tokens (engine-core counts)."""
+    return ratio(ACCEPTED, DRAFTED, window, labels, matchers, fn)
+
+
+def worker_acceptance(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = ()) -> str:
+    """Acceptance as each worker rank verified it."""
+    return ratio(WORKER_ACCEPTED, WORKER_DRAFTED, window, labels, matchers)
+
+
+def mean_acceptance_length(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
+    """Mean tokens emitted per request-step with drafts (accepted + 1)."""
+    return ratio(f"{ACCEPTANCE_LENGTH}_sum", f"{ACCEPTANCE_LENGTH}_count", window, labels, matchers, fn)
+
+
+def paren(expr: str) -> str:
+    """``expr`` in parentheses, indented on its own lines."""
+    body = "\n".join("  " + line if line else line for line in expr.splitlines())
+    return f"(\n{body}\n)"
+
+
+def lower_of(a: str, b: str) -> str:
+    """Element-wise minimum of two vectors with the same label sets.
+
+    ``a < b`` keeps a's series where a is lower; ``or b`` fills in b for the
+    other label sets (and where a is NaN, e.g. nothing drafted at position 0).
+    """
+    return f"{paren(a)}\n< {paren(b)}\nor {paren(b)}"
+
+
+def attention_layout(matchers: Iterable[str] = ()) -> str:
+    """Attention layers with a ``status`` label: ``match``, ``MISMATCH`` or ``undeclared``.
+
+    PromQL cannot compare two labels, so the pair is joined into one
+    ``layout`` label ("sliding -> full") and classified by regular expression.
+    """
+    layers = series(ATTENTION_LAYER, matchers)
+    joined = f'label_join({layers}, "layout", " -> ", "declared_type", "runtime_type")'
+    undeclared = f'label_replace({joined}, "status", "undeclared", "declared_type", "unspecified|")'
+    matched = f'label_replace({undeclared}, "status", "match", "layout", "full -> full|sliding -> sliding")'
+    return f'label_replace({matched}, "status", "MISMATCH", "layout", "full -> sliding|sliding -> full")'
