@@ -230,6 +230,8 @@ def field_diffs(role: str, declared: dict[str, Any] | None, resolved: dict[str, 
             r = _get(resolved, "rope_parameters")  # transformers 5 moved it
             if isinstance(r, dict) and isinstance(d, dict):
                 r = {k: v for k, v in r.items() if k in d}
+            elif d is None and isinstance(r, dict) and r.get("rope_type", "default") == "default":
+                r = None  # "rope_scaling": null is no scaling: the default rope type, not a change
         if name == "rope_theta" and r is _MISSING:
             r = _get(resolved, "rope_parameters.rope_theta")
         if d is _MISSING:
@@ -314,6 +316,8 @@ def audit_config(
             continue
         if diff.field == "layer_types" and diff.declared is None:
             continue
+        if diff.field == "sliding_window" and diff.resolved is None and _get(declared, "use_sliding_window", None) is False:
+            continue  # declared off (Qwen2-style "use_sliding_window": false): nulling it is what was asked
         caused = root if root and diff.field in ("sliding_window", "layer_types", "use_sliding_window") else None
         code = "FIELD_DROPPED" if diff.status == "dropped" else "FIELD_CHANGED"
         findings.append(
@@ -544,6 +548,9 @@ def _audit_context(method, target, draft, target_max_model_len) -> list[Finding]
 
 def explain_load_error(error: str, draft_findings: list[Finding]) -> Finding:
     """vLLM refused to build a model: say why in config terms when a finding explains it."""
+    needs_runner = runner_refusal(error)
+    if needs_runner is not None:
+        return _runner_load_failed(error, needs_runner)
     causes = root_causes(draft_findings)
     caused = None
     lowered = error.lower()
@@ -562,8 +569,56 @@ def explain_load_error(error: str, draft_findings: list[Finding]) -> Finding:
         severity="info" if caused else "error",
         component="load",
         model_role="draft",
-        message=f"vLLM refused to build the model: {error}.{explanation}",
+        message=f"vLLM refused to build the model: {error.rstrip('.')}.{explanation}",
         evidence={"error": error},
         fix="" if caused else "see the error; vLLM did not start",
         caused_by=caused,
+    )
+
+
+# -- model-runner refusals (used by explain_load_error) -----------------------------
+
+_NEEDS_V2 = (
+    "model runner v1 does not support",  # VllmConfig._validate_v1_model_runner
+    "require the v2 model runner",  # qwen3_dflash._resolve_layer_attention (mixed sliding/full)
+    "requires the v2 model runner",
+    "requires model runner v2",
+)
+_NEEDS_V1 = ("model runner v2 does not yet support",)  # VllmConfig._validate_v2_model_runner
+
+
+def runner_refusal(error: str) -> str | None:
+    """``"v2"`` / ``"v1"`` when ``error`` is vLLM refusing the pair on one model runner.
+
+    Such a refusal is a root cause of its own: no config fix of the drafter removes it
+    (a correct mixed sliding/full DFlash drafter is refused by V1 just the same), so it
+    is never attributed to another finding even when its text says "sliding".
+    """
+    lowered = error.lower()
+    if any(needle in lowered for needle in _NEEDS_V2):
+        return "v2"
+    if any(needle in lowered for needle in _NEEDS_V1):
+        return "v1"
+    return None
+
+
+def _runner_load_failed(error: str, needs: str) -> Finding:
+    other = "v1" if needs == "v2" else "v2"
+    if needs == "v2":
+        fix = (
+            "serve the pair on vLLM's V2 model runner (the default on CUDA in vLLM 0.32; "
+            "VLLM_USE_V2_MODEL_RUNNER=1); the V1 runner (the CPU build's) cannot run it"
+        )
+    else:
+        fix = "serve the pair on vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)"
+    return Finding(
+        code="LOAD_FAILED",
+        severity="error",
+        component="load",
+        model_role="draft",
+        message=f"vLLM refused to build the model: {error.rstrip('.')}. This pair needs the {needs.upper()} model runner; "
+        f"the {other.upper()} runner refuses it.",
+        evidence={"error": error, "needs_runner": needs},
+        fix=fix,
+        caused_by=None,
     )

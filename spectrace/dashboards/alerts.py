@@ -23,7 +23,7 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from spectrace.dashboards import promql
 
@@ -125,7 +125,8 @@ def _drop_value(p: Profile) -> str:
     return f"{promql.paren(current)}\n/ on ({on}) group_left ()\n{promql.paren(baseline)}\nand\n{_volume_guard(p)}"
 
 
-_FINDING_LABELS = (*promql.INSTANCE, "run_id", "model_role", "severity", "code")
+# The finding's own severity label is left out: the alert's severity label (routing) replaces it.
+_FINDING_LABELS = (*promql.INSTANCE, "run_id", "model_role", "code")
 
 
 def _findings(matcher: str) -> str:
@@ -147,7 +148,7 @@ class AlertRule:
     name: str
     uid: str
     severity: str
-    value: Any  # Callable[[Profile], str]
+    value: Callable[[Profile], str]
     op: str  # "<" or ">"
     threshold: "str | float"
     for_: str
@@ -221,8 +222,8 @@ RULES: tuple[AlertRule, ...] = (
         summary="Speculative decoding misconfigured: {{ $labels.code }} ({{ $labels.model_role }}) on {{ $labels.instance }}",
         description=(
             "spectrace found {{ $labels.code }} (severity error) for the {{ $labels.model_role }} model of "
-            + _DEPLOYMENT_TEXT + ", run {{ $labels.run_id }}. vLLM resolved the model config differently from "
-            "what the checkpoint declares (a field dropped or defaulted, a different attention layout, method or "
+            + _DEPLOYMENT_TEXT + ", run {{ $labels.run_id }}. Likely cause: vLLM resolved the model config "
+            "differently from what the checkpoint declares (a field dropped or defaulted, a different attention layout, method or "
             "vocabulary), so the drafter runs with settings it was not trained for, usually without an error in "
             "vLLM's logs. Run: spectrace query --named config_errors (message, evidence and fix per finding)."
         ),
@@ -286,6 +287,12 @@ def _grafana_text(text: str) -> str:
 
 
 _GRAFANA_OPS = {"<": "lt", ">": "gt"}
+_GRAFANA_TICK = 10  # Grafana's scheduler: group intervals are non-zero multiples of 10 s
+
+
+def grafana_interval(p: Profile) -> int:
+    """The profile's evaluation interval in seconds, rounded up to what Grafana's scheduler accepts."""
+    return max(_GRAFANA_TICK, -(-seconds(p.evaluation_interval) // _GRAFANA_TICK) * _GRAFANA_TICK)
 
 
 def grafana_rule_group(
@@ -299,14 +306,17 @@ def grafana_rule_group(
     C = threshold on B (the condition). Healthy or idle deployments return no
     series, which counts as OK (``noDataState: OK``).
     """
-    from grafana_foundation_sdk.builders import alerting, expr, prometheus
-    from grafana_foundation_sdk.models import alerting as alerting_model
-    from grafana_foundation_sdk.models import dashboard as dashboard_model
+    try:
+        from grafana_foundation_sdk.builders import alerting, expr, prometheus
+        from grafana_foundation_sdk.models import alerting as alerting_model
+        from grafana_foundation_sdk.models import dashboard as dashboard_model
+    except ImportError:
+        raise ImportError("Grafana alert rules need grafana-foundation-sdk: pip install 'spectrace[dashboards]'") from None
 
     p = profile(p)
     window = max(seconds(p.baseline_window), seconds(p.rate_window), 600)
     expressions = dashboard_model.DataSourceRef(type_val="__expr__", uid="__expr__")
-    group = alerting.RuleGroup(GROUP).folder_uid(folder_uid).interval(seconds(p.evaluation_interval))
+    group = alerting.RuleGroup(GROUP).folder_uid(folder_uid).interval(grafana_interval(p))
     for r in RULES:
         query = (
             prometheus.Dataquery()
@@ -387,7 +397,9 @@ def grafana_provisioning(
                 "isPaused": r.get("isPaused", False),
             }
         )
-    group = {"orgId": 1, "name": GROUP, "folder": folder, "interval": p.evaluation_interval, "rules": rules}
+    interval = grafana_interval(p)
+    every = p.evaluation_interval if seconds(p.evaluation_interval) == interval else f"{interval}s"
+    group = {"orgId": 1, "name": GROUP, "folder": folder, "interval": every, "rules": rules}
     return {"apiVersion": 1, "groups": [group]}
 
 

@@ -46,8 +46,8 @@ def by(labels: Sequence[str]) -> str:
 
 def summed(fn: str, metric: str, window: str, labels: Sequence[str], matchers: Iterable[str] = ()) -> str:
     """``sum by (labels) (fn(metric{matchers}[window]))``."""
-    grouping = f" {by(labels)}" if labels else ""
-    return f"sum{grouping} ({fn}({series(metric, matchers)}[{window}]))"
+    grouping = f" {by(labels)} " if labels else ""
+    return f"sum{grouping}({fn}({series(metric, matchers)}[{window}]))"
 
 
 def ratio(
@@ -107,3 +107,11 @@ def attention_layout(matchers: Iterable[str] = ()) -> str:
     undeclared = f'label_replace({joined}, "status", "undeclared", "declared_type", "unspecified|")'
     matched = f'label_replace({undeclared}, "status", "match", "layout", "full -> full|sliding -> sliding")'
     return f'label_replace({matched}, "status", "MISMATCH", "layout", "full -> sliding|sliding -> full")'
+
+
+def layout_mismatches(matchers: Iterable[str] = ()) -> str:
+    """Attention layers whose runtime type contradicts the declared one."""
+    matchers = list(matchers)
+    sliding_lost = series(ATTENTION_LAYER, [*matchers, 'declared_type="sliding"', 'runtime_type="full"'])
+    sliding_added = series(ATTENTION_LAYER, [*matchers, 'declared_type="full"', 'runtime_type="sliding"'])
+    return f"{sliding_lost} or {sliding_added}"
