@@ -357,6 +357,13 @@ def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Fi
     findings = []
     vs_resolved = []
     vs_declared = []
+    # Without declared layer_types a window says "some layers slide" (which ones is the
+    # model's own pattern, e.g. Gemma 3's sliding_window_pattern): met when any layer
+    # runs with it, and then a layer that runs full as resolved is no mismatch.
+    window_met = any(
+        p.declared_type == UNSPECIFIED and p.runtime_type == SLIDING and p.runtime_window == p.declared_window
+        for p in plans
+    )
     for p in plans:
         if p.runtime_type is None:
             continue
@@ -368,7 +375,12 @@ def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Fi
             p.runtime_type != p.declared_type or (p.runtime_type == SLIDING and p.runtime_window != p.declared_window)
         ):
             vs_declared.append(p)
-        elif p.declared_type == UNSPECIFIED and _is_window(p.declared_window) and p.runtime_window != p.declared_window:
+        elif (
+            p.declared_type == UNSPECIFIED
+            and _is_window(p.declared_window)
+            and p.runtime_window != p.declared_window
+            and not window_met
+        ):
             vs_declared.append(p)
     if vs_resolved:
         findings.append(

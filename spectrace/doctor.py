@@ -199,6 +199,7 @@ def quiet() -> Iterator[None]:
         "VLLM_LOGGING_LEVEL": "ERROR",  # read when vLLM configures its logger (first import)
         "TRANSFORMERS_VERBOSITY": "error",
         "SPECTRACE": "0",  # doctor is not a traced run: the plugin must stay idle
+        "HF_HUB_OFFLINE": "1",  # local directories only: nothing is fetched
     }
     levels = {}
     for name in _QUIET_LOGGERS:
@@ -471,6 +472,10 @@ def diagnose(
     max_model_len = _positive_int(max_model_len, "--max-model-len")
     declared = {"target": load_declared(target, "target"), "draft": load_declared(draft, "draft")}
     with quiet():
+        try:
+            import vllm  # noqa: F401  (its logger reads VLLM_LOGGING_LEVEL on first import)
+        except ImportError as exc:
+            raise DoctorInputError(f"doctor applies the installed vLLM's rules, but vLLM cannot be imported: {exc}") from None
         if method is not None:
             known = model_methods()
             if method not in known:
@@ -566,7 +571,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Repo
     if config_error is not None:
         load = audit.explain_load_error(_error_text(config_error), findings)
         _annotate_refusal(load, config_error, runner, phase="config resolution")
-        if "target" not in resolved:  # the target's own config did not resolve
+        if resolved.get("target") is None:  # the target's own config did not resolve
             load.model_role = "target"
         findings.append(load)
 
@@ -721,12 +726,17 @@ def render_text(report: Report) -> str:
         lines.append("no findings: vLLM builds this pair as declared.")
     else:
         lines.append("findings:")
-        codes = {f.code for f in report.findings}
-        roots = [f for f in report.findings if f.caused_by is None or f.caused_by not in codes]
-        for root in roots:
+        # each root cause, then what follows from it (caused_by), indented
+        codes = {f.code for f in report.findings if f.caused_by is None}
+        shown: set[int] = set()
+        for root in report.findings:
+            if id(root) in shown or (root.caused_by is not None and root.caused_by in codes):
+                continue
+            shown.add(id(root))
             lines.extend(_finding_lines(root, indent="  "))
             for consequence in report.findings:
-                if consequence is not root and consequence.caused_by == root.code and root.caused_by is None:
+                if id(consequence) not in shown and root.caused_by is None and consequence.caused_by == root.code:
+                    shown.add(id(consequence))
                     lines.extend(_finding_lines(consequence, indent="      "))
     errors = sum(f.severity == "error" for f in report.findings)
     warns = sum(f.severity == "warning" for f in report.findings)

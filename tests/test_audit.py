@@ -290,3 +290,22 @@ def test_unexplained_load_error_is_an_error():
     load = audit.explain_load_error("RuntimeError: out of memory", [])
     assert (load.code, load.severity, load.caused_by) == ("LOAD_FAILED", "error", None)
     assert load.message == "vLLM refused to build the model: RuntimeError: out of memory."
+
+
+def test_pattern_derived_sliding_layers_without_layer_types_are_no_mismatch():
+    """Gemma 3 style: a window, no layer_types; transformers derives 5 sliding : 1 full."""
+    declared = {"model_type": "gemma3_text", "num_hidden_layers": 12, "sliding_window": 512, "sliding_window_pattern": 6}
+    derived = ([S] * 5 + [F]) * 2
+    resolved = {**declared, "layer_types": derived}
+    plans = audit.layer_plans(declared, resolved)
+    assert [p.resolved_window for p in plans] == [512 if t == S else None for t in derived]
+    for plan in plans:
+        plan.runtime_type, plan.runtime_window = plan.resolved_type, plan.resolved_window
+    _, findings = audit.audit_config("target", declared, resolved)
+    assert audit.audit_layout("target", plans, audit.root_causes(findings)) == []
+    # but a runtime that ignores the derived layout still is one
+    for plan in plans:
+        plan.runtime_type, plan.runtime_window = "full", None
+    ignored = audit.audit_layout("target", plans, set())
+    assert ("LAYOUT_MISMATCH", "error", None) in codes(ignored)
+    assert "run differently from their resolved config" in ignored[0].message

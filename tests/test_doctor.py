@@ -60,6 +60,15 @@ EAGLE3 = {
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "hidden_act": "silu", "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, "attention_bias": False,
 }  # fmt: skip
+GEMMA3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2,
+    "cache_implementation": "hybrid", "eos_token_id": [1, 106], "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+    "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+    "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "vocab_size": 262144,
+}  # fmt: skip
 # a 5-layer DFlash drafter for Qwen3-8B (z-lab layout: Qwen3 layers, dflash_config)
 DFLASH = {
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
@@ -86,6 +95,7 @@ def models(tmp_path_factory) -> dict[str, str]:
         "qwen3-0.6b": QWEN3_06B,
         "llama-3.2-1b": LLAMA_32_1B,
         "qwen3-8b-eagle3": EAGLE3,
+        "gemma3-1b": GEMMA3_1B,
         # a DFlash drafter in a directory without "dflash" in its name
         "qwen3-8b-drafter": {**DFLASH, **SHAPES["flagged"]},
         **{f"qwen3-8b-dflash-{name}": {**DFLASH, **shape} for name, shape in SHAPES.items()},
@@ -272,6 +282,18 @@ def test_qwen3_draft_model_for_a_qwen3_target_is_clean(capsys, models):
     assert layout(report) == [("full", None)] * 28 and layout(report, "target") == [("full", None)] * 36
 
 
+def test_target_layers_follow_the_target_model_class_rule(capsys, models):
+    """Gemma 3: no layer_types, a window and a 5:1 pattern; vLLM's Gemma3 class slides 22 of 26 layers."""
+    rc, report = run_json(capsys, "--target", models["gemma3-1b"], "--draft", models["gemma3-1b"], "--method", "draft_model")
+    assert "vllm.model_executor.models.gemma3.Gemma3ForCausalLM" in report["rules"]["target"]
+    expected = [("full", None) if i % 6 == 5 else ("sliding", 512) for i in range(26)]
+    assert layout(report, "target", "resolved") == layout(report, "target") == expected
+    assert layout(report, "draft") == expected
+    # derived, not declared: a warning each, and no layout mismatch
+    assert triples(report) == [("LAYER_TYPES_DEFAULTED", "warning", None)] * 2
+    assert rc == 0
+
+
 def test_every_finding_names_its_vllm_rule(capsys, models):
     cases = [
         ("qwen3-8b", "qwen3-8b-dflash-window_only", "dflash"),
@@ -439,8 +461,6 @@ def test_doctor_agrees_with_live_runs(audit_runs, capsys):
         ).fetchall()
         live = collections.Counter(tuple(row) for row in live_findings if row[0] not in LIVE_ONLY)
         mine = collections.Counter((f["code"], f["severity"], f["caused_by"]) for f in report["findings"])
-        with capsys.disabled():
-            print(f"\n{name}: live {'ran' if result.ok else 'refused'}, findings {sorted(live.elements())}")
         assert mine == live, (name, sorted(mine.elements()), sorted(live.elements()))
         assert rc == (1 if any(s == "error" for _, s, _ in live) else 0), name
 

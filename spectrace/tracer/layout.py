@@ -24,13 +24,24 @@ _INDEX = re.compile(r"layers\.(\d+)\.")
 
 
 def _window(layer: Any) -> int | None:
+    """The window the layer's attention backend will apply (None: full attention).
+
+    Backends store it differently: the CPU backend an int (-1 for none), FlashAttention
+    and FlashInfer a (left, right) pair with left = window - 1 (-1 for none). Layers
+    without a backend implementation fall back to the module's own ``sliding_window``.
+    """
     impl = getattr(layer, "impl", None)
-    for value in (getattr(impl, "sliding_window", None), getattr(layer, "sliding_window", None)):
-        if isinstance(value, (tuple, list)):  # some backends keep (left, right)
-            value = value[0] if value and value[0] is not None and value[0] >= 0 else None
+    if impl is not None and hasattr(impl, "sliding_window"):
+        value = impl.sliding_window
+        if isinstance(value, (tuple, list)):
+            left = value[0] if value else None
+            return left + 1 if isinstance(left, int) and left >= 0 else None
         if isinstance(value, int):
             return value if value > 0 else None
-    return None
+        if value is None:
+            return None
+    value = getattr(layer, "sliding_window", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _draft_model(runner: Any) -> Any:

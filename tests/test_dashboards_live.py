@@ -1,0 +1,92 @@
+"""Every panel and alert query against a real Prometheus that scrapes real vLLM runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from spectrace.dashboards import alerts, build, panel_queries
+from spectrace.dashboards.export import to_yaml
+from spectrace.testing.engine import EngineSpec, run_engines
+from spectrace.testing.prometheus import PrometheusServer, free_port
+
+COLLAPSE = "SpectraceAcceptanceCollapse"
+
+
+def _serve(zoo, cache_root, store, drafter, base, results, linger_s):
+    spec = EngineSpec(
+        name=drafter,
+        target=zoo["target"],
+        speculative={"method": "draft_model", "model": zoo[drafter], "num_speculative_tokens": 3},
+        repeat=60,  # keep drafting for tens of seconds: alert windows need a steady rate
+        linger_s=linger_s,  # and stay up (gauges vanish with the process) while the test queries
+    )
+    results.update(
+        run_engines(
+            [spec],
+            store=store,
+            cache_root=cache_root,
+            env={
+                "SPECTRACE_EXPORTER": "duckdb,prometheus",
+                "SPECTRACE_PROMETHEUS_PORT": str(base),
+                "SPECTRACE_PROMETHEUS_HOST": "127.0.0.1",
+                "SPECTRACE_FLUSH_INTERVAL": "0.5",
+            },
+        )
+    )
+
+
+def _alert_states(prom, instance_port):
+    states = []
+    for group in prom.api("rules")["groups"]:
+        for rule in group["rules"]:
+            if rule.get("name") != COLLAPSE:
+                continue
+            for alert in rule.get("alerts", []):
+                if alert["labels"].get("instance", "").endswith(f":{instance_port}"):
+                    states.append(alert["state"])
+    return states
+
+
+def _wait_for(predicate, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    return predicate()
+
+
+def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
+    rules = scratch / "spectrace-rules.yaml"
+    rules.write_text(to_yaml(alerts.prometheus_rules("test")))
+    base = free_port()
+    targets = [f"127.0.0.1:{base + i}" for i in range(2)]
+    with PrometheusServer(scratch / "prom-dash", targets=targets, rule_files=[rules]) as prom:
+        # A healthy drafter (the target itself): data everywhere, the collapse alert stays inactive.
+        results: dict = {}
+        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-self", "draft_self", base, results, 60.0))
+        runner.start()
+        assert _wait_for(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"], 240)
+        time.sleep(20)  # longer than the test profile's window + for:
+        empty = []
+        for dashboard, title, query in panel_queries(step="15s", scrape_interval="1s", time_range="10m"):
+            if title in build.MAY_BE_EMPTY:
+                continue
+            if not prom.api("query", query=query)["result"]:
+                empty.append((dashboard, title, query))
+        healthy_states = _alert_states(prom, base)
+        runner.join(timeout=300)
+        assert results["draft_self"].ok, results["draft_self"].error
+
+        # A drafter that disagrees: the collapse alert goes firing in Prometheus' own rule state.
+        results = {}
+        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-seeded", "draft_seeded", base, results, 5.0))
+        runner.start()
+        firing = _wait_for(lambda: "firing" in _alert_states(prom, base), 240)
+        runner.join(timeout=300)
+        assert results["draft_seeded"].ok, results["draft_seeded"].error
+    assert [t for _, t, _ in empty] == []
+    assert "firing" not in healthy_states and "pending" not in healthy_states
+    assert firing
