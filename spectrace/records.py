@@ -123,6 +123,16 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("fix", "VARCHAR"),
         ("caused_by", "VARCHAR"),
     ],
+    # Which target layers the drafter was trained on vs which ones vLLM taps.
+    "hidden_state_taps": [
+        ("model_role", "VARCHAR"),
+        ("declared_field", "VARCHAR"),
+        ("declared_ids", "JSON"),
+        ("expected_ids", "JSON"),
+        ("tapped_ids", "JSON"),
+        ("input_taps", "INTEGER"),
+        ("status", "VARCHAR"),
+    ],
     # One row per request-step with drafts (sampled by SPECTRACE_STEP_SAMPLE).
     "verify_steps": [
         ("ts", "TIMESTAMP_NS"),

@@ -82,3 +82,25 @@ def audit_runs(zoo, scratch, cache_root):
     store = scratch / "audit-store"
     results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "audit.log")
     return spectrace.store.open(store), results, paths
+
+
+@pytest.fixture(scope="session")
+def tap_runs(zoo, scratch, cache_root):
+    """EAGLE3 with and without declared ids, and a DFlash drafter declaring top-level
+    target_layer_ids (which the V1 runner ignores), served live. Returns (con, results, paths)."""
+    root = scratch / "tap-models"
+    top_level = build_dflash(root / "dflash-top-level-ids", target_dir=zoo["target"], top_level_target_layer_ids=[0, 3, 6])
+
+    def spec(name, method, model):
+        return EngineSpec(name=name, target=zoo["target"], max_tokens=8, prompts=["the quick brown fox"],
+                          speculative={"method": method, "model": str(model), "num_speculative_tokens": 3})
+
+    paths = {"eagle3_ids": zoo["eagle3"], "eagle3_noids": zoo["eagle3_noids"], "dflash_top_level": str(top_level)}
+    specs = [
+        spec("eagle3_ids", "eagle3", zoo["eagle3"]),
+        spec("eagle3_noids", "eagle3", zoo["eagle3_noids"]),
+        spec("dflash_top_level", "dflash", top_level),
+    ]
+    store = scratch / "taps-store"
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "taps.log")
+    return spectrace.store.open(store), results, paths

@@ -39,6 +39,10 @@ def wrap_load_model(original):
                 raise
             with runtime.guard("worker.layout"):
                 layout.record_runtime_layout(rt, self, ROLE, rank, span)
+            with runtime.guard("worker.taps"):
+                from spectrace.tracer import taps
+
+                taps.record_taps(rt, self, ROLE, rank, span)
         return result
 
     return load_model

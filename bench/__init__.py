@@ -1,0 +1,1 @@
+"""spectrace benchmarks: scripts, not timed tests. ``make bench`` runs them all (see BENCHMARKS.md)."""
