@@ -96,3 +96,19 @@ def test_tracing_never_changes_generated_tokens(traced_methods, untraced_methods
     for name, baseline in untraced_methods.items():
         assert baseline.ok, baseline.error
         assert traced[name].tokens == baseline.tokens, name
+
+
+def test_compiled_run_counts_equal_vllm_metrics(zoo, scratch, cache_root):
+    """torch.compile on: vLLM's profiling run exercises the sampler with dummy drafts,
+    which must not be counted."""
+    from spectrace.testing.engine import method_specs, run_engines
+
+    spec = method_specs(zoo, enforce_eager=False)[0]  # the self drafter
+    store = scratch / "compiled-store"
+    result = run_engines([spec], store=store, cache_root=cache_root, log_file=scratch / "compiled.log")["self"]
+    assert result.ok, result.error
+    con = spectrace.store.open(store)
+    drafted, accepted = _by_position(con, result.run_id, "engine_core")
+    assert accepted == result.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert sum(drafted) == result.metrics["vllm:spec_decode_num_draft_tokens"]
+    assert _by_position(con, result.run_id, "worker") == (drafted, accepted)
