@@ -60,6 +60,18 @@ RULE_MAX_LEN = "vllm.config.model._get_and_verify_max_len"
 RULE_DFLASH = "vllm.model_executor.models.qwen3_dflash._resolve_layer_attention"
 RULE_ATTENTION = "vllm.model_executor.layers.attention.attention.Attention.__init__"
 RULE_RUNNER = "vllm.config.vllm.VllmConfig._validate_{runner}_model_runner"
+# Hidden-state taps: each runner's own id resolution, then the target's default.
+RULE_TAPS = {
+    "v2": "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils.get_eagle3_aux_layers_from_config",
+    "v1": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._get_eagle3_aux_layers_from_config",
+}
+RULE_DFLASH_FC = "vllm.model_executor.models.qwen3_dflash._get_dflash_fc_input_size"
+RULE_LLAMA_EAGLE3_FC = "vllm.model_executor.models.llama_eagle3.LlamaModel.__init__"
+# The methods whose target feeds hidden states to the drafter, per runner: V2
+# (v1/worker/gpu/model_runner.py) sets use_aux_hidden_state_outputs for these; V1
+# (v1/worker/gpu_model_runner.py) for dflash, and for eagle3 when the drafter uses them.
+TAP_METHODS = {"v2": ("eagle3", "dflash", "dspark"), "v1": ("eagle3", "dflash")}
+TAP_KEYS = ("declared_field", "declared_ids", "expected_ids", "tapped_ids", "input_taps", "status", "vllm_rule")
 
 _QUIET_LOGGERS = ("vllm", "transformers", "torch", "huggingface_hub", "filelock", "urllib3")
 
@@ -138,6 +150,7 @@ class Report:
     layout: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"target": [], "draft": []})
     rules: dict[str, str] = field(default_factory=dict)
     architectures: dict[str, str] = field(default_factory=dict)
+    taps: dict[str, Any] | None = None  # the hidden-state tap audit (TAP_KEYS); None when no taps apply
     vllm_version: str | None = None
     seconds: float = 0.0
 
@@ -171,6 +184,7 @@ class Report:
                 for f in self.findings
             ],
             "layout": self.layout,
+            "taps": self.taps,
             "seconds": round(self.seconds, 3),
         }
 
@@ -609,13 +623,19 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
     if spec is not None and getattr(spec, "draft_model_config", None) is not None and spec.method not in _MODEL_FREE_METHODS:
         roles.append(("draft", spec.draft_model_config))
     built: dict[str, list[dict[str, Any]]] = {}
-    build_error: tuple[str, BaseException] | None = None
+    build_error: tuple[str, BaseException, str] | None = None  # (role, error, phase)
+    use_taps = _taps_apply(spec, runner)
+    kept: dict[str, Any] = {}  # the built models the tap audit reads (meta device: no memory)
+    classes: dict[str, Any] = {}
+    tapped: tuple[list[int] | None, str] | None = None
+    refusal_rule: str | None = None  # where the runner refused, when no vLLM frame says it
     with single_process_group(vllm_config):
         for role, model_config in roles:
             try:
                 model_class = get_model_architecture(model_config)[0]
             except Exception:
                 model_class = None
+            classes[role] = model_class
             report.rules[role] = _layer_rule(model_config, model_class)
             if build_error is not None:
                 continue  # the runner stops at the first model it cannot build
@@ -626,9 +646,26 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
                     config, prefix = _draft_build_config(vllm_config)
                 model = _build(config, model_config, prefix)
                 built[role] = _runtime_layers(model, config)
+                if use_taps:
+                    kept[role] = model
                 del model
             except Exception as exc:
-                build_error = (role, exc)
+                build_error = (role, exc, f"building the {role} model")
+        if use_taps and "target" in kept:
+            # V2 sets the target's taps right after building it, so a refusal there stops
+            # the drafter's build; V1 sets them after the drafter is built
+            # (v1/worker/gpu/model_runner.py vs v1/worker/gpu_model_runner.py, load_model)
+            try:
+                tapped = _tapped_ids(kept["target"], spec, runner)
+            except Exception as exc:
+                if build_error is None or (runner == "v2" and build_error[0] == "draft"):
+                    if runner == "v2":
+                        built.pop("draft", None)
+                    build_error = ("target", exc, "setting the target's hidden-state taps")
+                    refusal_rule = _TAP_SETTER[runner]
+        if use_taps and tapped is not None:
+            findings += _tap_audit(report, vllm_config, kept, classes.get("draft"), tapped, runner)
+        kept.clear()
 
     for role, model_config in roles:
         role_declared = declared[role]
@@ -656,7 +693,7 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
             findings.append(finding)
 
     if build_error is not None:
-        role, exc = build_error
+        role, exc, phase = build_error
         # the live worker explains a build failure with the drafter's config findings
         draft_findings: list[Any] = []
         if spec is not None and getattr(spec, "draft_model_config", None) is not None:
@@ -665,8 +702,163 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
             )
         load = audit.explain_load_error(_error_text(exc), draft_findings)
         load.model_role = role
-        _annotate_refusal(load, exc, runner, phase=f"building the {role} model")
+        if refusal_rule and _raising_function(exc) is None:
+            load.evidence["vllm_rule"] = refusal_rule
+        _annotate_refusal(load, exc, runner, phase=phase)
         findings.append(load)
+    return findings
+
+
+# -- hidden-state taps -----------------------------------------------------------------------
+
+# Where each runner sets the target's taps (and refuses a target without the EAGLE3 interface).
+_TAP_SETTER = {
+    "v2": "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils.set_eagle3_aux_hidden_state_layers",
+    "v1": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
+}
+_TAP_REFUSAL = {
+    "v2": "Model does not support EAGLE3 interface",
+    "v1": "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested",
+}
+
+
+def _taps_apply(spec: Any, runner: str) -> bool:
+    """Does the chosen runner feed target hidden states to this drafter?
+
+    Only for methods whose target feeds hidden states to the drafter, and only when the
+    drafter takes them: an EAGLE3 head with ``eagle_config.use_aux_hidden_state: false``
+    (V1 then taps nothing: ``EagleProposer._get_eagle3_use_aux_hidden_state_from_config``)
+    or a DFlash drafter with ``dflash_config.use_aux_hidden_state: false`` builds no ``fc``.
+    """
+    if spec is None or getattr(spec, "draft_model_config", None) is None:
+        return False
+    if spec.method not in TAP_METHODS[runner]:
+        return False
+    hf_config = spec.draft_model_config.hf_config
+    if spec.method == "dflash":
+        dflash_config = getattr(hf_config, "dflash_config", None) or {}
+        own = getattr(hf_config, "use_aux_hidden_state", True)
+        return bool(dflash_config.get("use_aux_hidden_state", own) if isinstance(dflash_config, dict) else own)
+    eagle_config = getattr(hf_config, "eagle_config", None)
+    if isinstance(eagle_config, dict):
+        return bool(eagle_config.get("use_aux_hidden_state", True))
+    return True
+
+
+def _resolve_tap_ids(spec: Any, runner: str) -> tuple[int, ...] | None:
+    """The chosen runner's own id resolution from the drafter's config (None: nothing found)."""
+    if runner == "v2":
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+
+        return get_eagle3_aux_layers_from_config(spec)
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    # a method of the runner that reads nothing but self.speculative_config
+    return GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+
+
+def _tapped_ids(target: Any, spec: Any, runner: str) -> tuple[list[int] | None, str]:
+    """What the runner taps on this target, set on the (meta-built) target by vLLM's own setter.
+
+    As both runners do: ids from the config, else the target's
+    ``get_eagle3_default_aux_hidden_state_layers()``; ``set_aux_hidden_state_layers``
+    sorts and de-duplicates them. Read back the way the live run reads them.
+    """
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    from spectrace.tracer import taps as tracer_taps
+
+    if not supports_eagle3(target):
+        raise RuntimeError(_TAP_REFUSAL[runner])
+    rule = RULE_TAPS[runner]
+    ids = _resolve_tap_ids(spec, runner)
+    if not ids:
+        ids = target.get_eagle3_default_aux_hidden_state_layers()
+        default = getattr(type(target), "get_eagle3_default_aux_hidden_state_layers", None)
+        name = _qualname(default) if default is not None else "get_eagle3_default_aux_hidden_state_layers"
+        rule += f" -> None, so the target's default {name}"
+    target.set_aux_hidden_state_layers(tuple(ids))
+    return tracer_taps.tapped_ids(target), rule
+
+
+def _fc_rule(draft: Any) -> str | None:
+    """The vLLM function that sized the built drafter's ``fc`` (its owner's constructor)."""
+    for module in draft.modules():
+        if getattr(module, "fc", None) is not None and hasattr(module.fc, "input_size"):
+            # the class's own name: @support_torch_compile replaces __init__ with a wrapper
+            owner = type(module)
+            if owner.__module__ == "vllm.model_executor.models.qwen3_dflash":
+                return RULE_DFLASH_FC
+            return f"{_qualname(owner)}.__init__"
+    return None
+
+
+def _config_input_taps(spec: Any, vllm_config: Any, draft_class: Any, hidden: int) -> tuple[int | None, str | None]:
+    """The drafter's ``fc`` input width / target hidden size, the way vLLM sizes it from config.
+
+    Used when the drafter did not build; the built drafter's ``fc`` is read otherwise.
+    """
+    module = getattr(draft_class, "__module__", "")
+    config = spec.draft_model_config.hf_config
+    width = None
+    rule = _qualname(draft_class) if draft_class is not None else None
+    try:
+        if module == "vllm.model_executor.models.qwen3_dflash":
+            from vllm.model_executor.models.qwen3_dflash import _get_dflash_fc_input_size
+
+            width, rule = _get_dflash_fc_input_size(vllm_config), RULE_DFLASH_FC
+        elif module == "vllm.model_executor.models.llama_eagle3":
+            count = getattr(config, "num_aux_hidden_states", None)
+            if count is None:
+                ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+                count = len(ids) if ids else 3
+            width = getattr(config, "target_hidden_size", config.hidden_size) * count
+            rule = RULE_LLAMA_EAGLE3_FC
+    except Exception:
+        width = None
+    if isinstance(width, int) and hidden and width % hidden == 0:
+        return width // hidden, rule
+    return None, rule
+
+
+def _tap_audit(
+    report: Report, vllm_config: Any, kept: dict[str, Any], draft_class: Any, tapped: tuple[list[int] | None, str], runner: str
+) -> list[Any]:
+    """The live run's tap audit (``spectrace.tracer.taps.record_taps``) on the meta-built pair."""
+    from spectrace import audit
+    from spectrace.tracer import taps as tracer_taps
+
+    spec = vllm_config.speculative_config
+    hidden = int(vllm_config.model_config.hf_text_config.hidden_size)
+    draft = kept.get("draft")
+    if draft is not None:
+        inputs, fc_rule = tracer_taps.input_taps(draft, hidden), _fc_rule(draft)
+    else:
+        inputs, fc_rule = _config_input_taps(spec, vllm_config, draft_class, hidden)
+    ids, ids_rule = tapped
+    rule = ids_rule + (f"; fc input width: {fc_rule}" if fc_rule else "")
+    tap, findings = audit.audit_taps(
+        draft=config_to_dict(spec.draft_model_config.hf_config),
+        target_layers=tracer_taps.target_layer_count(kept["target"], vllm_config),
+        tapped_ids=ids,
+        input_taps=inputs,
+        rule=rule,
+    )
+    report.taps = {
+        "declared_field": tap.declared_field,
+        "declared_ids": tap.declared_ids,
+        "expected_ids": tap.expected_ids,
+        "tapped_ids": tap.tapped_ids,
+        "input_taps": tap.input_taps,
+        "status": tap.status,
+        "vllm_rule": rule,
+    }
+    for finding in findings:
+        finding.evidence["runner"] = runner
+        finding.evidence["ids_rule"] = ids_rule
+        finding.evidence["fc_rule"] = fc_rule
     return findings
 
 
@@ -722,6 +914,9 @@ def render_text(report: Report) -> str:
         lines.append(f"{role} attention layout" + (f" (rule: {rule})" if rule else "") + ":")
         lines.append(_layout_table(rows))
         lines.append("")
+    if report.taps is not None:
+        lines.extend(_taps_lines(report))
+        lines.append("")
     if not report.findings:
         lines.append("no findings: vLLM builds this pair as declared.")
     else:
@@ -744,6 +939,27 @@ def render_text(report: Report) -> str:
     lines.append("")
     lines.append(f"{errors} error(s), {warns} warning(s), {infos} info ({report.seconds:.1f}s, no engine started)")
     return "\n".join(lines) + "\n"
+
+
+def _taps_lines(report: Report) -> list[str]:
+    taps = report.taps or {}
+
+    def ids(value: Any) -> str:
+        return "-" if value is None else "[" + ", ".join(str(i) for i in value) + "]"
+
+    declared = (
+        f"{taps['declared_field']} = {ids(taps['declared_ids'])}" if taps.get("declared_field") else "nothing (no layer ids)"
+    )
+    inputs = taps.get("input_taps")
+    return [
+        f"Hidden-state taps ({report.runner.upper()} model runner):",
+        f"  declared  {declared}",
+        f"  expected  {ids(taps.get('expected_ids'))}",
+        f"  tapped    {ids(taps.get('tapped_ids'))}",
+        f"  fc input  {'?' if inputs is None else f'{inputs} tap(s)'}",
+        f"  status    {taps.get('status')}",
+        f"  vLLM rule: {taps.get('vllm_rule')}",
+    ]
 
 
 def _finding_lines(finding: Any, *, indent: str) -> list[str]:

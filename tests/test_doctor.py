@@ -59,6 +59,7 @@ EAGLE3 = {
     "num_hidden_layers": 1, "vocab_size": 151936, "draft_vocab_size": 32000, "max_position_embeddings": 40960,
     "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "hidden_act": "silu", "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, "attention_bias": False,
+    "eagle_aux_hidden_state_layer_ids": [2, 18, 33],
 }  # fmt: skip
 GEMMA3_1B = {
     "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 2,
@@ -274,6 +275,7 @@ def test_eagle3_with_a_reduced_draft_vocabulary_is_clean(capsys, models):
         assert (rc, report["findings"]) == (0, [])
         assert layout(report) == [("full", None)]
         assert "Eagle3LlamaForCausalLM" in report["rules"]["draft"]
+        assert (report["taps"]["tapped_ids"], report["taps"]["status"]) == ([2, 18, 33], "ok")
 
 
 def test_qwen3_draft_model_for_a_qwen3_target_is_clean(capsys, models):

@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -55,12 +56,27 @@ def arrow_schema(table: str) -> pa.Schema:
 def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     """Rows (dicts) to an Arrow table of ``table``'s schema; missing keys are NULL."""
     schema = arrow_schema(table)
+    # One C++ pass over the dicts (a struct array), not a Python loop per column:
+    # same per-field conversion, missing keys NULL, other keys ignored.
+    arrays = pa.array(rows, type=pa.struct(schema)).flatten()
+    i = schema.get_field_index("schema_version")
+    arrays[i] = pa.array([SCHEMA_VERSION] * len(rows), type=schema.field(i).type)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
+    """Columns to an Arrow table of ``table``'s schema: each value is a sequence of ``n``
+    values (list, NumPy or Arrow array) or one value for every row; missing columns are NULL."""
+    schema = arrow_schema(table)
     arrays = []
     for fld in schema:
-        values = [row.get(fld.name) for row in rows]
-        if fld.name == "schema_version":
-            values = [SCHEMA_VERSION] * len(rows)
-        arrays.append(pa.array(values, type=fld.type))
+        value = SCHEMA_VERSION if fld.name == "schema_version" else columns.get(fld.name)
+        if isinstance(value, pa.Array):
+            arrays.append(value.cast(fld.type))
+        elif isinstance(value, (list, tuple, np.ndarray)):
+            arrays.append(pa.array(value, type=fld.type))
+        else:
+            arrays.append(pa.array([value] * n, type=fld.type))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -84,6 +100,7 @@ class SegmentWriter:
         self.write_errors = 0
         self.segments_written = 0
         self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._columns: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)  # extend_columns
         self._buffered = 0
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
@@ -119,6 +136,31 @@ class SegmentWriter:
             self._rows[table].extend(rows)
             self._buffered += len(rows)
 
+    def extend_columns(self, table: str, columns: dict[str, Any], n: int) -> None:
+        """Append ``n`` rows of one run given as columns (see ``columns_to_arrow``).
+
+        For high-volume producers (the verification drain): no dict per row. The run is
+        ``columns["run_id"]``, one value. Bounded and counted like ``extend``.
+        """
+        run_id = columns.get("run_id")
+        if isinstance(run_id, (list, tuple, np.ndarray, pa.Array)):
+            raise ValueError("extend_columns takes the rows of one run: run_id must be one value")
+        if n <= 0:
+            return
+        with self._lock:
+            room = self.max_buffer_rows - self._buffered
+            if room < n:
+                self.dropped += n - max(room, 0)
+                n = max(room, 0)
+                if not n:
+                    return
+                columns = {
+                    key: value[:n] if isinstance(value, (list, tuple, np.ndarray, pa.Array)) else value
+                    for key, value in columns.items()
+                }
+            self._columns[table].append((columns, n))
+            self._buffered += n
+
     def on_flush(self, callback) -> None:
         """Call ``callback()`` at the start of every flush (to drain aggregators)."""
         self._before_flush.append(callback)
@@ -146,6 +188,7 @@ class SegmentWriter:
     def reset_after_fork(self) -> None:
         """In a forked child: forget the parent's buffer, locks and thread."""
         self._rows = defaultdict(list)
+        self._columns = defaultdict(list)
         self._buffered = 0
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
@@ -163,6 +206,7 @@ class SegmentWriter:
         with self._io_lock:
             with self._lock:
                 pending, self._rows = self._rows, defaultdict(list)
+                pending_columns, self._columns = self._columns, defaultdict(list)
                 self._buffered = 0
             written = 0
             if not self.enabled:
@@ -176,13 +220,22 @@ class SegmentWriter:
                 if self.evictions:
                     evicted, self.evictions = self.evictions, []
                     pending["store_evictions"].extend(evicted)
-            for table, rows in pending.items():
+            for table in {**pending, **pending_columns}:
+                rows = pending.get(table, [])
+                run_ids = [row.get("run_id") or "none" for row in rows]
                 by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
-                for row in rows:
-                    by_run[row.get("run_id") or "none"].append(row)
-                for run_id, run_rows in by_run.items():
-                    if self._write(table, run_id, run_rows):
-                        written += len(run_rows)
+                if run_ids and run_ids.count(run_ids[0]) == len(run_ids):
+                    by_run[run_ids[0]] = rows  # the usual case: one run, no regrouping
+                else:
+                    for run_id, row in zip(run_ids, rows):
+                        by_run[run_id].append(row)
+                column_sets: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)
+                for columns, n in pending_columns.get(table, ()):
+                    column_sets[columns.get("run_id") or "none"].append((columns, n))
+                for run_id in {**by_run, **column_sets}:
+                    run_rows, run_columns = by_run.get(run_id, []), column_sets.get(run_id, [])
+                    if self._write(table, run_id, run_rows, run_columns):
+                        written += len(run_rows) + sum(n for _, n in run_columns)
             return written
 
     # -- size cap ---------------------------------------------------------------
@@ -243,9 +296,12 @@ class SegmentWriter:
                 self.root,
             )
 
-    def _write(self, table: str, run_id: str, rows: list[dict[str, Any]]) -> bool:
+    def _write(
+        self, table: str, run_id: str, rows: list[dict[str, Any]], column_sets: list[tuple[dict[str, Any], int]] = ()
+    ) -> bool:
+        count = len(rows) + sum(n for _, n in column_sets)
         if self._over_cap:
-            self.dropped += len(rows)
+            self.dropped += count
             return False
         folder = self.root / table / f"run={run_id}"
         self._seq += 1
@@ -253,11 +309,13 @@ class SegmentWriter:
         tmp = folder / f".{name}.tmp"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            pq.write_table(to_arrow(table, rows), tmp)
+            parts = [to_arrow(table, rows)] if rows or not column_sets else []
+            parts += [columns_to_arrow(table, columns, n) for columns, n in column_sets]
+            pq.write_table(parts[0] if len(parts) == 1 else pa.concat_tables(parts), tmp)
             os.replace(tmp, folder / name)
         except Exception as exc:
             self.write_errors += 1
-            self.dropped += len(rows)
+            self.dropped += count
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:

@@ -365,6 +365,7 @@ class Runtime:
         attributes: dict[str, Any] | None = None,
         start_time: int | None = None,
         run: "Run | None" = None,
+        links: list | None = None,
     ) -> Iterator[Any]:
         """A span in the run's trace (default: the current run), with the common attributes set."""
         run = run or self.run
@@ -376,7 +377,7 @@ class Runtime:
             attrs["spectrace.rank"] = rank
         attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
         parent = run.context if run is not None and run.traceparent else None
-        span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time)
+        span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time, links=links)
         try:
             yield span
         except BaseException as exc:

@@ -60,6 +60,7 @@ class VerifyCapture:
         self.worker_steps: list[tuple] = []
         self.engine_step_no = 0
         self.request_flags: dict[str, tuple[bool, bool]] = {}
+        self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
         self.detectors: dict[str, acceptance.CollapseDetector] = {}
         self.totals: dict[tuple[str, str, int | None], list[int]] = defaultdict(lambda: [0, 0])
         self._span_countdown = 0
@@ -86,6 +87,7 @@ class VerifyCapture:
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
             batch: list[tuple[int, int, int]] = []
+            batch_ids: list[str] = []
             for req_id, draft_ids in drafts.items():
                 index = row_of.get(req_id)
                 if index is None or not draft_ids:
@@ -97,6 +99,7 @@ class VerifyCapture:
                 accepted = max(generated - num_sampled, 0)
                 ctx = int(context.get(req_id, -1))
                 batch.append((drafted, accepted, ctx))
+                batch_ids.append(req_id)
                 if settings.step_sample >= 1.0 or self._rng.random() < settings.step_sample:
                     greedy, structured = self.request_flags.get(req_id, (None, None))
                     step_rows.append(
@@ -117,7 +120,7 @@ class VerifyCapture:
                 continue
             rows.extend(step_rows)
             per_run[run_id].extend(batch)
-            self._maybe_step_span(rt, ts, step_no, run_id, batch)
+            self._maybe_step_span(rt, ts, step_no, run_id, batch, batch_ids)
         common = rt.common(ENGINE)
         rt.writer.extend("verify_steps", [{**common, **row} for row in rows])  # rows carry their run_id
         for run_id, batch in per_run.items():
@@ -228,7 +231,28 @@ class VerifyCapture:
         with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run, attributes={"spectrace.event": event.code}) as span:
             audit_live.emit_findings(rt, [finding], role=ENGINE, span=span, run=run)
 
-    def _maybe_step_span(self, rt, ts: int, step_no: int, run_id: str, batch: list[tuple[int, int, int]]) -> None:
+    def _links(self, request_ids: list[str]) -> list:
+        """Span links to the ``llm_request`` traces of these requests (when vLLM traces)."""
+        if not self.request_traces:
+            return []
+        from opentelemetry import trace as trace_api
+        from opentelemetry.trace import Link
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        propagator = TraceContextTextMapPropagator()
+        links = []
+        for req_id in request_ids:
+            headers = self.request_traces.get(req_id)
+            if not headers:
+                continue
+            context = trace_api.get_current_span(propagator.extract(headers)).get_span_context()
+            if context.is_valid:
+                links.append(Link(context, {"vllm.request_id": req_id}))
+        return links
+
+    def _maybe_step_span(
+        self, rt, ts: int, step_no: int, run_id: str, batch: list[tuple[int, int, int]], request_ids: list[str]
+    ) -> None:
         every = rt.settings.span_every_steps
         if every <= 0:
             return
@@ -244,6 +268,7 @@ class VerifyCapture:
             role=ENGINE,
             run=rt.run_by_id(run_id),
             start_time=ts,
+            links=self._links(request_ids),
             attributes={
                 "spectrace.step": step_no,
                 "spectrace.batch_size": len(batch),
@@ -350,6 +375,12 @@ def wrap_add_request(original):
                 bool(params is not None and params.temperature == 0),
                 bool(request.use_structured_output),
             )
+            headers = getattr(request, "trace_headers", None)
+            if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
+                contexts = capture.request_traces
+                if len(contexts) >= _MAX_REQUEST_FLAGS:
+                    contexts.pop(next(iter(contexts)))
+                contexts[request.request_id] = dict(headers)
         except Exception as exc:
             rt = runtime._runtime
             if rt is not None:
