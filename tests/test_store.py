@@ -157,3 +157,15 @@ def test_all_tables_have_common_columns():
         names = [c[0] for c in columns(table)]
         assert {"run_id", "process_role", "pid", "host", "rank", "schema_version"} <= set(names), table
         assert len(names) == len(set(names)), table
+
+
+def test_bad_setting_is_a_clear_error_not_a_crash(monkeypatch, caplog):
+    from spectrace import plugin
+    from spectrace.settings import Settings
+
+    monkeypatch.setenv("SPECTRACE_FLUSH_INTERVAL", "soon")
+    with pytest.raises(ValueError, match="SPECTRACE_FLUSH_INTERVAL='soon' is not a number"):
+        Settings.from_env()
+    monkeypatch.setenv("SPECTRACE", "1")
+    plugin.register()  # must not raise inside vLLM's plugin loader
+    assert any("tracing is off in this process" in r.getMessage() for r in caplog.records)

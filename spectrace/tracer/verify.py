@@ -81,7 +81,8 @@ class VerifyCapture:
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         settings = rt.settings
-        rows: list[dict[str, Any]] = []
+        sample_all = settings.step_sample >= 1.0
+        kept: dict[str, tuple[list[int], list[int], list[tuple]]] = {}  # run -> verify_steps rows (ts, step, rest)
         per_run: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (drafted, accepted, ctx)
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
@@ -100,29 +101,37 @@ class VerifyCapture:
                 ctx = int(context.get(req_id, -1))
                 batch.append((drafted, accepted, ctx))
                 batch_ids.append(req_id)
-                if settings.step_sample >= 1.0 or self._rng.random() < settings.step_sample:
-                    greedy, structured = self.request_flags.get(req_id, (None, None))
-                    step_rows.append(
-                        {
-                            "run_id": run_id,
-                            "ts": ts,
-                            "step": step_no,
-                            "request_id": req_id,
-                            "context_len": ctx if ctx >= 0 else None,
-                            "num_drafted": drafted,
-                            "num_accepted": accepted,
-                            "greedy": greedy,
-                            "structured_output": structured,
-                            "draft_token_ids": json.dumps(list(draft_ids)) if settings.record_tokens else None,
-                        }
-                    )
+                if sample_all or self._rng.random() < settings.step_sample:
+                    step_rows.append((req_id, drafted, accepted, ctx, draft_ids))  # a tuple, not a dict per row
             if not batch:
                 continue
-            rows.extend(step_rows)
+            if step_rows:
+                ts_col, step_col, run_rows = kept.setdefault(run_id, ([], [], []))
+                ts_col.extend([ts] * len(step_rows))
+                step_col.extend([step_no] * len(step_rows))
+                run_rows.extend(step_rows)
             per_run[run_id].extend(batch)
             self._maybe_step_span(rt, ts, step_no, run_id, batch, batch_ids)
         common = rt.common(ENGINE)
-        rt.writer.extend("verify_steps", [{**common, **row} for row in rows])  # rows carry their run_id
+        for run_id, (ts_col, step_col, run_rows) in kept.items():
+            # handed to the writer as columns: no dict per request-step (see bench/, BENCHMARKS.md)
+            req_ids, drafted, accepted, ctx, draft_ids = zip(*run_rows)
+            flags = self.request_flags
+            greedy, structured = zip(*[flags.get(req_id, (None, None)) for req_id in req_ids])
+            columns = {
+                **common,
+                "run_id": run_id,
+                "ts": ts_col,
+                "step": step_col,
+                "request_id": req_ids,
+                "context_len": [c if c >= 0 else None for c in ctx],
+                "num_drafted": drafted,
+                "num_accepted": accepted,
+                "greedy": greedy,
+                "structured_output": structured,
+                "draft_token_ids": [json.dumps(list(d)) for d in draft_ids] if settings.record_tokens else None,
+            }
+            rt.writer.extend_columns("verify_steps", columns, len(run_rows))
         for run_id, batch in per_run.items():
             self._count(rt, ENGINE, run_id, None, batch)
 
