@@ -644,8 +644,13 @@ def _runner_load_failed(error: str, needs: str) -> Finding:
 # DFlash reference (z-lab/dflash ``extract_context_feature``) reads
 # ``hidden_states[layer_id + 1]``: the vLLM id is the declared id + 1.
 
-# (field, convention offset), in the order vLLM 0.32's V2 resolver reads them
-# (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py::get_eagle3_aux_layers_from_config).
+# (field, convention offset): where drafters declare their taps and how each field's ids
+# map to vLLM ids, roughly in the order vLLM 0.32's resolvers look (V2:
+# v1/worker/gpu/spec_decode/eagle/eagle3_utils.py::get_eagle3_aux_layers_from_config;
+# V1: GPUModelRunner._get_eagle3_aux_layers_from_config, which also reads the nested
+# eagle_config ids and ignores the top-level and *.layer_ids fields). Which ids a
+# runner really taps is read from the loaded model (live) or from the runner's own
+# function (doctor), never from this table.
 TAP_FIELDS: tuple[tuple[str, int], ...] = (
     ("eagle_aux_hidden_state_layer_ids", 0),
     ("eagle_config.eagle_aux_hidden_state_layer_ids", 0),
@@ -731,7 +736,7 @@ def audit_taps(
                 )
             )
     if tapped is not None and input_taps is not None and len(tapped) != input_taps:
-        status = "count_mismatch"
+        status = "count_mismatch" if status == "ok" else status
         findings.append(
             Finding(
                 code="TAP_COUNT_MISMATCH",

@@ -21,6 +21,13 @@ captures the same values, and feeds the results to the same pure audit
   per-layer rule and ``Attention.__init__`` (``per_layer_sliding_window``, else
   ``cache_config.sliding_window``). The runtime window of a layer is the
   ``sliding_window`` its ``Attention`` module stores.
+- hidden-state taps (eagle3, dflash): the ids the chosen runner would tap, from its own
+  resolver (V2: ``eagle3_utils.get_eagle3_aux_layers_from_config``; V1:
+  ``GPUModelRunner._get_eagle3_aux_layers_from_config``, called unbound), else the
+  meta-built target's ``get_eagle3_default_aux_hidden_state_layers()``, set on that
+  target with its own ``set_aux_hidden_state_layers`` (sorted, de-duplicated); the
+  number of taps the drafter takes from its meta-built ``fc``. The same
+  ``spectrace.audit.audit_taps`` as a live run (``spectrace.tracer.taps``).
 - runner: ``--runner`` replaces ``VllmConfig.use_v2_model_runner`` for the whole run
   (``v2`` as with ``VLLM_USE_V2_MODEL_RUNNER=1``, ``v1`` as with ``=0``); for ``v2``
   the host's missing Triton (a CPU build) is not held against the pair.
@@ -657,6 +664,8 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
             # (v1/worker/gpu/model_runner.py vs v1/worker/gpu_model_runner.py, load_model)
             try:
                 tapped = _tapped_ids(kept["target"], spec, runner)
+            except ImportError:
+                pass  # this vLLM has no such resolver: no tap audit, rather than a false refusal
             except Exception as exc:
                 if build_error is None or (runner == "v2" and build_error[0] == "draft"):
                     if runner == "v2":
@@ -824,7 +833,12 @@ def _config_input_taps(spec: Any, vllm_config: Any, draft_class: Any, hidden: in
 
 
 def _tap_audit(
-    report: Report, vllm_config: Any, kept: dict[str, Any], draft_class: Any, tapped: tuple[list[int] | None, str], runner: str
+    report: Report,
+    vllm_config: Any,
+    kept: dict[str, Any],
+    draft_class: Any,
+    tapped: tuple[list[int] | None, str],
+    runner: str,
 ) -> list[Any]:
     """The live run's tap audit (``spectrace.tracer.taps.record_taps``) on the meta-built pair."""
     from spectrace import audit

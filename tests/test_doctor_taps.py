@@ -18,7 +18,7 @@ import pytest
 
 from spectrace import cli, doctor
 
-from test_doctor import DFLASH, EAGLE3, GEMMA3_1B, QWEN3_8B
+from test_doctor import DFLASH, EAGLE3, GEMMA3_1B, QWEN3_8B, SHAPES
 
 RUNNERS = ("v1", "v2")
 V2_IDS = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils.get_eagle3_aux_layers_from_config"
@@ -57,6 +57,8 @@ DRAFTERS = {
     "dflash-top-level-five": {**DFLASH, "dflash_config": dict(MASK), "target_layer_ids": [1, 9, 17, 25, 33]},
     # no ids: fc sized from the drafter's num_hidden_layers (5), taps the target's default (3)
     "dflash-no-ids": {**DFLASH, "dflash_config": dict(MASK)},
+    # the same, and a window transformers nulls: vLLM refuses to build the drafter (SWA_DROPPED)
+    "dflash-no-ids-unbuildable": {**DFLASH, **SHAPES["layer_types_no_flag"], "dflash_config": dict(MASK)},
     # dflash_config ids plus an eagle_config dict: V1's eagle_config branch overwrites the ids with None
     "dflash-ids-and-eagle-config": {**DFLASH, "eagle_config": {"use_aux_hidden_state": True}},
     "gemma3-eagle3": {
@@ -217,6 +219,18 @@ def test_dflash_without_ids_sizes_fc_by_its_own_layers(capsys, models, runner):
     assert rc == 1
     assert tap_triples(report) == [("TAP_COUNT_MISMATCH", "error", None), ("TAP_DEFAULTED", "warning", None)]
     assert (report["taps"]["tapped_ids"], report["taps"]["input_taps"]) == ([2, 18, 33], 5)
+
+
+def test_a_drafter_that_does_not_build_is_sized_from_its_config(capsys, models):
+    """V2 builds the target and sets its taps, then fails on the drafter: the fc width comes
+    from vLLM's own sizing function on the config, and the count mismatch is still found."""
+    rc, report = doctor_json(capsys, models, "qwen3-8b", "dflash-no-ids-unbuildable", "dflash", "v2")
+    assert rc == 1
+    load = finding(report, "LOAD_FAILED")
+    assert (load["caused_by"], load["evidence"]["phase"]) == ("SWA_DROPPED", "building the draft model")
+    assert tap_triples(report) == [("TAP_COUNT_MISMATCH", "error", None), ("TAP_DEFAULTED", "warning", None)]
+    assert (report["taps"]["tapped_ids"], report["taps"]["input_taps"]) == ([2, 18, 33], 5)
+    assert report["taps"]["vllm_rule"].endswith(f"fc input width: {DFLASH_FC}")
 
 
 def test_five_top_level_ids_on_v1_is_a_count_mismatch(capsys, models):

@@ -64,20 +64,41 @@ def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+_SEQUENCES = (list, tuple, np.ndarray)
+
+
 def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
     """Columns to an Arrow table of ``table``'s schema: each value is a sequence of ``n``
-    values (list, NumPy or Arrow array) or one value for every row; missing columns are NULL."""
+    values (list, tuple, NumPy array) or one value for every row; missing columns are NULL."""
     schema = arrow_schema(table)
     arrays = []
     for fld in schema:
         value = SCHEMA_VERSION if fld.name == "schema_version" else columns.get(fld.name)
-        if isinstance(value, pa.Array):
-            arrays.append(value.cast(fld.type))
-        elif isinstance(value, (list, tuple, np.ndarray)):
-            arrays.append(pa.array(value, type=fld.type))
-        else:
-            arrays.append(pa.array([value] * n, type=fld.type))
+        arrays.append(pa.array(value if isinstance(value, _SEQUENCES) else [value] * n, type=fld.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _split_by_run(columns: dict[str, Any], n: int) -> list[tuple[dict[str, Any], int]]:
+    """Column sets of one run each (run_id one value), in order of first appearance."""
+    runs = columns.get("run_id")
+    if not isinstance(runs, _SEQUENCES):
+        return [(columns, n)]
+    runs = list(runs)
+    if runs.count(runs[0]) == n:
+        return [({**columns, "run_id": runs[0]}, n)]
+    rows_of: dict[Any, list[int]] = defaultdict(list)
+    for i, run_id in enumerate(runs):
+        rows_of[run_id].append(i)
+    return [
+        (
+            {
+                key: [value[i] for i in rows] if isinstance(value, _SEQUENCES) else value
+                for key, value in {**columns, "run_id": run_id}.items()
+            },
+            len(rows),
+        )
+        for run_id, rows in rows_of.items()
+    ]
 
 
 class SegmentWriter:
@@ -137,14 +158,12 @@ class SegmentWriter:
             self._buffered += len(rows)
 
     def extend_columns(self, table: str, columns: dict[str, Any], n: int) -> None:
-        """Append ``n`` rows of one run given as columns (see ``columns_to_arrow``).
+        """Append ``n`` rows given as columns (see ``columns_to_arrow``): no dict per row.
 
-        For high-volume producers (the verification drain): no dict per row. The run is
-        ``columns["run_id"]``, one value. Bounded and counted like ``extend``.
+        For high-volume producers (the verification drain). Bounded and counted like
+        ``extend`` (the rows beyond the bound are the last ones); rows are grouped by
+        ``run_id`` (one value, or one per row) as ``extend``'s are.
         """
-        run_id = columns.get("run_id")
-        if isinstance(run_id, (list, tuple, np.ndarray, pa.Array)):
-            raise ValueError("extend_columns takes the rows of one run: run_id must be one value")
         if n <= 0:
             return
         with self._lock:
@@ -154,11 +173,9 @@ class SegmentWriter:
                 n = max(room, 0)
                 if not n:
                     return
-                columns = {
-                    key: value[:n] if isinstance(value, (list, tuple, np.ndarray, pa.Array)) else value
-                    for key, value in columns.items()
-                }
-            self._columns[table].append((columns, n))
+                columns = {key: value[:n] if isinstance(value, _SEQUENCES) else value for key, value in columns.items()}
+            self._rows[table]  # noqa: B018  (keeps the order tables are written in at flush)
+            self._columns[table].extend(_split_by_run(columns, n))
             self._buffered += n
 
     def on_flush(self, callback) -> None:

@@ -82,7 +82,11 @@ class VerifyCapture:
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         settings = rt.settings
         sample_all = settings.step_sample >= 1.0
-        kept: dict[str, tuple[list[int], list[int], list[tuple]]] = {}  # run -> verify_steps rows (ts, step, rest)
+        record_tokens = settings.record_tokens
+        ts_col: list[int] = []  # verify_steps rows as columns: ts, step, run, the rest as tuples
+        step_col: list[int] = []
+        run_col: list[str] = []
+        kept: list[tuple] = []
         per_run: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (drafted, accepted, ctx)
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
@@ -102,25 +106,27 @@ class VerifyCapture:
                 batch.append((drafted, accepted, ctx))
                 batch_ids.append(req_id)
                 if sample_all or self._rng.random() < settings.step_sample:
-                    step_rows.append((req_id, drafted, accepted, ctx, draft_ids))  # a tuple, not a dict per row
+                    # a tuple, not a dict per row; without token ids it holds only ints and a str,
+                    # so the garbage collector stops tracking it (no full collections from the drain)
+                    step_rows.append((req_id, drafted, accepted, ctx, draft_ids if record_tokens else None))
             if not batch:
                 continue
             if step_rows:
-                ts_col, step_col, run_rows = kept.setdefault(run_id, ([], [], []))
                 ts_col.extend([ts] * len(step_rows))
                 step_col.extend([step_no] * len(step_rows))
-                run_rows.extend(step_rows)
+                run_col.extend([run_id] * len(step_rows))
+                kept.extend(step_rows)
             per_run[run_id].extend(batch)
             self._maybe_step_span(rt, ts, step_no, run_id, batch, batch_ids)
         common = rt.common(ENGINE)
-        for run_id, (ts_col, step_col, run_rows) in kept.items():
+        if kept:
             # handed to the writer as columns: no dict per request-step (see bench/, BENCHMARKS.md)
-            req_ids, drafted, accepted, ctx, draft_ids = zip(*run_rows)
+            req_ids, drafted, accepted, ctx, draft_ids = zip(*kept)
             flags = self.request_flags
             greedy, structured = zip(*[flags.get(req_id, (None, None)) for req_id in req_ids])
             columns = {
                 **common,
-                "run_id": run_id,
+                "run_id": run_col,  # rows carry their run_id
                 "ts": ts_col,
                 "step": step_col,
                 "request_id": req_ids,
@@ -129,9 +135,9 @@ class VerifyCapture:
                 "num_accepted": accepted,
                 "greedy": greedy,
                 "structured_output": structured,
-                "draft_token_ids": [json.dumps(list(d)) for d in draft_ids] if settings.record_tokens else None,
+                "draft_token_ids": [json.dumps(list(d)) for d in draft_ids] if record_tokens else None,
             }
-            rt.writer.extend_columns("verify_steps", columns, len(run_rows))
+            rt.writer.extend_columns("verify_steps", columns, len(kept))
         for run_id, batch in per_run.items():
             self._count(rt, ENGINE, run_id, None, batch)
 

@@ -1,0 +1,275 @@
+"""Per-process Parquet segments: the DuckDB store's write side.
+
+Every process writes its own files, never a file another process writes:
+``<dir>/<table>/run=<run_id>/<host>-<pid>-<seq>.parquet``. A segment is written
+under a hidden temporary name and moved into place with ``os.replace``, so a
+reader globbing ``*.parquet`` never sees half a file.
+
+Appends only touch an in-memory list under a lock; a background thread writes
+every ``flush_interval_s``. The buffer is bounded: rows beyond
+``max_buffer_rows`` are dropped and counted (``dropped``), never block the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spectrace.records import SCHEMA_VERSION, columns
+
+log = logging.getLogger("vllm.spectrace")
+
+_ARROW = {
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "TIMESTAMP_NS": pa.timestamp("ns"),
+}
+
+
+def _scandir(path) -> list:
+    try:
+        return [e for e in os.scandir(path) if not e.name.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    return pa.schema(
+        [(name, _ARROW[kind]) for name, kind in columns(table)],
+        metadata={b"spectrace.schema_version": str(SCHEMA_VERSION).encode()},
+    )
+
+
+def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows (dicts) to an Arrow table of ``table``'s schema; missing keys are NULL."""
+    schema = arrow_schema(table)
+    arrays = []
+    for fld in schema:
+        values = [row.get(fld.name) for row in rows]
+        if fld.name == "schema_version":
+            values = [SCHEMA_VERSION] * len(rows)
+        arrays.append(pa.array(values, type=fld.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class SegmentWriter:
+    """Buffers rows per table and writes them as Parquet segments in the background."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        host: str,
+        flush_interval_s: float = 1.0,
+        max_buffer_rows: int = 200_000,
+    ) -> None:
+        self.root = Path(root)
+        self.host = host
+        self.enabled = True  # False: rows are aggregated and exported elsewhere, never written
+        self.flush_interval_s = flush_interval_s
+        self.max_buffer_rows = max_buffer_rows
+        self.dropped = 0
+        self.write_errors = 0
+        self.segments_written = 0
+        self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._buffered = 0
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error_logged = False
+        self._before_flush: list = []
+        self.max_bytes = 0  # 0: no cap (SPECTRACE_MAX_MB)
+        self.active_runs: set[str] = set()  # runs this process still writes: never evicted
+        self.evictions: list[dict[str, Any]] = []
+        self._cap_checked = 0.0
+        self._over_cap = False
+        self._cap_logged = False
+
+    # -- hot side -------------------------------------------------------------
+
+    def append(self, table: str, row: dict[str, Any]) -> None:
+        with self._lock:
+            if self._buffered >= self.max_buffer_rows:
+                self.dropped += 1
+                return
+            self._rows[table].append(row)
+            self._buffered += 1
+
+    def extend(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+        rows = list(rows)
+        with self._lock:
+            room = self.max_buffer_rows - self._buffered
+            if room < len(rows):
+                self.dropped += len(rows) - max(room, 0)
+                rows = rows[: max(room, 0)]
+            self._rows[table].extend(rows)
+            self._buffered += len(rows)
+
+    def on_flush(self, callback) -> None:
+        """Call ``callback()`` at the start of every flush (to drain aggregators)."""
+        self._before_flush.append(callback)
+
+    # -- background side ------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="spectrace-flush", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        self.flush()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's buffer, locks and thread."""
+        self._rows = defaultdict(list)
+        self._buffered = 0
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._thread = None
+        self._stop = threading.Event()
+        self._seq = 0
+
+    def flush(self) -> int:
+        """Write every buffered row now. Returns the number of rows written."""
+        for callback in list(self._before_flush):
+            try:
+                callback()
+            except Exception:  # an aggregator must never stop the store
+                log.exception("spectrace: flush callback failed")
+        with self._io_lock:
+            with self._lock:
+                pending, self._rows = self._rows, defaultdict(list)
+                self._buffered = 0
+            written = 0
+            if not self.enabled:
+                return 0
+            if self.max_bytes and time.time() - self._cap_checked >= 5 * self.flush_interval_s:
+                self._cap_checked = time.time()
+                try:
+                    self.enforce_cap()
+                except Exception:
+                    log.exception("spectrace: enforcing SPECTRACE_MAX_MB failed")
+                if self.evictions:
+                    evicted, self.evictions = self.evictions, []
+                    pending["store_evictions"].extend(evicted)
+            for table, rows in pending.items():
+                by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for row in rows:
+                    by_run[row.get("run_id") or "none"].append(row)
+                for run_id, run_rows in by_run.items():
+                    if self._write(table, run_id, run_rows):
+                        written += len(run_rows)
+            return written
+
+    # -- size cap ---------------------------------------------------------------
+
+    def enforce_cap(self, *, finished_after_s: float = 30.0) -> None:
+        """Keep the store under ``max_bytes``: remove the oldest finished runs' segments.
+
+        A run is finished for this purpose when no process has written a segment of
+        it for ``finished_after_s`` seconds and this process is not writing it. When
+        only active runs remain and the store is still over the cap, new rows are
+        dropped (and counted) until there is room again.
+        """
+        if not self.max_bytes:
+            return
+        runs: dict[str, list[tuple[Path, int, float]]] = defaultdict(list)
+        total = 0
+        for table_dir in _scandir(self.root):
+            for run_dir in _scandir(table_dir):
+                for entry in _scandir(run_dir):
+                    try:
+                        stat = entry.stat()
+                    except OSError:
+                        continue
+                    total += stat.st_size
+                    runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
+        if total <= self.max_bytes:
+            self._over_cap = False
+            return
+        now = time.time()
+        candidates = sorted(
+            (max(m for _, _, m in files), run_id)
+            for run_id, files in runs.items()
+            if run_id not in self.active_runs and now - max(m for _, _, m in files) >= finished_after_s
+        )
+        for _, run_id in candidates:
+            if total <= self.max_bytes:
+                break
+            removed = freed = 0
+            for path, size, _ in runs[run_id]:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed += 1
+                freed += size
+            total -= freed
+            log.warning(
+                "spectrace: store over SPECTRACE_MAX_MB (%.1f MB): removed %d segments (%.1f MB) of finished run %s",
+                self.max_bytes / 1e6, removed, freed / 1e6, run_id,
+            )
+            self.evictions.append({"ts": time.time_ns(), "evicted_run_id": run_id, "segments": removed, "bytes": freed})
+        self._over_cap = total > self.max_bytes
+        if self._over_cap and not self._cap_logged:
+            self._cap_logged = True
+            log.error(
+                "spectrace: store at %s is over SPECTRACE_MAX_MB with only active runs left; new records are "
+                "dropped and counted until there is room",
+                self.root,
+            )
+
+    def _write(self, table: str, run_id: str, rows: list[dict[str, Any]]) -> bool:
+        if self._over_cap:
+            self.dropped += len(rows)
+            return False
+        folder = self.root / table / f"run={run_id}"
+        self._seq += 1
+        name = f"{self.host}-{os.getpid()}-{time.time_ns()}-{self._seq:06d}.parquet"
+        tmp = folder / f".{name}.tmp"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            pq.write_table(to_arrow(table, rows), tmp)
+            os.replace(tmp, folder / name)
+        except Exception as exc:
+            self.write_errors += 1
+            self.dropped += len(rows)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if not self._error_logged:
+                self._error_logged = True
+                log.error(
+                    "spectrace: cannot write to SPECTRACE_DIR=%s (%s); records are "
+                    "dropped and counted, vLLM is unaffected",
+                    self.root,
+                    exc,
+                )
+            return False
+        self.segments_written += 1
+        return True
