@@ -21,11 +21,12 @@ $(STAMP): pyproject.toml
 	-$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-# Prometheus and promtool (Debian's `prometheus`) for the dashboard and export tests.
+# Prometheus, promtool and amtool (Debian's `prometheus`, `prometheus-alertmanager`) for
+# the dashboard, alert and export tests.
 prometheus:
-	@command -v promtool >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus >/dev/null; \
-	  else echo "promtool missing: install Debian's prometheus package (sudo apt-get install prometheus)"; exit 1; fi; }
+	@command -v promtool >/dev/null && command -v amtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
+	  else echo "promtool/amtool missing: sudo apt-get install prometheus prometheus-alertmanager"; exit 1; fi; }
 
 test: $(STAMP) prometheus
 	$(BIN)/python -m pytest

@@ -19,6 +19,14 @@ from spectrace.testing.models import build_dflash, build_zoo
 WINDOW = 64
 
 @pytest.fixture(scope="session")
+def prometheus_binaries() -> None:
+    """promtool, prometheus and amtool are required, never skipped: `make test` installs them."""
+    missing = [name for name in ("promtool", "prometheus", "amtool") if shutil.which(name) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} missing: run `make prometheus` (Debian's prometheus and prometheus-alertmanager)")
+
+
+@pytest.fixture(scope="session")
 def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("spectrace")
 

@@ -25,8 +25,8 @@ from spectrace.testing.prometheus import PrometheusServer
 
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing (make prometheus)")
-needs_prometheus = pytest.mark.skipif(PROMTOOL is None or PROMETHEUS is None, reason="prometheus missing (make prometheus)")
+needs_promtool = pytest.mark.usefixtures("prometheus_binaries")
+needs_prometheus = pytest.mark.usefixtures("prometheus_binaries")
 
 DEPLOYMENT = {"job": "vllm", "model": "target-8b", "draft_model": "eagle3-8b", "method": "eagle3"}
 

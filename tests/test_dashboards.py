@@ -25,7 +25,7 @@ from spectrace.dashboards import alerts, build
 from spectrace.dashboards.export import to_yaml
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing (make prometheus)")
+needs_promtool = pytest.mark.usefixtures("prometheus_binaries")
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids the dashboards may use (plus "suffix:<text>" custom units).
@@ -233,7 +233,7 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
 
 
 @needs_promtool
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus missing (make prometheus)")
+@pytest.mark.usefixtures("prometheus_binaries")
 def test_every_panel_query_returns_data_from_the_metrics_contract(tmp_path):
     """A real Prometheus over backfilled series of every contract metric: no panel query comes back empty."""
     import time
@@ -310,7 +310,7 @@ def test_exported_prometheus_config_and_rules_pass_promtool(tmp_path):
     assert "[15s]" in (out / "prometheus" / "spectrace-rules.yaml").read_text()
 
 
-@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool missing (prometheus-alertmanager)")
+@pytest.mark.usefixtures("prometheus_binaries")
 def test_alertmanager_example_passes_amtool(tmp_path):
     path = tmp_path / "alertmanager.yaml"
     path.write_text(to_yaml(alerts.alertmanager_example()))

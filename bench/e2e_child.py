@@ -1,0 +1,105 @@
+"""Child process of bench/e2e.py: one vLLM engine (CPU, single process), timed generation only.
+
+    python -m bench.e2e_child '<json request>'
+
+Loads the engine, generates once to warm up, then ``rounds`` timed ``llm.generate`` calls
+(or rounds until ``seconds`` have passed). Per round: wall seconds, process CPU seconds
+(all threads: vLLM's and spectrace's background flush alike), output tokens, resident
+size. Writes JSON to ``request["out"]``. Tracing is whatever the environment says
+(SPECTRACE=1 or unset): the parent sets it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def spectrace_state() -> dict:
+    """Is spectrace loaded and patched in here, and how full are its buffers."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    state = {
+        "tracer_imported": "spectrace.tracer.runtime" in sys.modules,
+        "update_from_output_patched": hasattr(Scheduler.update_from_output, "__spectrace_original__"),
+        "bookkeeping_sync_patched": hasattr(GPUModelRunner._bookkeeping_sync, "__spectrace_original__"),
+    }
+    if state["tracer_imported"]:
+        from spectrace.tracer import runtime, verify
+
+        rt = runtime.get()
+        state.update(
+            engine_steps_buffered=len(verify.CAPTURE.engine_steps),
+            worker_steps_buffered=len(verify.CAPTURE.worker_steps),
+            request_flags=len(verify.CAPTURE.request_flags),
+            request_traces=len(getattr(verify.CAPTURE, "request_traces", {})),
+            writer_buffered=rt.writer._buffered if rt else None,
+            writer_dropped=rt.writer.dropped if rt else None,
+            segments_written=rt.writer.segments_written if rt else None,
+            errors=dict(rt.errors) if rt else None,
+        )
+    return state
+
+
+def main(request: dict) -> None:
+    from vllm import LLM, SamplingParams
+
+    t_start = time.time()
+    llm = LLM(
+        model=request["target"],
+        tokenizer=request["target"],
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=request.get("max_model_len", 512),
+        kv_cache_memory_bytes=request.get("kv_cache_bytes", 64 << 20),
+        disable_log_stats=False,
+        seed=0,
+        speculative_config=request["speculative"],
+        max_num_seqs=max(len(request["prompts"]), 8),
+    )
+    load_s = time.time() - t_start
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
+    prompts = request["prompts"]
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up (not timed)
+    rounds = []
+    deadline = time.time() + request.get("seconds", 0)
+    i = 0
+    while i < request.get("rounds", 1) or time.time() < deadline:
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        cpu = cpu_seconds() - cpu0
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        rounds.append({"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "rss": rss_bytes(), "t": time.time() - t_start})
+        i += 1
+    metrics = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode_num_"):
+            metrics[metric.name] = getattr(metric, "value", None)
+    result = {
+        "load_s": load_s,
+        "rounds": rounds,
+        "spectrace": spectrace_state(),
+        "vllm_spec_metrics": metrics,
+        "first_tokens": list(outputs[0].outputs[0].token_ids[:16]),
+    }
+    Path(request["out"]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
