@@ -57,6 +57,10 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
     for role in ("target", "draft"):
         out.append("")
         out += _layout(con, rid, role)
+    taps = _taps(con, rid)
+    if taps:
+        out.append("")
+        out += taps
     out.append("")
     out += _acceptance(con, rid, plot)
     return "\n".join(out) + "\n"
@@ -115,6 +119,24 @@ def _layout(con, run_id: str, role: str) -> list[str]:
         )
     header = f"Attention layout ({role}): {len(rows)} layers" + (f", {mismatches} mismatched (!)" if mismatches else "")
     return [header, _indent(format_table(["", "layer", "declared", "resolved", "runtime", "kv spec", "causal", "vLLM layer"], table))]
+
+
+def _taps(con, run_id: str) -> list[str]:
+    rows = con.execute(
+        "select rank, declared_field, declared_ids, expected_ids, tapped_ids, input_taps, status "
+        "from hidden_state_taps where run_id = ? order by rank nulls first",
+        [run_id],
+    ).fetchall()
+    if not rows:
+        return []
+    table = [
+        ("" if rank is None else rank, field or "(none declared)", declared, expected, tapped, inputs, status)
+        for rank, field, declared, expected, tapped, inputs, status in rows
+    ]
+    return [
+        "Hidden-state taps (vLLM ids: k = output of target layer k-1)",
+        _indent(format_table(["rank", "declared in", "declared", "expected", "tapped", "fc takes", "status"], table)),
+    ]
 
 
 def _type(kind: str | None, window: int | None) -> str:
