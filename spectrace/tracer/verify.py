@@ -34,7 +34,7 @@ import logging
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import numpy as np
@@ -56,8 +56,11 @@ class VerifyCapture:
     """The per-process buffer the hot path appends to, and its background drain."""
 
     def __init__(self) -> None:
-        self.engine_steps: list[tuple] = []
-        self.worker_steps: list[tuple] = []
+        # deques: the engine thread appends while the flush thread pops, and neither
+        # ever loses the other's item (a list swapped under the appender could).
+        self.engine_steps: deque[tuple] = deque()
+        self.worker_steps: deque[tuple] = deque()
+        self.dropped_steps = 0  # steps not buffered because the flush fell behind
         self.engine_step_no = 0
         self.request_flags: dict[str, tuple[bool, bool]] = {}
         self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
@@ -72,8 +75,11 @@ class VerifyCapture:
 
     def drain(self, rt: "runtime.Runtime") -> None:
         with self._lock:
-            engine, self.engine_steps = self.engine_steps, []
-            worker, self.worker_steps = self.worker_steps, []
+            engine = _take(self.engine_steps)
+            worker = _take(self.worker_steps)
+            if self.dropped_steps:
+                rt.writer.dropped += self.dropped_steps
+                self.dropped_steps = 0
             if engine:
                 self._drain_engine(rt, engine)
             if worker:
@@ -336,6 +342,12 @@ class VerifyCapture:
         return findings
 
 
+def _take(queue: deque) -> list:
+    return [queue.popleft() for _ in range(len(queue))]
+
+
+MAX_BUFFERED_STEPS = 100_000
+
 CAPTURE = VerifyCapture()
 
 
@@ -355,19 +367,22 @@ def wrap_update_from_output(original):
                         raise RuntimeError("fault injected into engine_core.verify (SPECTRACE_INJECT_FAULT)")
                     sampled = model_runner_output.sampled_token_ids
                     capture.engine_step_no += 1
-                    capture.engine_steps.append(
-                        (
-                            time.time_ns(),
-                            capture.engine_step_no,
-                            rt.run.run_id if rt.run is not None else None,
-                            drafts,
-                            list(map(len, sampled)) if sampled else None,
-                            model_runner_output.req_id_to_index,
-                            scheduler_output.scheduled_cached_reqs,
-                            scheduler_output.num_invalid_spec_tokens,
-                            self.num_sampled_tokens_per_step,
+                    if len(capture.engine_steps) >= MAX_BUFFERED_STEPS:
+                        capture.dropped_steps += 1
+                    else:
+                        capture.engine_steps.append(
+                            (
+                                time.time_ns(),
+                                capture.engine_step_no,
+                                rt.run.run_id if rt.run is not None else None,
+                                drafts,
+                                list(map(len, sampled)) if sampled else None,
+                                model_runner_output.req_id_to_index,
+                                scheduler_output.scheduled_cached_reqs,
+                                scheduler_output.num_invalid_spec_tokens,
+                                self.num_sampled_tokens_per_step,
+                            )
                         )
-                    )
             except Exception as exc:
                 rt = runtime._runtime
                 if rt is not None:
@@ -415,7 +430,7 @@ def wrap_bookkeeping_sync(original):
             try:
                 valid = result[3]
                 rt = runtime._runtime
-                if valid and rt is not None:
+                if valid and rt is not None and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
                     capture.worker_steps.append(
                         (
                             time.time_ns(),
