@@ -130,10 +130,14 @@ def test_multiprocess_engine_is_one_run_across_processes(zoo, scratch, cache_roo
         prompts=["the quick brown fox"],
         max_tokens=8,
     )
-    result = run_engines([spec], store=store, multiprocessing=True, cache_root=cache_root)["mp"]
+    result = run_engines(
+        [spec], store=store, multiprocessing=True, cache_root=cache_root, env={"SPECTRACE_RUN_ID": "canary-7"}
+    )["mp"]
     assert result.ok, result.error
+    assert result.run_id == "canary-7"  # SPECTRACE_RUN_ID names the run in every process
     con = spectrace.store.open(store)
     assert con.execute("select count(*) from runs").fetchone()[0] == 1
+    assert con.execute("select distinct run_id from spans").fetchall() == [("canary-7",)]
     rows = con.execute("select distinct pid, process_role, trace_id from spans where run_id = ?", [result.run_id]).fetchall()
     pids = {r[0] for r in rows}
     assert len(pids) >= 2
