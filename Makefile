@@ -36,3 +36,8 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) spectrace-data demo-data .pytest_cache
+
+# Benchmarks (bench/, results in bench/results/*.json and BENCHMARKS.md); about 10 minutes on 2 cores.
+.PHONY: bench
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all

@@ -80,9 +80,16 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     payload = {"benchmark": name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(), **data}
+               "command": command(), "machine": machine(), **data}
     path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
     return path
+
+
+def command() -> str:
+    """How this script was started, as one would type it from the repository root."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["-m", spec.name] if spec is not None and spec.name else [sys.argv[0]]
+    return " ".join([".venv/bin/python", *head, *sys.argv[1:]])
 
 
 def _json_default(obj):

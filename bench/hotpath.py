@@ -48,6 +48,8 @@ def build_inputs(batch: int, k: int, seed: int = 0):
         while a < k and rng.random() < 0.7:
             a += 1
         accepted.append(a)
+    if batch == 1:
+        accepted = [min(k, 2)]  # the mean of the 0.7-per-position distribution, not one random draw
     sampled = [[rng.randrange(32000) for _ in range(a + 1)] for a in accepted]
     index = {rid: i for i, rid in enumerate(req_ids)}
     cached = CachedRequestData(

@@ -35,7 +35,6 @@ import random
 import threading
 import time
 from collections import defaultdict, deque
-from typing import Any
 
 import numpy as np
 
