@@ -240,8 +240,14 @@ def main(argv=None) -> dict:
             # the slowdown if all of it ran on (or held the GIL against) the engine thread
             "accounted_ratio_duckdb": 1 - toggled["duckdb"]["background_cpu_share"],
             "accounted_ratio_otlp": 1 - toggled["otlp"]["background_cpu_share"],
-            "met_0_99": min(toggled["duckdb"]["throughput_ratio"]["median"],
-                            toggled["otlp"]["throughput_ratio"]["median"]) >= 0.99,
+            # the direct comparison, and what it can resolve on this machine (the null run's spread)
+            "met_0_99_direct": min(toggled["duckdb"]["throughput_ratio"]["median"],
+                                   toggled["otlp"]["throughput_ratio"]["median"]) >= 0.99,
+            "met_0_99_accounted": max(toggled["duckdb"]["background_cpu_share"],
+                                      toggled["otlp"]["background_cpu_share"]) <= 0.01,
+            "direct_within_noise": min(toggled["duckdb"]["throughput_ratio"]["median"],
+                                       toggled["otlp"]["throughput_ratio"]["median"])
+            >= toggled["null"]["throughput_ratio"]["min"],
         },
     }
     write_result("e2e", result)

@@ -88,10 +88,19 @@ def render() -> str:
                    f"{max(c['engine_hook_over_vllm_stats'] for c in hot['cells']):.2f} | {_mark(g['met_not_above_vllm'])} |")
     if e2e:
         g = e2e["goal"]
+        ab = e2e["in_process_ab"]
+        direct = min(ab["duckdb"]["throughput_ratio"]["median"], ab["otlp"]["throughput_ratio"]["median"])
+        accounted = max(ab["duckdb"]["background_cpu_share"], ab["otlp"]["background_cpu_share"]) <= 0.01
+        if direct >= 0.99 and accounted:
+            e2e_mark = "met"
+        elif accounted and direct >= ab["null"]["throughput_ratio"]["min"]:
+            e2e_mark = "met by accounting; the direct A/B cannot resolve 1 % here (see §2)"
+        else:
+            e2e_mark = "**missed**"
         out.append(f"| decode throughput traced / off ≥ 0.99 | in-process A/B median: duckdb {g['in_process_ab_duckdb_ratio']:.3f}, "
                    f"otlp {g['in_process_ab_otlp_ratio']:.3f} (null run {g['null_ratio']:.3f}); accounted: duckdb "
                    f"{g['accounted_ratio_duckdb']:.4f}, otlp {g['accounted_ratio_otlp']:.4f}; process A/B: duckdb "
-                   f"{g['process_ab_duckdb_ratio']:.3f}, otlp {g['process_ab_otlp_ratio']:.3f} | {_mark(g['met_0_99'])} |")
+                   f"{g['process_ab_duckdb_ratio']:.3f}, otlp {g['process_ab_otlp_ratio']:.3f} | {e2e_mark} |")
     if store:
         g = store["goal"]
         out.append(f"| ≥ 1 M verify rows/s into segments per process | {_m(g['ingest_rows_per_s'])} rows/s | "
@@ -155,6 +164,18 @@ def render() -> str:
             tr, cr = s["throughput_ratio"], s["cpu_per_token_ratio"]
             out.append(f"| process A/B (fresh processes, interleaved) | {sink} | {tr['median']:.4f} ({tr['min']:.4f}–{tr['max']:.4f}) | "
                        f"{cr['median']:.4f} | {100 * s['background_cpu_share']:.2f} | {tr['n']} reps × {e2e['rounds_per_run']} rounds |")
+        out.append("")
+        out.append("Engine thread off CPU (1 − its CPU seconds / wall seconds, per-thread clock; waiting for the GIL or the "
+                   "CPU), in-process A/B rounds:")
+        out.append("")
+        out.append("| run | tracing off | tracing on |")
+        out.append("|---|---:|---:|")
+        for sink in ("duckdb", "otlp", "null"):
+            rs = e2e["in_process_ab"][sink]["rounds"]
+            share = {st: 1 - sum(r["main_thread_cpu_s"] for r in rs if r["state"] == st)
+                     / sum(r["wall_s"] for r in rs if r["state"] == st) for st in ("off", "on")}
+            out.append(f"| {sink if sink != 'null' else 'null (both off)'} | {100 * share['off']:.2f} % | "
+                       f"{100 * share['on']:.2f} % |")
         off = e2e["summary"]["off"]["tokens_per_s"]
         out.append("")
         out.append(f"Untraced throughput: median {off['median']:.0f} tok/s (min {off['min']:.0f}, max {off['max']:.0f}) over "
