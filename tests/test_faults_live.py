@@ -10,7 +10,6 @@ import threading
 import time
 
 import pyarrow.parquet as pq
-import pytest
 
 import spectrace.store
 from spectrace.testing.engine import method_specs, run_engines

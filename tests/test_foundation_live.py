@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 import spectrace.store
 from spectrace.testing.engine import EngineSpec, base_env, run_engines

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from spectrace.cli import format_table
@@ -205,7 +204,3 @@ def buckets_by_position(con, run_id: str) -> dict[str, list[tuple[int, float]]]:
     ).fetchall():
         out.setdefault(bucket, []).append((position, rate))
     return out
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, default=str)

@@ -6,7 +6,6 @@ span at hand, and each is one log line at its severity.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -91,7 +90,3 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
 def draft_root_causes(declared: dict | None, resolved: dict | None) -> tuple[set[str], list[audit.Finding]]:
     _, findings = audit.audit_config("draft", declared, resolved)
     return audit.root_causes(findings), findings
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, default=str)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import spectrace
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
 
@@ -234,7 +235,7 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
         {
             "started_at": run.started_ns,
             "vllm_version": runtime.vllm_version(),
-            "spectrace_version": __import__("spectrace").__version__,
+            "spectrace_version": spectrace.__version__,
             "target_model": info["target_model"],
             "draft_model": info["draft_model"],
             "method": info["method"],
@@ -290,6 +291,6 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
             role=ROLE,
         )
     if rt.metrics is not None:
-        rt.metrics.run_info(info, rt.labels(), runtime.vllm_version(), __import__("spectrace").__version__)
+        rt.metrics.run_info(info, rt.labels(), runtime.vllm_version(), spectrace.__version__)
     audit_live.audit_resolution(rt, info, models, vllm_config, error_text)
     rt.flush()
