@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, NoReturn
 
+from spectrace.configs import config_to_dict
+
 RUNNERS = ("v1", "v2")
 DEFAULT_RUNNER = "v2"
 DEFAULT_K = 3
@@ -313,17 +315,6 @@ def single_process_group(vllm_config: Any) -> Iterator[None]:
 
 
 # -- helpers ----------------------------------------------------------------------
-
-
-def config_to_dict(config: Any) -> dict[str, Any] | None:
-    """A config object as plain JSON data (as the live frontend records it)."""
-    if config is None:
-        return None
-    try:
-        data = config.to_dict()
-    except Exception:
-        data = dict(getattr(config, "__dict__", {}))
-    return json.loads(json.dumps(data, default=str))
 
 
 def _inner_errors(exc: BaseException) -> list[BaseException]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import spectrace
+from spectrace.configs import config_to_dict, read_declared
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
 
@@ -38,31 +39,6 @@ class ConfigCapture:
     end_ns: int
     config: Any = None
     error: str | None = None
-
-
-def read_declared(model: str) -> dict[str, Any] | None:
-    """The raw ``config.json`` of ``model`` as written (local dir or HF cache)."""
-    path = Path(model)
-    if path.is_dir():
-        file = path / "config.json"
-        return json.loads(file.read_text()) if file.exists() else None
-    try:
-        from transformers import PretrainedConfig
-
-        config_dict, _ = PretrainedConfig.get_config_dict(model, local_files_only=True)
-        return config_dict
-    except Exception:
-        return None
-
-
-def config_to_dict(config: Any) -> dict[str, Any] | None:
-    if config is None:
-        return None
-    try:
-        data = config.to_dict()
-    except Exception:
-        data = dict(getattr(config, "__dict__", {}))
-    return json.loads(json.dumps(data, default=str))
 
 
 # -- hooks -----------------------------------------------------------------------

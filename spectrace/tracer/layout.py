@@ -18,7 +18,7 @@ from typing import Any
 
 from spectrace import audit
 from spectrace.tracer import audit_live
-from spectrace.tracer.frontend import config_to_dict, read_declared
+from spectrace.configs import config_to_dict, read_declared
 
 _INDEX = re.compile(r"layers\.(\d+)\.")
 

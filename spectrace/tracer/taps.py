@@ -14,13 +14,15 @@ from typing import Any
 
 from spectrace import audit
 from spectrace.tracer import audit_live
-from spectrace.tracer.frontend import config_to_dict
+from spectrace.configs import config_to_dict
 from spectrace.tracer.layout import _draft_model, _target_model
 
 AUX_METHODS = ("eagle3", "dflash", "dspark")
 
 
-def tapped_ids(target: Any) -> list[int] | None:
+def _decoder(target: Any) -> Any:
+    """The module that holds the target's layers and taps, found the way vLLM's
+    ``SupportsEagle3.set_aux_hidden_state_layers`` finds it: language model, then ``.model``."""
     holder = target
     if hasattr(holder, "get_language_model"):
         try:
@@ -29,20 +31,16 @@ def tapped_ids(target: Any) -> list[int] | None:
             pass
     elif hasattr(holder, "language_model"):
         holder = holder.language_model
-    holder = getattr(holder, "model", holder)
-    layers = getattr(holder, "aux_hidden_state_layers", None)
+    return getattr(holder, "model", holder)
+
+
+def tapped_ids(target: Any) -> list[int] | None:
+    layers = getattr(_decoder(target), "aux_hidden_state_layers", None)
     return [int(i) for i in layers] if layers is not None else None
 
 
 def target_layer_count(target: Any, vllm_config: Any) -> int:
-    holder = target
-    if hasattr(holder, "get_language_model"):
-        try:
-            holder = holder.get_language_model()
-        except Exception:
-            pass
-    holder = getattr(holder, "model", holder)
-    layers = getattr(holder, "layers", None)
+    layers = getattr(_decoder(target), "layers", None)
     if layers is not None:
         return len(layers)
     return int(vllm_config.model_config.hf_text_config.num_hidden_layers)
