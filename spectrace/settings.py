@@ -7,6 +7,7 @@ its meaning is listed in README.md ("Configuration").
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class Settings:
     enabled: bool = False
     dir: Path = Path("spectrace-data")
     run_id: str | None = None
-    exporters: tuple[str, ...] = ("duckdb",)
+    exporters: tuple[str, ...] = ("duckdb", "prometheus")
     flush_interval_s: float = 1.0
     max_buffer_rows: int = 200_000
     step_sample: float = 1.0
@@ -47,7 +48,11 @@ class Settings:
     inject_fault: str | None = None
     prometheus_port: int = 9464
     prometheus_host: str = "0.0.0.0"
+    metrics_dir: Path | None = None  # per-server exposition files (spectrace.exporters.exposition)
     max_mb: float = 0.0
+    host: str = field(default_factory=socket.gethostname)  # every row's `host` (SPECTRACE_HOST)
+    lake: str | None = None  # DuckLake catalog, e.g. "postgres:dbname=spectrace host=db" (SPECTRACE_LAKE)
+    lake_data: str | None = None  # where the lake's data files go (SPECTRACE_LAKE_DATA)
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -55,9 +60,9 @@ class Settings:
         env = dict(os.environ if env is None else env)
         exporters = tuple(
             part.strip().lower()
-            for part in env.get("SPECTRACE_EXPORTER", "duckdb").split(",")
+            for part in env.get("SPECTRACE_EXPORTER", "duckdb,prometheus").split(",")
             if part.strip()
-        ) or ("duckdb",)
+        ) or ("duckdb", "prometheus")
         return cls(
             enabled=_flag(env, "SPECTRACE"),
             dir=Path(env.get("SPECTRACE_DIR") or "spectrace-data").absolute(),
@@ -74,5 +79,9 @@ class Settings:
             inject_fault=env.get("SPECTRACE_INJECT_FAULT") or None,
             prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", 9464, int),
             prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or "0.0.0.0",
+            metrics_dir=Path(env["SPECTRACE_METRICS_DIR"]) if env.get("SPECTRACE_METRICS_DIR") else None,
             max_mb=_number(env, "SPECTRACE_MAX_MB", 0.0),
+            host=env.get("SPECTRACE_HOST", "").strip() or socket.gethostname(),
+            lake=env.get("SPECTRACE_LAKE", "").strip() or None,
+            lake_data=env.get("SPECTRACE_LAKE_DATA", "").strip() or None,
         )

@@ -8,6 +8,10 @@ reader globbing ``*.parquet`` never sees half a file.
 Appends only touch an in-memory list under a lock; a background thread writes
 every ``flush_interval_s``. The buffer is bounded: rows beyond
 ``max_buffer_rows`` are dropped and counted (``dropped``), never block the caller.
+
+Other table sinks (``sinks``: the lake) receive the same Arrow table per table and
+run from the flush (``add(table, arrow_table)``, then ``commit()`` once per flush);
+``parquet = False`` leaves the segments unwritten when only such a sink is configured.
 """
 
 from __future__ import annotations
@@ -115,6 +119,8 @@ class SegmentWriter:
         self.root = Path(root)
         self.host = host
         self.enabled = True  # False: rows are aggregated and exported elsewhere, never written
+        self.parquet = True  # False: rows go to ``sinks`` only, no segment is written
+        self.sinks: list = []  # add(table, arrow_table) per table x run, commit() per flush
         self.flush_interval_s = flush_interval_s
         self.max_buffer_rows = max_buffer_rows
         self.dropped = 0
@@ -201,6 +207,11 @@ class SegmentWriter:
             self._thread.join(timeout=5)
         self._thread = None
         self.flush()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:
+                log.exception("spectrace: closing %s failed", type(sink).__name__)
 
     def reset_after_fork(self) -> None:
         """In a forked child: forget the parent's buffer, locks and thread."""
@@ -212,6 +223,8 @@ class SegmentWriter:
         self._thread = None
         self._stop = threading.Event()
         self._seq = 0
+        for sink in self.sinks:
+            sink.forget()
 
     def flush(self) -> int:
         """Write every buffered row now. Returns the number of rows written."""
@@ -228,7 +241,7 @@ class SegmentWriter:
             written = 0
             if not self.enabled:
                 return 0
-            if self.max_bytes and time.time() - self._cap_checked >= 5 * self.flush_interval_s:
+            if self.max_bytes and self.parquet and time.time() - self._cap_checked >= 5 * self.flush_interval_s:
                 self._cap_checked = time.time()
                 try:
                     self.enforce_cap()
@@ -253,6 +266,11 @@ class SegmentWriter:
                     run_rows, run_columns = by_run.get(run_id, []), column_sets.get(run_id, [])
                     if self._write(table, run_id, run_rows, run_columns):
                         written += len(run_rows) + sum(n for _, n in run_columns)
+            for sink in self.sinks:
+                try:
+                    sink.commit()
+                except Exception:  # a sink never stops the store
+                    log.exception("spectrace: %s commit failed", type(sink).__name__)
             return written
 
     # -- size cap ---------------------------------------------------------------
@@ -313,10 +331,28 @@ class SegmentWriter:
                 self.root,
             )
 
+    @staticmethod
+    def _arrow(table: str, rows: list[dict[str, Any]], column_sets) -> pa.Table:
+        parts = [to_arrow(table, rows)] if rows or not column_sets else []
+        parts += [columns_to_arrow(table, columns, n) for columns, n in column_sets]
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
     def _write(
         self, table: str, run_id: str, rows: list[dict[str, Any]], column_sets: list[tuple[dict[str, Any], int]] = ()
     ) -> bool:
         count = len(rows) + sum(n for _, n in column_sets)
+        if self.sinks:
+            try:
+                arrow = self._arrow(table, rows, column_sets)
+            except Exception:
+                self.write_errors += 1
+                self.dropped += count
+                log.exception("spectrace: cannot build the %s batch; dropped and counted", table)
+                return False
+            for sink in self.sinks:
+                sink.add(table, arrow)
+            if not self.parquet:
+                return True
         if self._over_cap:
             self.dropped += count
             return False
@@ -326,9 +362,7 @@ class SegmentWriter:
         tmp = folder / f".{name}.tmp"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            parts = [to_arrow(table, rows)] if rows or not column_sets else []
-            parts += [columns_to_arrow(table, columns, n) for columns, n in column_sets]
-            pq.write_table(parts[0] if len(parts) == 1 else pa.concat_tables(parts), tmp)
+            pq.write_table(arrow if self.sinks else self._arrow(table, rows, column_sets), tmp)
             os.replace(tmp, folder / name)
         except Exception as exc:
             self.write_errors += 1

@@ -1,0 +1,132 @@
+"""The fleet lake: DuckLake (a SQL catalog plus Parquet data files) on a PostgreSQL catalog.
+
+Shared by the sink (``spectrace.exporters.lake``, writes), the read side
+(``spectrace.queries.lake``: views, ``spectrace query --lake``) and
+``spectrace lake maintain``. The lake holds the same tables as the embedded
+store (``spectrace.records``), ``JSON`` columns as strings as in the Parquet
+segments, every row with its ``host``.
+
+DuckDB's ``ducklake`` and ``postgres`` extensions come from their Python
+packages (``pip install 'spectrace[lake]'``) and are installed from their files:
+nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import duckdb
+
+from spectrace.records import TABLES, columns
+
+ALIAS = "lake"  # the catalog's name inside a DuckDB connection: lake.<table>
+EXTENSIONS = ("postgres", "ducklake")
+CONNECT_TIMEOUT_S = 5  # libpq connect_timeout added when the catalog string sets none
+
+_STORED = {"JSON": "VARCHAR"}
+
+
+class LakeError(Exception):
+    """The lake cannot be used (extensions missing, catalog unreachable, bad catalog string)."""
+
+
+def extension_file(name: str) -> Path:
+    """The ``.duckdb_extension`` file inside the ``duckdb-extension-<name>`` package."""
+    spec = importlib.util.find_spec(f"duckdb_extension_{name}")
+    version = duckdb.__version__
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(next(iter(spec.submodule_search_locations)))
+        found = sorted(root.glob(f"extensions/v{version}/{name}.duckdb_extension")) or sorted(
+            root.glob(f"extensions/*/{name}.duckdb_extension")
+        )
+        if found:
+            return found[0]
+    raise LakeError(
+        f"the DuckDB extension {name!r} for duckdb {version} is not installed: pip install 'spectrace[lake]'"
+    )
+
+
+def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
+    for name in EXTENSIONS:
+        path = str(extension_file(name)).replace("'", "''")
+        con.execute(f"INSTALL '{path}'")
+        con.execute(f"LOAD {name}")
+
+
+def catalog_uri(catalog: str) -> str:
+    """``ducklake:postgres:<libpq string>`` from ``SPECTRACE_LAKE`` (with or without ``ducklake:``).
+
+    A key=value libpq string without ``connect_timeout`` gets one, so an unreachable
+    catalog host fails in seconds instead of hanging the flush thread.
+    """
+    uri = catalog.strip()
+    if not uri:
+        raise LakeError("no lake catalog: set SPECTRACE_LAKE (e.g. 'postgres:dbname=spectrace host=db')")
+    if not uri.startswith("ducklake:"):
+        uri = "ducklake:" + uri
+    if uri.startswith("ducklake:postgres:") and "://" not in uri and "connect_timeout" not in uri:
+        uri += f" connect_timeout={CONNECT_TIMEOUT_S}"
+    return uri
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def connect(catalog: str, *, data_path: str | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the lake attached as ``lake``.
+
+    ``data_path`` is needed when the lake is created (DuckLake stores it in the
+    catalog; later connections find it there). Raises ``LakeError``.
+    """
+    con = duckdb.connect(":memory:")
+    try:
+        load_extensions(con)
+        options = []
+        if data_path:
+            options.append(f"DATA_PATH {_sql_str(str(data_path))}")
+        if read_only:
+            options.append("READ_ONLY")
+        suffix = f" ({', '.join(options)})" if options else ""
+        con.execute(f"ATTACH {_sql_str(catalog_uri(catalog))} AS {ALIAS}{suffix}")
+    except LakeError:
+        con.close()
+        raise
+    except duckdb.Error as exc:
+        con.close()
+        raise LakeError(f"cannot attach the lake {catalog!r}: {first_line(exc)}") from None
+    return con
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def table_ddl(table: str) -> str:
+    cols = ", ".join(f"{name} {_STORED.get(kind, kind)}" for name, kind in columns(table))
+    return f"CREATE TABLE IF NOT EXISTS {ALIAS}.{table} ({cols})"
+
+
+def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every spectrace table that the lake does not have yet (one transaction)."""
+    present = existing_tables(con)
+    missing = [table for table in TABLES if table not in present]
+    if not missing:
+        return
+    con.execute("BEGIN")
+    try:
+        for table in missing:
+            con.execute(table_ddl(table))
+        con.execute("COMMIT")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        raise
+
+
+def existing_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    rows = con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'", [ALIAS]
+    ).fetchall()
+    return {name for (name,) in rows}
