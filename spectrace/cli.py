@@ -10,34 +10,15 @@ import argparse
 import csv
 import json
 import os
+import re
 import sys
 from typing import Any, Sequence
 
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A one-line error for the user; exit code 2."""
+from spectrace.console import EXIT_USAGE, UsageError, format_table
 
 
 def _default_dir() -> str:
     return os.environ.get("SPECTRACE_DIR") or "spectrace-data"
-
-
-def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, max_width: int = 60) -> str:
-    def cell(value: Any) -> str:
-        text = "" if value is None else str(value)
-        text = text.replace("\n", " ")
-        return text if len(text) <= max_width else text[: max_width - 1] + "…"
-
-    cells = [[cell(v) for v in row] for row in rows]
-    widths = [len(c) for c in columns]
-    for row in cells:
-        widths = [max(w, len(v)) for w, v in zip(widths, row)]
-    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()
-    rule = "  ".join("-" * w for w in widths)
-    body = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join([line, rule, *body])
 
 
 def _jsonable(value: Any) -> Any:
@@ -50,12 +31,34 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+_CATALOG = re.compile(r"^(ducklake:)?\w+:")
+
+
+def _open(args: argparse.Namespace):
+    """The store at ``--dir``, or with ``--lake`` the fleet lake (``$SPECTRACE_LAKE`` by default)."""
+    from spectrace.queries.store import StoreError, open as open_store
+
+    try:
+        if args.lake is None:
+            return open_store(args.dir)
+        from spectrace.queries import lake
+        from spectrace.queries.lake_cli import default_catalog
+
+        catalog = args.lake or default_catalog()
+        if not catalog:
+            raise UsageError("--lake needs a catalog: give one (--lake 'postgres:dbname=... host=...') or set SPECTRACE_LAKE")
+        return lake.open(catalog)
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from spectrace.queries import named
-    from spectrace.queries.store import StoreError, open as open_store
 
+    if args.lake and args.sql is None and not _CATALOG.match(args.lake):
+        args.sql, args.lake = args.lake, ""  # `query --lake "select ..."`: the SQL, not a catalog
     if args.named:
         try:
             sql = named.load(args.named)
@@ -65,10 +68,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         sql = args.sql
     else:
         raise UsageError("give SQL to run, or --named NAME (see --list)")
-    try:
-        con = open_store(args.dir)
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
+    con = _open(args)
     try:
         result = con.execute(sql)
         columns = [d[0] for d in result.description] if result.description else []
@@ -92,18 +92,17 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from spectrace.queries import report
-    from spectrace.queries.store import StoreError, open as open_store
 
-    try:
-        con = open_store(args.dir)
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
+    con = _open(args)
     try:
         text = report.render(con, run_id=args.run, plot=args.plot)
     except report.ReportError as exc:
         raise UsageError(str(exc)) from None
     sys.stdout.write(text)
     return 0
+
+
+_LAKE_HELP = "read the fleet lake instead of --dir (catalog default: $SPECTRACE_LAKE)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,19 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--named", help="run one of spectrace's named queries instead of SQL")
     query.add_argument("--dir", default=_default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
     query.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    query.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=_LAKE_HELP)
     query.set_defaults(func=cmd_query)
 
     report = sub.add_parser("report", help="readable summary of a run")
     report.add_argument("--dir", default=_default_dir())
     report.add_argument("--run", help="run id (default: the latest run)")
     report.add_argument("--plot", help="write acceptance per position as a PNG to this file")
+    report.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=_LAKE_HELP)
     report.set_defaults(func=cmd_report)
 
     from spectrace import doctor
     from spectrace.dashboards import cli as dashboards_cli
+    from spectrace.queries import lake_cli
 
     doctor.add_parser(sub)
     dashboards_cli.add_parser(sub)
+    lake_cli.add_parser(sub)
     return parser
 
 

@@ -586,7 +586,7 @@ def panel_queries(step: str = "1m", *, scrape_interval: str = "15s", time_range:
 
 def generated_files() -> dict[str, str]:
     """Everything committed under ``generated/``: the dashboards, and the rules with production defaults."""
-    from spectrace.dashboards.export import to_yaml
+    from spectrace.dashboards.yaml_text import to_yaml
 
     files = {name: dumps(document) for name, document in dashboards().items()}
     files["prometheus-rules.yaml"] = to_yaml(alerts.prometheus_rules(alerts.PRODUCTION))

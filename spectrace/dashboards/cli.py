@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 
@@ -15,7 +14,7 @@ def _profile(args: argparse.Namespace):
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from spectrace.cli import UsageError
+    from spectrace.console import UsageError
     from spectrace.dashboards.export import ExportError, ExportOptions, export
 
     options = ExportOptions(
@@ -36,7 +35,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    from spectrace.cli import UsageError
+    from spectrace.console import UsageError
 
     if args.token_file:
         try:
@@ -52,7 +51,7 @@ def _token(args: argparse.Namespace) -> str | None:
 def cmd_push(args: argparse.Namespace) -> int:
     from urllib.parse import urlparse
 
-    from spectrace.cli import UsageError
+    from spectrace.console import UsageError
     from spectrace.dashboards.push import PushError, push
 
     token = _token(args)
@@ -107,9 +106,3 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     push.add_argument("--profile", choices=sorted(PROFILES), default="production", help=profile_help)
     push.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default: 10)")
     push.set_defaults(func=cmd_push)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from spectrace.cli import main
-
-    sys.exit(main(["dashboards", *sys.argv[1:]]))
