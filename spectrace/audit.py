@@ -38,6 +38,9 @@ ATTENTION_FIELDS = (
 )
 DFLASH_FIELDS = ("swa_window_size", "use_swa", "target_layer_ids", "layer_ids", "mask_token_id", "causal")
 
+# Speculative methods whose drafter is not a model (no draft config.json, no draft layers).
+MODEL_FREE_METHODS = frozenset({"ngram", "[ngram]", "ngram_gpu", "suffix", "custom_class", "extract_hidden_states"})
+
 # Keys that transformers rewrites on every load without changing their meaning.
 _BOOKKEEPING = {"transformers_version", "torch_dtype", "dtype", "_name_or_path", "architectures"}
 
@@ -91,6 +94,10 @@ class LayerPlan:
     layer_name: str | None = None
     kv_cache_spec: str | None = None
     causal: bool | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        """The ``attention_layout`` columns of this layer (the live store and doctor's JSON)."""
+        return asdict(self)
 
 
 _MISSING = object()
@@ -352,9 +359,55 @@ def root_causes(findings: Iterable[Finding]) -> set[str]:
 # -- layout: runtime vs resolved vs declared ----------------------------------------
 
 
-def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Finding]:
-    """LAYOUT_MISMATCH where a layer runs differently from its config."""
-    findings = []
+def config_findings(
+    models: list[dict[str, Any]], method: str | None = None
+) -> tuple[list[FieldDiff], dict[str, list[Finding]]]:
+    """``audit_config`` of each model of one engine (``model_role``, ``declared``,
+    ``transformers_resolved``): field diffs, and findings per role."""
+    diffs: list[FieldDiff] = []
+    by_role: dict[str, list[Finding]] = {}
+    for model in models:
+        role = model["model_role"]
+        model_diffs, findings = audit_config(role, model["declared"], model["transformers_resolved"])
+        if role == "draft" and method == "mtp":
+            # vLLM re-reads the target checkpoint for MTP and rewrites its fields through
+            # SpeculativeConfig.hf_config_override by design: not a finding.
+            findings = [f for f in findings if f.code not in ("FIELD_CHANGED", "FIELD_DROPPED")]
+        diffs.extend(model_diffs)
+        by_role.setdefault(role, []).extend(findings)
+    return diffs, by_role
+
+
+def draft_root_causes(declared: dict | None, resolved: dict | None) -> tuple[set[str], list[Finding]]:
+    """The drafter's config findings, and the codes among them that are root causes."""
+    _, findings = audit_config("draft", declared, resolved)
+    return root_causes(findings), findings
+
+
+def with_runtime(plans: list[LayerPlan], layers: list[dict[str, Any]]) -> list[LayerPlan]:
+    """``plans`` with what each layer runs (``spectrace.read.layers`` rows, in build order).
+
+    Layer i of the build is layer i of the config; layers the config does not know get
+    a plan of their own, and plans beyond the built layers are dropped.
+    """
+    merged = []
+    for i, layer in enumerate(layers):
+        plan = plans[i] if i < len(plans) else LayerPlan(layer_index=i)
+        plan.layer_index = i
+        plan.layer_name = layer.get("layer_name")
+        plan.runtime_type = layer.get("runtime_type")
+        plan.runtime_window = layer.get("runtime_window")
+        plan.kv_cache_spec = layer.get("kv_cache_spec")
+        plan.causal = layer.get("causal")
+        merged.append(plan)
+    return merged
+
+
+def mismatched_layers(plans: list[LayerPlan]) -> tuple[list[LayerPlan], list[LayerPlan]]:
+    """The layers that run differently from their resolved config, and from config.json.
+
+    The one rule behind ``LAYOUT_MISMATCH`` and the report's "!" on a layer.
+    """
     vs_resolved = []
     vs_declared = []
     # Without declared layer_types a window says "some layers slide" (which ones is the
@@ -382,6 +435,25 @@ def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Fi
             and not window_met
         ):
             vs_declared.append(p)
+    return vs_resolved, vs_declared
+
+
+def audit_model_layout(
+    role: str, declared: dict[str, Any] | None, resolved: dict[str, Any] | None, layers: list[dict[str, Any]] | None
+) -> tuple[list[LayerPlan], list[Finding]]:
+    """One model's layer plans and LAYOUT_MISMATCH findings (no runtime ``layers``: plans only)."""
+    plans = layer_plans(declared, resolved)
+    if layers is None:
+        return plans, []
+    plans = with_runtime(plans, layers)
+    causes, _ = draft_root_causes(declared, resolved)
+    return plans, audit_layout(role, plans, causes)
+
+
+def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Finding]:
+    """LAYOUT_MISMATCH where a layer runs differently from its config."""
+    findings = []
+    vs_resolved, vs_declared = mismatched_layers(plans)
     if vs_resolved:
         findings.append(
             Finding(
@@ -475,7 +547,7 @@ def audit_pair(
 ) -> list[Finding]:
     """Findings about target + drafter together."""
     findings: list[Finding] = []
-    if draft is None or method in (None, "ngram", "[ngram]", "suffix"):
+    if draft is None or method is None or method in MODEL_FREE_METHODS:
         return findings
     implied = architecture_method(draft)
     mismatch = None
@@ -597,6 +669,12 @@ _NEEDS_V2 = (
     "requires model runner v2",
 )
 _NEEDS_V1 = ("model runner v2 does not yet support",)  # VllmConfig._validate_v2_model_runner
+
+
+def explain_build_error(error: str, draft_declared: dict | None, draft_resolved: dict | None) -> Finding:
+    """LOAD_FAILED for a model vLLM refused to build, explained by the drafter's config findings."""
+    draft_findings = draft_root_causes(draft_declared, draft_resolved)[1] if draft_declared or draft_resolved else []
+    return explain_load_error(error, draft_findings)
 
 
 def runner_refusal(error: str) -> str | None:

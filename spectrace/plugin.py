@@ -14,9 +14,9 @@ def register() -> None:
     if os.environ.get("SPECTRACE", "").strip().lower() in ("", "0", "false", "no", "off"):
         return
     try:
-        from spectrace.tracer import runtime
+        from spectrace.tracer import stages
 
-        runtime.start()
+        stages.start()
     except Exception as exc:  # never let tracing stop vLLM
         import logging
 

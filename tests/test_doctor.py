@@ -163,7 +163,7 @@ def test_dflash_shapes_on_the_v2_runner(capsys, models, shape):
     assert rc == (1 if V2_EXPECTED[shape] else 0)
     draft = report["layout"]["draft"]
     assert len(draft) == 5
-    assert set(draft[0]) >= {"layer", "declared_type", "declared_window", "resolved_type", "resolved_window",
+    assert set(draft[0]) >= {"layer_index", "declared_type", "declared_window", "resolved_type", "resolved_window",
                              "runtime_type", "runtime_window"}  # fmt: skip
     assert report["rules"]["draft"] == doctor.RULE_DFLASH
     # the target is built too: 36 full-attention layers

@@ -281,7 +281,7 @@ def test_a_target_without_the_eagle3_interface_is_refused(capsys, models, runner
     assert (load["severity"], load["model_role"]) == ("error", "target")
     assert "does not support EAGLE3 interface" in load["message"]
     assert load["evidence"]["phase"] == "setting the target's hidden-state taps"
-    assert load["evidence"]["vllm_rule"] == doctor._TAP_SETTER[runner]
+    assert load["evidence"]["vllm_rule"] == doctor.TAP_SETTER[runner]
 
 
 def test_every_tap_finding_names_its_vllm_rule(capsys, models):

@@ -38,7 +38,7 @@ def module(monkeypatch):
 
 
 def _counting(calls):
-    def make(original):
+    def make(original, name):
         def wrapper(*args, **kwargs):
             calls.append(args[-1])
             return original(*args, **kwargs)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectrace.cli import format_table
+from spectrace import audit
+from spectrace.console import format_table
 
 
 class ReportError(Exception):
@@ -97,16 +98,24 @@ def _layout(con, run_id: str, role: str) -> list[str]:
     ).fetchall()
     if not rows:
         return [f"Attention layout ({role}): not recorded"]
+    plans = [
+        audit.LayerPlan(
+            layer_index=idx, declared_type=dt or audit.UNSPECIFIED, declared_window=dw, resolved_type=rt_,
+            resolved_window=rw, runtime_type=run_t, runtime_window=run_w,
+        )
+        for idx, _, dt, dw, rt_, rw, run_t, run_w, *_ in rows
+    ]
+    # the audit's own rule (LAYOUT_MISMATCH), judged per rank: each rank built its own model
+    flagged: set[tuple[Any, int]] = set()
+    for rank in {row[-1] for row in rows}:
+        ranked = [plan for plan, row in zip(plans, rows) if row[-1] == rank]
+        vs_resolved, vs_declared = audit.mismatched_layers(ranked)
+        flagged |= {(rank, plan.layer_index) for plan in vs_resolved + vs_declared}
     table = []
-    mismatches = 0
     for idx, name, dt, dw, rt_, rw, run_t, run_w, spec, causal, rank in rows:
-        bad = (rt_ is not None and (rt_ != run_t or (run_t == "sliding" and rw != run_w))) or (
-            dt not in ("unspecified", None) and (dt != run_t or (run_t == "sliding" and dw != run_w))
-        ) or (dt == "unspecified" and dw and run_w != dw)
-        mismatches += bool(bad)
         table.append(
             (
-                "!" if bad else "",
+                "!" if (rank, idx) in flagged else "",
                 idx,
                 _type(dt, dw),
                 _type(rt_, rw),
@@ -116,6 +125,7 @@ def _layout(con, run_id: str, role: str) -> list[str]:
                 name,
             )
         )
+    mismatches = len(flagged)
     header = f"Attention layout ({role}): {len(rows)} layers" + (f", {mismatches} mismatched (!)" if mismatches else "")
     return [header, _indent(format_table(["", "layer", "declared", "resolved", "runtime", "kv spec", "causal", "vLLM layer"], table))]
 

@@ -1,14 +1,16 @@
-"""Model configs as plain data: the declared ``config.json`` and a resolved config object.
+"""Model configs as plain data: the declared ``config.json``, resolved configs, run info, roles.
 
-Shared by the live hooks (``spectrace.tracer``) and ``spectrace doctor``; imports
-nothing heavy (transformers only when a config must come from the HF cache).
+Imports nothing heavy (transformers only when a config must come from the HF cache).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from spectrace.audit import MODEL_FREE_METHODS
 
 
 def read_declared(model: str) -> dict[str, Any] | None:
@@ -35,3 +37,111 @@ def config_to_dict(config: Any) -> dict[str, Any] | None:
     except Exception:
         data = dict(getattr(config, "__dict__", {}))
     return json.loads(json.dumps(data, default=str))
+
+
+# -- one engine's models ---------------------------------------------------------------
+
+
+@dataclass
+class ConfigCapture:
+    """One call of vLLM's ``get_config`` (config resolution): the model path and what it returned."""
+
+    model: str
+    start_ns: int = 0
+    end_ns: int = 0
+    config: Any = None
+    error: str | None = None
+
+
+def model_configs(vllm_config: Any) -> dict[str, Any]:
+    """``ModelConfig`` per role: the target's, and the drafter's when a drafter is a model."""
+    configs = {"target": vllm_config.model_config}
+    spec = vllm_config.speculative_config
+    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
+    if draft is not None and spec.method not in MODEL_FREE_METHODS:
+        configs["draft"] = draft
+    return configs
+
+
+def vllm_resolved(vllm_config: Any, role: str) -> Any:
+    """vLLM's final config object of ``role`` (after its own overrides)."""
+    if vllm_config is None:
+        return None
+    model_config = model_configs(vllm_config).get(role)
+    return getattr(model_config, "hf_config", None)
+
+
+def _speculative_args(engine_args: Any) -> dict[str, Any]:
+    spec = getattr(engine_args, "speculative_config", None)
+    if isinstance(spec, dict):
+        return spec
+    if spec is None:
+        return {}
+    return {k: getattr(spec, k, None) for k in ("model", "method", "num_speculative_tokens")}
+
+
+def run_info(engine_args: Any, vllm_config: Any) -> dict[str, Any]:
+    """Target, draft, method and runner of one engine, from whatever resolved.
+
+    ``engine_args`` (what was asked) may be None (engine core, worker); ``vllm_config``
+    (what resolved) is None when resolution failed.
+    """
+    spec_args = _speculative_args(engine_args)
+    info: dict[str, Any] = {
+        "target_model": str(getattr(engine_args, "model", "") or ""),
+        "draft_model": spec_args.get("model"),
+        "method": spec_args.get("method"),
+        "method_inferred": bool(spec_args) and not spec_args.get("method"),
+        "num_speculative_tokens": spec_args.get("num_speculative_tokens"),
+        "model_runner": None,
+        "parallel_drafting": None,
+    }
+    if vllm_config is not None:
+        info["target_model"] = vllm_config.model_config.model
+        spec = vllm_config.speculative_config
+        if spec is not None:
+            info["method"] = spec.method
+            info["num_speculative_tokens"] = spec.num_speculative_tokens
+            info["parallel_drafting"] = bool(getattr(spec, "parallel_drafting", False))
+            draft = model_configs(vllm_config).get("draft")
+            info["draft_model"] = draft.model if draft is not None else None
+        info["model_runner"] = model_runner(vllm_config)
+    if info["draft_model"] is not None:
+        info["draft_model"] = str(info["draft_model"])
+    return info
+
+
+def model_runner(vllm_config: Any) -> str | None:
+    """``v2`` or ``v1``: which model runner this config selects."""
+    try:
+        return "v2" if vllm_config.use_v2_model_runner else "v1"
+    except Exception:
+        return None
+
+
+def same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def assign_roles(captures: list[ConfigCapture], target: str | None, draft: str | None) -> dict[str, ConfigCapture]:
+    """Which captured ``get_config`` call was the target's and which the draft's.
+
+    The target resolves first; a drafter that is the target itself resolves again
+    under the same path, so roles go by order, not only by path.
+    """
+    roles: dict[str, ConfigCapture] = {}
+    want = [("target", target)]
+    if draft:
+        want.append(("draft", draft))
+    for capture in captures:
+        for i, (role, path) in enumerate(want):
+            if path is not None and same_model(capture.model, path):
+                roles[role] = capture
+                want.pop(i)
+                break
+    return roles

@@ -1,4 +1,4 @@
-"""Runs the pure audit (``spectrace.audit``) on what the live hooks captured.
+"""Records what the pure audit (``spectrace.audit``) finds in what the live hooks captured.
 
 Findings go to the ``findings`` table (flushed at once), become events on the
 span at hand, and each is one log line at its severity.
@@ -50,24 +50,9 @@ def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = N
         )
 
 
-def config_findings(models: list[dict[str, Any]], method: str | None = None) -> tuple[list[audit.FieldDiff], dict[str, list[audit.Finding]]]:
-    diffs: list[audit.FieldDiff] = []
-    by_role: dict[str, list[audit.Finding]] = {}
-    for model in models:
-        role = model["model_role"]
-        model_diffs, findings = audit.audit_config(role, model["declared"], model["transformers_resolved"])
-        if role == "draft" and method == "mtp":
-            # vLLM re-reads the target checkpoint for MTP and rewrites its fields through
-            # SpeculativeConfig.hf_config_override by design: not a finding.
-            findings = [f for f in findings if f.code not in ("FIELD_CHANGED", "FIELD_DROPPED")]
-        diffs.extend(model_diffs)
-        by_role.setdefault(role, []).extend(findings)
-    return diffs, by_role
-
-
 def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vllm_config: Any, error: str | None) -> None:
     """Config audit of one run's resolution (frontend)."""
-    diffs, by_role = config_findings(models, info.get("method"))
+    diffs, by_role = audit.config_findings(models, info.get("method"))
     findings = [f for role_findings in by_role.values() for f in role_findings]
     target = next((m for m in models if m["model_role"] == "target"), None)
     draft = next((m for m in models if m["model_role"] == "draft"), None)
@@ -85,8 +70,3 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
     rt.records("config_fields", [d.as_row() for d in diffs], role="frontend")
     span = rt.run.root_span if rt.run is not None else None
     emit_findings(rt, findings, role="frontend", span=span)
-
-
-def draft_root_causes(declared: dict | None, resolved: dict | None) -> tuple[set[str], list[audit.Finding]]:
-    _, findings = audit.audit_config("draft", declared, resolved)
-    return audit.root_causes(findings), findings

@@ -2,7 +2,9 @@
 
 vLLM 0.32 site: ``v1/engine/core.py::EngineCore._initialize_kv_caches`` runs once
 per engine start, after the workers have loaded the model; it asks them for
-their KV-cache specs (layer name -> spec).
+their KV-cache specs (layer name -> spec). The per-layer spec itself is read on
+the worker (``spectrace.tracer.layout``); here the engine core joins the run and
+spans the KV-cache set-up.
 """
 
 from __future__ import annotations
@@ -13,21 +15,24 @@ from spectrace.tracer.hooks import Hook
 ROLE = "engine_core"
 
 
-def wrap_initialize_kv_caches(original):
+def wrap_initialize_kv_caches(original, hook: str):
     def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
-        rt = runtime.get()
-        with runtime.guard("engine_core.kv_caches"):
+        span = None
+        with runtime.guard(hook) as rt:
             if rt is not None:
                 rt.note_vllm_config(vllm_config)
                 rt.enter_role(ROLE)
-        if rt is None:
-            return original(self, vllm_config, *args, **kwargs)
-        with rt.span("spectrace.engine_core.init_kv_caches", role=ROLE):
+                span = rt.start_span("spectrace.engine_core.init_kv_caches", role=ROLE)
+        try:
             result = original(self, vllm_config, *args, **kwargs)
-        with runtime.guard("engine_core.kv_caches"):
-            from spectrace.tracer import layout
-
-            layout.record_kv_cache_specs(rt, self, vllm_config, ROLE)
+        except BaseException as exc:
+            with runtime.guard(hook) as rt:
+                if rt is not None:
+                    rt.end_span(span, exc)
+            raise
+        with runtime.guard(hook) as rt:
+            if rt is not None:
+                rt.end_span(span)
         return result
 
     return _initialize_kv_caches

@@ -20,47 +20,35 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import spectrace
-from spectrace.configs import config_to_dict, read_declared
-from spectrace.tracer import runtime
+from spectrace.read.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
+from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.hooks import Hook
 
 ROLE = "frontend"
 
 
-@dataclass
-class ConfigCapture:
-    model: str
-    start_ns: int
-    end_ns: int
-    config: Any = None
-    error: str | None = None
-
-
 # -- hooks -----------------------------------------------------------------------
 
 
-def wrap_create_engine_config(original):
+def wrap_create_engine_config(original, hook: str):
     def create_engine_config(self, *args, **kwargs):
-        rt = runtime.get()
         run = None
-        with runtime.guard("frontend.create_engine_config"):
+        with runtime.guard(hook) as rt:
             if rt is not None:
                 run = rt.begin_run()
                 rt.enter_role(ROLE)
         try:
             vllm_config = original(self, *args, **kwargs)
         except BaseException as exc:
-            with runtime.guard("frontend.create_engine_config"):
+            with runtime.guard(hook) as rt:
                 if rt is not None and run is not None:
                     record_resolution(rt, run, self, None, exc)
                     rt.end_run_span(exc)
             raise
-        with runtime.guard("frontend.create_engine_config"):
+        with runtime.guard(hook) as rt:
             if rt is not None and run is not None:
                 record_resolution(rt, run, self, vllm_config, None)
         return vllm_config
@@ -68,40 +56,37 @@ def wrap_create_engine_config(original):
     return create_engine_config
 
 
-def wrap_get_config(original):
+def wrap_get_config(original, hook: str):
     def get_config(model, *args, **kwargs):
         start = time.time_ns()
         try:
             config = original(model, *args, **kwargs)
         except BaseException as exc:
-            with runtime.guard("frontend.get_config"):
-                _capture(ConfigCapture(str(model), start, time.time_ns(), None, f"{type(exc).__name__}: {exc}"))
+            with runtime.guard(hook) as rt:
+                _capture(rt, ConfigCapture(str(model), start, time.time_ns(), None, f"{type(exc).__name__}: {exc}"))
             raise
-        with runtime.guard("frontend.get_config"):
-            _capture(ConfigCapture(str(model), start, time.time_ns(), config))
+        with runtime.guard(hook) as rt:
+            _capture(rt, ConfigCapture(str(model), start, time.time_ns(), config))
         return config
 
     return get_config
 
 
-def _capture(capture: ConfigCapture) -> None:
-    rt = runtime.get()
+def _capture(rt, capture: ConfigCapture) -> None:
     if rt is not None and rt.run is not None and rt.run.root_span is not None:
         rt.run.model_captures.append(capture)
 
 
-def wrap_engine_init(original):
+def wrap_engine_init(original, hook: str):
     def __init__(self, *args, **kwargs):
         try:
             original(self, *args, **kwargs)
         except BaseException as exc:
-            with runtime.guard("frontend.engine_started"):
-                rt = runtime.get()
+            with runtime.guard(hook) as rt:
                 if rt is not None:
                     rt.end_run_span(exc)
             raise
-        with runtime.guard("frontend.engine_started"):
-            rt = runtime.get()
+        with runtime.guard(hook) as rt:
             if rt is not None:
                 rt.end_run_span()
 
@@ -119,90 +104,8 @@ HOOKS = [
 # -- what gets recorded ----------------------------------------------------------
 
 
-def _spec_dict(engine_args: Any) -> dict[str, Any]:
-    spec = getattr(engine_args, "speculative_config", None)
-    if isinstance(spec, dict):
-        return spec
-    if spec is None:
-        return {}
-    return {k: getattr(spec, k, None) for k in ("model", "method", "num_speculative_tokens")}
-
-
-def run_info(engine_args: Any, vllm_config: Any) -> dict[str, Any]:
-    """Target, draft, method and runner of this engine, from whatever resolved."""
-    spec_args = _spec_dict(engine_args)
-    info: dict[str, Any] = {
-        "target_model": str(getattr(engine_args, "model", "") or ""),
-        "draft_model": spec_args.get("model"),
-        "method": spec_args.get("method"),
-        "method_inferred": bool(spec_args) and not spec_args.get("method"),
-        "num_speculative_tokens": spec_args.get("num_speculative_tokens"),
-        "model_runner": None,
-        "parallel_drafting": None,
-    }
-    if vllm_config is not None:
-        info["target_model"] = vllm_config.model_config.model
-        spec = vllm_config.speculative_config
-        if spec is not None:
-            info["method"] = spec.method
-            info["num_speculative_tokens"] = spec.num_speculative_tokens
-            info["parallel_drafting"] = bool(getattr(spec, "parallel_drafting", False))
-            draft = getattr(spec, "draft_model_config", None)
-            if draft is not None and spec.method not in ("ngram", "[ngram]", "suffix"):
-                info["draft_model"] = draft.model
-            elif spec.method in ("ngram", "[ngram]", "suffix"):
-                info["draft_model"] = None
-        try:
-            info["model_runner"] = "v2" if vllm_config.use_v2_model_runner else "v1"
-        except Exception:
-            info["model_runner"] = None
-    if info["draft_model"] is not None:
-        info["draft_model"] = str(info["draft_model"])
-    return info
-
-
-def assign_roles(captures: list[ConfigCapture], info: dict[str, Any]) -> list[tuple[str, ConfigCapture]]:
-    """Which captured get_config call was the target's and which the draft's.
-
-    The target resolves first; a drafter that is the target itself resolves again
-    under the same path, so roles go by order, not only by path.
-    """
-    roles: list[tuple[str, ConfigCapture]] = []
-    want = [("target", info.get("target_model"))]
-    if info.get("draft_model"):
-        want.append(("draft", info["draft_model"]))
-    for capture in captures:
-        for i, (role, path) in enumerate(want):
-            if path is not None and _same_model(capture.model, path):
-                roles.append((role, capture))
-                want.pop(i)
-                break
-    return roles
-
-
-def _same_model(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return False
-
-
-def vllm_resolved(vllm_config: Any, role: str) -> Any:
-    if vllm_config is None:
-        return None
-    if role == "target":
-        return vllm_config.model_config.hf_config
-    spec = vllm_config.speculative_config
-    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
-    return getattr(draft, "hf_config", None)
-
-
 def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: Any, vllm_config: Any, error: BaseException | None) -> None:
     """Write runs / model_configs rows and one ``spectrace.config.resolve`` span per model."""
-    from spectrace.tracer import audit_live
-
     info = run_info(engine_args, vllm_config)
     run.info.update(info)
     error_text = f"{type(error).__name__}: {error}" if error is not None else None
@@ -223,7 +126,7 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
         role=ROLE,
     )
     models = []
-    for role, capture in assign_roles(run.model_captures, info):
+    for role, capture in assign_roles(run.model_captures, info["target_model"], info["draft_model"]).items():
         declared = read_declared(capture.model)
         transformers_resolved = config_to_dict(capture.config)
         final = vllm_resolved(vllm_config, role)

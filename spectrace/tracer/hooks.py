@@ -6,10 +6,12 @@ in the installed vLLM; a missing one is reported (log line + ``hooks`` row),
 never silently skipped. Every installed hook can be removed again, leaving the
 original object in place (tests check identity).
 
-Wrappers are built by a factory ``make(original) -> wrapper``. A wrapper calls
-the original exactly once with the caller's arguments and returns its result or
-raises its exception unchanged; spectrace's own work inside it runs under
-:func:`spectrace.tracer.runtime.guard`.
+Wrappers are built by a factory ``make(original, name) -> wrapper`` (``name`` is the
+hook's, which its errors are counted under and ``SPECTRACE_INJECT_FAULT`` names). A
+wrapper calls the original exactly once with the caller's arguments and returns its
+result or raises its exception unchanged; spectrace's own work inside it runs under
+:func:`spectrace.tracer.runtime.guard` (or, on the per-step hot path, the same
+try/except inline).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ log = logging.getLogger("vllm.spectrace")
 class Hook:
     name: str
     target: str  # "package.module:Class.method" or "package.module:function"
-    make: Callable[[Callable[..., Any]], Callable[..., Any]]
+    make: Callable[[Callable[..., Any], str], Callable[..., Any]]
     supported: str = "vllm 0.32.x"
 
     @property
@@ -97,11 +99,11 @@ class HookSet:
         raw = owner.__dict__.get(attr) if isinstance(owner, type) else current
         had_own = isinstance(owner, type) and attr in owner.__dict__
         if isinstance(raw, staticmethod):
-            replacement: Any = staticmethod(_wraps(hook.make(raw.__func__), raw.__func__))
+            replacement: Any = staticmethod(functools.wraps(raw.__func__)(hook.make(raw.__func__, hook.name)))
         elif isinstance(raw, classmethod):
-            replacement = classmethod(_wraps(hook.make(raw.__func__), raw.__func__))
+            replacement = classmethod(functools.wraps(raw.__func__)(hook.make(raw.__func__, hook.name)))
         else:
-            replacement = _wraps(hook.make(current), current)
+            replacement = functools.wraps(current)(hook.make(current, hook.name))
         setattr(owner, attr, replacement)
         self.installed[hook.name] = Installed(hook, owner, attr, raw, had_own)
         return None
@@ -113,9 +115,3 @@ class HookSet:
                 delattr(entry.owner, entry.attr)
             else:
                 setattr(entry.owner, entry.attr, entry.original)
-
-
-def _wraps(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    wrapped = functools.wraps(original)(wrapper)
-    wrapped.__spectrace_original__ = original  # type: ignore[attr-defined]
-    return wrapped

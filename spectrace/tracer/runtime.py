@@ -14,6 +14,17 @@ Roles
     A process's role comes from the hook site that fires in it: ``frontend``,
     ``engine_core`` or ``worker``. Each record carries the role of the hook that
     wrote it.
+
+Forks
+    Everything per process (buffers, locks, the flush thread, the verification
+    capture, telemetry) belongs to one :class:`Runtime`. A child forked from a
+    traced process keeps the installed hooks and builds a runtime of its own at its
+    first hook (``os.register_at_fork``, and a pid check as prometheus_client does);
+    it never touches the parent's locks, which another thread may have held at the fork.
+
+Errors
+    spectrace's own work inside a hook runs under :func:`guard`, whose only boundary
+    is ``try: yield / except``: nothing that can raise runs before the ``yield``.
 """
 
 from __future__ import annotations
@@ -24,7 +35,6 @@ import json
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +50,7 @@ import spectrace
 from spectrace.exporters.duckdb import DuckDBSpanExporter
 from spectrace.exporters import otel
 from spectrace.exporters.segments import SegmentWriter
+from spectrace.read.configs import run_info
 from spectrace.settings import Settings
 from spectrace.tracer.hooks import Hook, HookSet
 
@@ -87,10 +98,18 @@ class Run:
 
 
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    """One process's tracing state.
+
+    ``make_capture`` builds the per-process verification capture (an object with
+    ``drain(rt)`` and ``check_agreement(rt, exclude=None)``), so a forked child gets
+    its own.
+    """
+
+    def __init__(self, settings: Settings, make_capture: Any = None) -> None:
         self.settings = settings
+        self.make_capture = make_capture
         self.pid = os.getpid()
-        self.host = socket.gethostname()
+        self.host = settings.host
         self.roles: set[str] = set()
         self.ranks: dict[str, int] = {}
         self.hooks = HookSet()
@@ -114,18 +133,21 @@ class Runtime:
         self.exporter_status: dict[str, str] = {}
         self._dropped_reported = 0
         self._span_drops = 0
-        unknown = [name for name in settings.exporters if name not in otel.KNOWN]
+        unknown = [name for name in settings.exporters if name not in (*otel.KNOWN, "lake")]
         if unknown:
             log.error("spectrace: unknown SPECTRACE_EXPORTER value(s) %s; known: %s", unknown, ", ".join(otel.KNOWN))
         if "duckdb" not in settings.exporters:
             self.writer.enabled = False
+        if "lake" in settings.exporters:  # the fleet sink, fed by the writer's flush (spectrace.exporters.lake)
+            from spectrace.exporters import lake
+
+            self.exporter_status["lake"] = lake.attach(self.writer, settings)
         inherited = os.environ.get(ACTIVE_RUN_ENV)
         if inherited:
             self.set_run(Run.from_env_value(inherited))
-        from spectrace.tracer import verify
-
-        self.verify = verify.CAPTURE
-        self.writer.on_flush(lambda: self.verify.drain(self))
+        self.verify = make_capture() if make_capture is not None else None
+        if self.verify is not None:
+            self.writer.on_flush(lambda: self.verify.drain(self))
         self.writer.on_flush(self._flush_metric_counters)
 
     # -- telemetry (built at the first hook that fires: then role and run are known) --
@@ -162,7 +184,7 @@ class Runtime:
                 return
             resource = self._resource(role)
             provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-            if "duckdb" in self.settings.exporters:
+            if {"duckdb", "lake"} & set(self.settings.exporters):
                 provider.add_span_processor(SimpleSpanProcessor(DuckDBSpanExporter(self.writer)))
             readers = []
             if "otlp" in self.settings.exporters:
@@ -177,10 +199,15 @@ class Runtime:
                     log.error("spectrace: OTLP export unavailable: %s", exc)
             if "prometheus" in self.settings.exporters:
                 try:
-                    reader, port = otel.prometheus_reader(self.settings.prometheus_port, self.settings.prometheus_host)
-                    readers.append(reader)
-                    self.exporter_status["prometheus"] = f"{self.settings.prometheus_host}:{port}"
-                    log.info("spectrace: Prometheus metrics of pid %d (%s) on http://%s:%d/metrics", self.pid, role or "process", self.settings.prometheus_host, port)
+                    from spectrace.exporters import exposition
+
+                    exposed = exposition.ProcessFile(
+                        exposition.server_dir(self.settings.metrics_dir),
+                        on_error=lambda exc: self.count_error("exporter.prometheus", exc),
+                    )
+                    readers.append(exposed.reader)
+                    self.writer.on_flush(exposed.write)
+                    self.exporter_status["prometheus"] = str(exposed.path)
                 except Exception as exc:
                     self.exporter_status["prometheus"] = f"unavailable: {exc}"
                     log.error("spectrace: Prometheus endpoint unavailable: %s", exc)
@@ -213,8 +240,6 @@ class Runtime:
         """Fill the current run's target / draft / method from a VllmConfig (engine core, worker)."""
         if self.run is None or self.run.info.get("method") is not None:
             return
-        from spectrace.tracer.frontend import run_info
-
         self.run.info.update(run_info(None, vllm_config))
         if self.metrics is not None:
             self.metrics.run_info(self.run.info, self.labels(), vllm_version(), spectrace.__version__)
@@ -239,8 +264,11 @@ class Runtime:
             )
 
     def shutdown(self) -> None:
+        if self.pid != os.getpid():
+            return  # a forked child's inherited atexit: the parent's buffers are not this process's
         try:
-            self.verify.check_agreement(self)
+            if self.verify is not None:
+                self.verify.check_agreement(self)
             if self.provider is not None:
                 self.provider.force_flush(timeout_millis=5000)
         except Exception as exc:
@@ -294,7 +322,7 @@ class Runtime:
             _propagator.inject(carrier, context=trace.set_span_in_context(root))
             run.traceparent = carrier.get("traceparent", "")
             run.root_span = root
-            if previous is not None:
+            if previous is not None and self.verify is not None:
                 self.verify.check_agreement(self, exclude=run_id)
             os.environ[ACTIVE_RUN_ENV] = run.env_value()
             return run
@@ -355,8 +383,7 @@ class Runtime:
         """Write everything buffered now (records a failing load must not lose)."""
         self.writer.flush()
 
-    @contextlib.contextmanager
-    def span(
+    def start_span(
         self,
         name: str,
         *,
@@ -366,7 +393,7 @@ class Runtime:
         start_time: int | None = None,
         run: "Run | None" = None,
         links: list | None = None,
-    ) -> Iterator[Any]:
+    ) -> Any:
         """A span in the run's trace (default: the current run), with the common attributes set."""
         run = run or self.run
         attrs: dict[str, Any] = {"spectrace.process.role": role}
@@ -377,14 +404,27 @@ class Runtime:
             attrs["spectrace.rank"] = rank
         attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
         parent = run.context if run is not None and run.traceparent else None
-        span = self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time, links=links)
+        return self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time, links=links)
+
+    @staticmethod
+    def end_span(span: Any, error: BaseException | None = None) -> None:
+        if span is None:
+            return
+        if error is not None:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end()
+
+    @contextlib.contextmanager
+    def span(self, name: str, **kwargs: Any) -> Iterator[Any]:
+        """``start_span`` as a context manager; an exception inside marks the span failed."""
+        span = self.start_span(name, **kwargs)
         try:
             yield span
         except BaseException as exc:
-            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            self.end_span(span, exc)
             raise
-        finally:
-            span.end()
+        else:
+            self.end_span(span)
 
     # -- errors inside spectrace ---------------------------------------------
 
@@ -418,39 +458,51 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_parent: Runtime | None = None  # in a forked child: the runtime inherited from the parent
 _start_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Forget the parent's runtime (its locks may be held by a thread that is gone)."""
+    global _runtime, _parent, _start_lock
+    _start_lock = threading.Lock()
+    if _runtime is not None:
+        _parent, _runtime = _runtime, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get() -> Runtime | None:
     """This process's runtime, or None when tracing is off.
 
-    In a process forked from a traced one the hooks are already patched in but the
-    parent's threads are gone: the first call there builds a fresh runtime that
-    keeps the installed hooks.
+    In a forked child the first call builds the child's own runtime, keeping the
+    installed hooks and the parent's run.
     """
     rt = _runtime
-    if rt is None or rt.pid == os.getpid():
+    if rt is not None and rt.pid == os.getpid():
         return rt
+    if rt is None and _parent is None:
+        return None
     return start()
 
 
-def start(settings: Settings | None = None) -> Runtime:
-    """Create this process's runtime (once) and install the hooks."""
-    global _runtime
+def start(settings: Settings | None = None, *, hooks: list[Hook] | None = None, make_capture: Any = None) -> Runtime:
+    """Create this process's runtime (once) and install ``hooks``."""
+    global _runtime, _parent
     with _start_lock:
-        previous = _runtime
+        previous = _runtime or _parent
         if previous is not None and previous.pid == os.getpid():
             return previous
-        rt = Runtime(settings or (previous.settings if previous else Settings.from_env()))
-        if previous is not None:  # forked child: hooks are inherited, keep them
+        if previous is not None:  # forked child: the hooks are inherited, keep them
+            rt = Runtime(settings or previous.settings, make_capture or previous.make_capture)
             rt.hooks = previous.hooks
             if rt.run is None and previous.run is not None:
-                rt.set_run(Run(previous.run.run_id, previous.run.traceparent))
-        _runtime = rt
-        if previous is None:
-            from spectrace.tracer import stages
-
-            rt.install(stages.all_hooks())
+                rt.set_run(Run(previous.run.run_id, previous.run.traceparent, info=dict(previous.run.info)))
+        else:
+            rt = Runtime(settings or Settings.from_env(), make_capture)
+            rt.install(hooks or [])
+        _runtime, _parent = rt, None
         rt.writer.start()
         atexit.register(rt.shutdown)
         return rt
@@ -458,23 +510,50 @@ def start(settings: Settings | None = None) -> Runtime:
 
 def stop() -> None:
     """Remove every hook and flush (tests, and embedding applications)."""
-    global _runtime
+    global _runtime, _parent
     with _start_lock:
-        rt, _runtime = _runtime, None
+        rt, _runtime, _parent = _runtime, None, None
     if rt is not None:
         rt.hooks.uninstall_all()
         rt.shutdown()
 
 
+class InjectedFault(RuntimeError):
+    """Raised inside a hook named by ``SPECTRACE_INJECT_FAULT`` (tests of the error boundary)."""
+
+    def __init__(self, hook: str) -> None:
+        super().__init__(f"fault injected into {hook} (SPECTRACE_INJECT_FAULT)")
+
+
+def inject_fault(rt: Runtime, hook: str) -> None:
+    if rt.settings.inject_fault == hook:
+        raise InjectedFault(hook)
+
+
 @contextlib.contextmanager
-def guard(hook: str) -> Iterator[None]:
-    """Run spectrace's own work: any exception is caught, counted and logged once."""
+def guard(hook: str) -> Iterator[Runtime | None]:
+    """Run spectrace's own work for ``hook``: any exception is caught, counted and logged once.
+
+    Yields this process's runtime (None when tracing is off). The boundary is only
+    ``try: yield / except``, so vLLM's code after the ``with`` always runs.
+    """
     try:
-        rt = _runtime
-        if rt is not None and rt.settings.inject_fault == hook:
-            raise RuntimeError(f"fault injected into {hook} (SPECTRACE_INJECT_FAULT)")
-        yield
-    except Exception as exc:
-        rt = _runtime
+        rt = get()
+    except Exception as exc:  # building a forked child's runtime failed: trace nothing here
+        rt = None
+        count_hook_error(hook, exc)
+    try:
+        yield rt
         if rt is not None:
-            rt.count_error(hook, exc)
+            inject_fault(rt, hook)
+    except Exception as exc:
+        count_hook_error(hook, exc, rt)
+
+
+def count_hook_error(hook: str, exc: BaseException, rt: Runtime | None = None) -> None:
+    """Count an exception inside ``hook`` (logged once per hook); never raises."""
+    rt = rt or _runtime
+    if rt is not None:
+        rt.count_error(hook, exc)
+    else:
+        log.warning("spectrace: hook %s raised %s: %s (vLLM is unaffected)", hook, type(exc).__name__, exc)

@@ -1,11 +1,15 @@
-"""Every vLLM hook spectrace installs, stage by stage."""
+"""Every vLLM hook spectrace installs, stage by stage, and the start of tracing in a process."""
 
 from __future__ import annotations
 
+from spectrace.tracer import api_server, engine_core, frontend, runtime, verify, worker
 from spectrace.tracer.hooks import Hook
 
 
 def all_hooks() -> list[Hook]:
-    from spectrace.tracer import engine_core, frontend, verify, worker
+    return [*frontend.HOOKS, *engine_core.HOOKS, *worker.HOOKS, *verify.HOOKS, *api_server.HOOKS]
 
-    return [*frontend.HOOKS, *engine_core.HOOKS, *worker.HOOKS, *verify.HOOKS]
+
+def start() -> runtime.Runtime:
+    """This process's runtime with every hook installed (``spectrace.plugin`` calls it)."""
+    return runtime.start(hooks=all_hooks(), make_capture=verify.VerifyCapture)

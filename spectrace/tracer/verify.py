@@ -40,7 +40,8 @@ import numpy as np
 
 from spectrace import acceptance
 from spectrace.audit import Finding
-from spectrace.tracer import runtime
+from spectrace.read.steps import bookkeeping_sampled
+from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.hooks import Hook
 
 log = logging.getLogger("vllm.spectrace")
@@ -52,7 +53,11 @@ _MAX_REQUEST_FLAGS = 100_000
 
 
 class VerifyCapture:
-    """The per-process buffer the hot path appends to, and its background drain."""
+    """The per-process buffer the hot path appends to, and its background drain.
+
+    One per :class:`~spectrace.tracer.runtime.Runtime` (``rt.verify``): a forked child
+    builds its own, with fresh locks and queues.
+    """
 
     def __init__(self) -> None:
         # deques: the engine thread appends while the flush thread pops, and neither
@@ -224,8 +229,6 @@ class VerifyCapture:
         event = detector.observe(drafted_at, accepted_at)
         if event is None:
             return
-        from spectrace.tracer import audit_live
-
         collapse = event.code == "ACCEPTANCE_COLLAPSE"
         ev = event.evidence
         finding = Finding(
@@ -307,8 +310,6 @@ class VerifyCapture:
         process exits), so a step in flight between worker and engine core
         never counts as a disagreement.
         """
-        from spectrace.tracer import audit_live
-
         self.drain(rt)
         with self._lock:
             runs = {run for source, run, _ in self.totals if run != exclude and run not in self._checked}
@@ -347,23 +348,18 @@ def _take(queue: deque) -> list:
 
 MAX_BUFFERED_STEPS = 100_000
 
-CAPTURE = VerifyCapture()
+
+# -- hooks (hot path: appends references and ints, nothing else) ----------------------
 
 
-# -- hooks (hot path) ------------------------------------------------------------
-
-
-def wrap_update_from_output(original):
-    capture = CAPTURE
-
+def wrap_update_from_output(original, hook: str):
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
         drafts = scheduler_output.scheduled_spec_decode_tokens
         if drafts:
             try:
-                rt = runtime._runtime
+                rt = runtime._runtime or runtime.get()  # get(): only in a freshly forked child
                 if rt is not None:
-                    if rt.settings.inject_fault == "engine_core.verify":
-                        raise RuntimeError("fault injected into engine_core.verify (SPECTRACE_INJECT_FAULT)")
+                    capture = rt.verify
                     sampled = model_runner_output.sampled_token_ids
                     capture.engine_step_no += 1
                     if len(capture.engine_steps) >= MAX_BUFFERED_STEPS:
@@ -382,68 +378,62 @@ def wrap_update_from_output(original):
                                 self.num_sampled_tokens_per_step,
                             )
                         )
+                    if rt.settings.inject_fault == hook:
+                        raise runtime.InjectedFault(hook)
             except Exception as exc:
-                rt = runtime._runtime
-                if rt is not None:
-                    rt.count_error("engine_core.verify", exc)
+                runtime.count_hook_error(hook, exc)
         return original(self, scheduler_output, model_runner_output, *args, **kwargs)
 
     return update_from_output
 
 
-def wrap_add_request(original):
-    capture = CAPTURE
-
+def wrap_add_request(original, hook: str):
     def add_request(self, request, *args, **kwargs):
         try:
-            flags = capture.request_flags
-            if len(flags) >= _MAX_REQUEST_FLAGS:
-                flags.pop(next(iter(flags)))
-            params = request.sampling_params
-            flags[request.request_id] = (
-                bool(params is not None and params.temperature == 0),
-                bool(request.use_structured_output),
-            )
-            headers = getattr(request, "trace_headers", None)
-            if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
-                contexts = capture.request_traces
-                if len(contexts) >= _MAX_REQUEST_FLAGS:
-                    contexts.pop(next(iter(contexts)))
-                contexts[request.request_id] = dict(headers)
-        except Exception as exc:
-            rt = runtime._runtime
+            rt = runtime._runtime or runtime.get()
             if rt is not None:
-                rt.count_error("engine_core.add_request", exc)
+                capture = rt.verify
+                flags = capture.request_flags
+                if len(flags) >= _MAX_REQUEST_FLAGS:
+                    flags.pop(next(iter(flags)))
+                params = request.sampling_params
+                flags[request.request_id] = (
+                    bool(params is not None and params.temperature == 0),
+                    bool(request.use_structured_output),
+                )
+                headers = getattr(request, "trace_headers", None)
+                if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
+                    contexts = capture.request_traces
+                    if len(contexts) >= _MAX_REQUEST_FLAGS:
+                        contexts.pop(next(iter(contexts)))
+                    contexts[request.request_id] = dict(headers)
+                if rt.settings.inject_fault == hook:
+                    raise runtime.InjectedFault(hook)
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
         return original(self, request, *args, **kwargs)
 
     return add_request
 
 
-def wrap_bookkeeping_sync(original):
-    capture = CAPTURE
-
+def wrap_bookkeeping_sync(original, hook: str):
     def _bookkeeping_sync(self, scheduler_output, *args, **kwargs):
         result = original(self, scheduler_output, *args, **kwargs)
         drafts = scheduler_output.scheduled_spec_decode_tokens
         if drafts:
             try:
-                valid = result[3]
-                rt = runtime._runtime
-                if valid and rt is not None and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
-                    capture.worker_steps.append(
-                        (
-                            time.time_ns(),
-                            rt.run.run_id if rt.run is not None else None,
-                            rt.ranks.get(WORKER),
-                            drafts,
-                            list(map(len, valid)),
-                            result[6],
-                        )
-                    )
-            except Exception as exc:
-                rt = runtime._runtime
+                rt = runtime._runtime or runtime.get()
                 if rt is not None:
-                    rt.count_error("worker.verify", exc)
+                    valid, row_of = bookkeeping_sampled(result)
+                    capture = rt.verify
+                    if valid and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
+                        capture.worker_steps.append(
+                            (time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER), drafts, list(map(len, valid)), row_of)
+                        )
+                    if rt.settings.inject_fault == hook:
+                        raise runtime.InjectedFault(hook)
+            except Exception as exc:
+                runtime.count_hook_error(hook, exc)
         return result
 
     return _bookkeeping_sync

@@ -7,7 +7,7 @@ the layers hold what they will really execute.
 
 from __future__ import annotations
 
-from spectrace.tracer import runtime
+from spectrace.tracer import layout, runtime, taps
 from spectrace.tracer.hooks import Hook
 
 ROLE = "worker"
@@ -18,31 +18,32 @@ def _rank(worker) -> int | None:
     return rank if isinstance(rank, int) else None
 
 
-def wrap_load_model(original):
+def wrap_load_model(original, hook: str):
     def load_model(self, *args, **kwargs):
-        rt = runtime.get()
         rank = _rank(self)
-        with runtime.guard("worker.load_model"):
+        span = None
+        with runtime.guard(hook) as rt:
             if rt is not None:
                 rt.note_vllm_config(self.vllm_config)
                 rt.enter_role(ROLE, rank)
-        if rt is None:
-            return original(self, *args, **kwargs)
-        from spectrace.tracer import layout
-
-        with rt.span("spectrace.worker.load_model", role=ROLE, rank=rank) as span:
-            try:
-                result = original(self, *args, **kwargs)
-            except BaseException as exc:
-                with runtime.guard("worker.load_model"):
+                span = rt.start_span("spectrace.worker.load_model", role=ROLE, rank=rank)
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as exc:
+            with runtime.guard(hook) as rt:
+                if rt is not None:
                     layout.record_load_error(rt, self, exc, ROLE, rank, span)
-                raise
-            with runtime.guard("worker.layout"):
+                    rt.end_span(span, exc)
+            raise
+        with runtime.guard("worker.layout") as rt:
+            if rt is not None:
                 layout.record_runtime_layout(rt, self, ROLE, rank, span)
-            with runtime.guard("worker.taps"):
-                from spectrace.tracer import taps
-
+        with runtime.guard("worker.taps") as rt:
+            if rt is not None:
                 taps.record_taps(rt, self, ROLE, rank, span)
+        with runtime.guard(hook) as rt:
+            if rt is not None:
+                rt.end_span(span)
         return result
 
     return load_model

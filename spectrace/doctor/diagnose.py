@@ -1,0 +1,542 @@
+"""The diagnosis: vLLM's own config resolution and model builds on two config.json files.
+
+Config resolution is ``EngineArgs.create_engine_config`` (with every ``get_config``
+call captured, as the live frontend hook does); each model is then built on the meta
+device and read with the same readers as a live worker (``spectrace.read``); every
+judgement is ``spectrace.audit``'s. A refusal by vLLM (a raised error) becomes a
+``LOAD_FAILED`` finding explained by ``spectrace.audit.explain_load_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from spectrace import audit
+from spectrace.audit import MODEL_FREE_METHODS
+from spectrace.doctor import sandbox
+from spectrace.read import layers as read_layers
+from spectrace.read import taps as read_taps
+from spectrace.read.configs import ConfigCapture, assign_roles, config_to_dict, model_configs
+from spectrace.read.taps import RULE_DFLASH_FC
+
+RUNNERS = ("v1", "v2")
+DEFAULT_RUNNER = "v2"
+DEFAULT_K = 3
+
+# The vLLM functions behind each expected value (evidence key "vllm_rule").
+RULE_GET_CONFIG = "vllm.transformers_utils.config.get_config"
+RULE_SPEC = "vllm.config.speculative.SpeculativeConfig.__post_init__"
+RULE_DRAFT_VOCAB = "vllm.config.speculative.SpeculativeConfig.verify_equal_vocab_size_if_draft_model"
+RULE_VOCAB = "vllm.config.model.ModelConfig.get_vocab_size"
+RULE_MAX_LEN = "vllm.config.model._get_and_verify_max_len"
+RULE_DFLASH = "vllm.model_executor.models.qwen3_dflash._resolve_layer_attention"
+RULE_ATTENTION = "vllm.model_executor.layers.attention.attention.Attention.__init__"
+RULE_RUNNER = "vllm.config.vllm.VllmConfig._validate_{runner}_model_runner"
+# Hidden-state taps: each runner's own id resolution, then the target's default.
+RULE_TAPS = {
+    "v2": "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils.get_eagle3_aux_layers_from_config",
+    "v1": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._get_eagle3_aux_layers_from_config",
+}
+RULE_LLAMA_EAGLE3_FC = "vllm.model_executor.models.llama_eagle3.LlamaModel.__init__"
+TAP_KEYS = ("declared_field", "declared_ids", "expected_ids", "tapped_ids", "input_taps", "status", "vllm_rule")
+
+
+class DoctorInputError(Exception):
+    """Bad input: a missing path, an unreadable or invalid config.json, an unknown option value."""
+
+
+# -- inputs ------------------------------------------------------------------------
+
+
+def load_declared(path: str, role: str) -> dict[str, Any]:
+    """The ``config.json`` of a local model directory, as written."""
+    directory = Path(path)
+    if not directory.exists():
+        raise DoctorInputError(f"{role} path {path!r} does not exist")
+    if not directory.is_dir():
+        raise DoctorInputError(f"{role} path {path!r} is not a directory (give the model directory)")
+    file = directory / "config.json"
+    if not file.is_file():
+        raise DoctorInputError(f"{role} directory {path!r} has no config.json")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DoctorInputError(f"cannot read {file}: {exc.__class__.__name__}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DoctorInputError(f"{file} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise DoctorInputError(f"{file} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _positive_int(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise DoctorInputError(f"{name} must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise DoctorInputError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def model_methods() -> list[str]:
+    """The speculative methods of the installed vLLM that take a draft model."""
+    from typing import get_args
+
+    from vllm.config.speculative import SpeculativeMethod
+
+    def flatten(tp: Any) -> Iterator[str]:
+        for arg in get_args(tp):
+            if isinstance(arg, str):
+                yield arg
+            else:
+                yield from flatten(arg)
+
+    return sorted({m for m in flatten(SpeculativeMethod) if m not in MODEL_FREE_METHODS})
+
+
+# -- the result ----------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    runner: str
+    target: str
+    draft: str
+    method: str | None
+    method_given: bool
+    num_speculative_tokens: int
+    max_model_len: int | None = None
+    findings: list[Any] = field(default_factory=list)  # spectrace.audit.Finding
+    layout: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"target": [], "draft": []})
+    rules: dict[str, str] = field(default_factory=dict)
+    architectures: dict[str, str] = field(default_factory=dict)
+    taps: dict[str, Any] | None = None  # the hidden-state tap audit (TAP_KEYS); None when no taps apply
+    vllm_version: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def has_error(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runner": self.runner,
+            "target": self.target,
+            "draft": self.draft,
+            "method": self.method,
+            "method_given": self.method_given,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "max_model_len": self.max_model_len,
+            "vllm_version": self.vllm_version,
+            "architectures": self.architectures,
+            "rules": self.rules,
+            "findings": [
+                {
+                    "code": f.code,
+                    "severity": f.severity,
+                    "component": f.component,
+                    "model_role": f.model_role,
+                    "message": f.message,
+                    "evidence": f.evidence,
+                    "fix": f.fix,
+                    "caused_by": f.caused_by,
+                }
+                for f in self.findings
+            ],
+            "layout": self.layout,
+            "taps": self.taps,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# -- vLLM's refusals ------------------------------------------------------------------
+
+
+def _inner_errors(exc: BaseException) -> list[BaseException]:
+    """The errors a pydantic ``ValidationError`` wraps (vLLM configs are pydantic dataclasses)."""
+    inner = []
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":
+        try:
+            for error in errors():
+                wrapped = (error.get("ctx") or {}).get("error")
+                if isinstance(wrapped, BaseException):
+                    inner.append(wrapped)
+        except Exception:
+            return []
+    return inner
+
+
+def _error_text(exc: BaseException) -> str:
+    inner = _inner_errors(exc)
+    if inner:
+        return "; ".join(f"{type(e).__name__}: {e}" for e in inner)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _raising_function(exc: BaseException) -> str | None:
+    """The innermost vLLM function on the traceback: the rule that refused."""
+    inner = _inner_errors(exc)
+    if inner:
+        exc = inner[0]
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module == "vllm" or module.startswith("vllm."):
+            code = tb.tb_frame.f_code
+            found = f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
+        tb = tb.tb_next
+    return found
+
+
+def _qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _layer_rule(model_config: Any, model_class: Any | None) -> str:
+    arch = getattr(model_config, "architecture", None) or ""
+    if model_class is not None and "dflash" in _qualname(model_class).lower():
+        return RULE_DFLASH
+    if model_class is None and "dflash" in arch.lower():
+        return RULE_DFLASH
+    name = _qualname(model_class) if model_class is not None else arch
+    return f"{name} -> {RULE_ATTENTION}"
+
+
+# -- the diagnosis -------------------------------------------------------------------------
+
+
+def diagnose(
+    target: str,
+    draft: str,
+    *,
+    method: str | None = None,
+    num_speculative_tokens: int | None = None,
+    runner: str = DEFAULT_RUNNER,
+    max_model_len: int | None = None,
+) -> Report:
+    """Audit ``target`` + ``draft`` from their ``config.json`` files with vLLM's own rules.
+
+    Raises :class:`DoctorInputError` for bad input; everything vLLM refuses is a finding.
+    """
+    started = time.perf_counter()
+    if runner not in RUNNERS:
+        raise DoctorInputError(f"unknown runner {runner!r} (choose from {', '.join(RUNNERS)})")
+    k = _positive_int(num_speculative_tokens, "--num-speculative-tokens") or DEFAULT_K
+    max_model_len = _positive_int(max_model_len, "--max-model-len")
+    declared = {"target": load_declared(target, "target"), "draft": load_declared(draft, "draft")}
+    with sandbox.quiet():
+        try:
+            import vllm  # noqa: F401  (its logger reads VLLM_LOGGING_LEVEL on first import)
+        except ImportError as exc:
+            raise DoctorInputError(f"doctor applies the installed vLLM's rules, but vLLM cannot be imported: {exc}") from None
+        if method is not None:
+            known = model_methods()
+            if method not in known:
+                raise DoctorInputError(f"unknown method {method!r} (choose from {', '.join(known)})")
+        with sandbox.runner_rules(runner):
+            report = _diagnose(target, draft, declared, method, k, runner, max_model_len)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Report:
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+
+    report = Report(
+        runner=runner,
+        target=target,
+        draft=draft,
+        method=method,
+        method_given=method is not None,
+        num_speculative_tokens=k,
+        vllm_version=getattr(vllm, "__version__", None),
+    )
+
+    # 1. config resolution, as EngineArgs.create_engine_config does it for `vllm serve`
+    speculative: dict[str, Any] = {"model": draft, "num_speculative_tokens": k}
+    if method is not None:
+        speculative["method"] = method
+    captures: list[ConfigCapture] = []
+    vllm_config = None
+    config_error: BaseException | None = None
+    with sandbox.capture_get_config(captures):
+        try:
+            engine_args = EngineArgs(
+                model=target, speculative_config=speculative, max_model_len=max_model_len, enforce_eager=True
+            )
+            vllm_config = engine_args.create_engine_config()
+        except Exception as exc:  # vLLM refused: a finding, not a crash
+            config_error = exc
+    spec = vllm_config.speculative_config if vllm_config is not None else None
+    if spec is not None:
+        report.method = spec.method
+        report.num_speculative_tokens = spec.num_speculative_tokens
+    if vllm_config is not None:
+        report.max_model_len = vllm_config.model_config.max_model_len
+
+    # which get_config call was whose, as the live frontend assigns them
+    resolved = {role: capture.config for role, capture in assign_roles(captures, target, draft).items() if capture.error is None}
+
+    models = [
+        {"model_role": role, "declared": declared[role], "transformers_resolved": config_to_dict(resolved.get(role))}
+        for role in ("target", "draft")
+        if role in resolved
+    ]
+    report.architectures = {role: audit.architecture(declared[role]) for role in ("target", "draft")}
+
+    # 2. the same audit as the live frontend (tracer.audit_live.audit_resolution)
+    _, by_role = audit.config_findings(models, report.method)
+    for role, role_findings in by_role.items():
+        config_class = type(resolved.get(role)).__name__ if resolved.get(role) is not None else None
+        for finding in role_findings:
+            finding.evidence.setdefault("vllm_rule", RULE_GET_CONFIG)
+            finding.evidence.setdefault("config_class", config_class)
+    findings: list[audit.Finding] = [f for fs in by_role.values() for f in fs]
+    target_resolved = config_to_dict(resolved.get("target"))
+    pair = audit.audit_pair(
+        method=report.method,
+        method_given=method is not None,
+        draft_path=draft,
+        target=target_resolved,
+        draft=declared["draft"],
+        target_max_model_len=report.max_model_len,
+    )
+    for finding in pair:
+        if finding.code in ("METHOD_MISMATCH", "METHOD_INFERRED"):
+            finding.evidence.setdefault("vllm_rule", RULE_SPEC)
+        elif finding.code == "VOCAB_MISMATCH":
+            finding.evidence.setdefault("vllm_rule", RULE_DRAFT_VOCAB if report.method == "draft_model" else RULE_VOCAB)
+        elif finding.code == "DRAFT_CONTEXT_SHORT":
+            finding.evidence.setdefault("vllm_rule", RULE_MAX_LEN)
+            finding.evidence.setdefault("target_max_model_len", report.max_model_len)
+    findings += pair
+    if config_error is not None:
+        load = audit.explain_load_error(_error_text(config_error), findings)
+        _annotate_refusal(load, config_error, runner, phase="config resolution")
+        if resolved.get("target") is None:  # the target's own config did not resolve
+            load.model_role = "target"
+        findings.append(load)
+
+    # 3. layout: what each layer is built with
+    if vllm_config is None:
+        for role in ("target", "draft"):
+            if role in resolved:
+                plans = audit.layer_plans(declared[role], config_to_dict(resolved[role]))
+                report.layout[role] = [plan.as_row() for plan in plans]
+    else:
+        findings += _layout(report, vllm_config, declared, runner)
+    report.findings = findings
+    return report
+
+
+def _annotate_refusal(finding: Any, exc: BaseException, runner: str, *, phase: str) -> None:
+    needs = audit.runner_refusal(finding.evidence.get("error", ""))
+    rule = _raising_function(exc) or (RULE_RUNNER.format(runner=runner) if needs else None)
+    finding.evidence.setdefault("vllm_rule", rule)
+    finding.evidence.setdefault("phase", phase)
+    finding.evidence.setdefault("runner", runner)
+
+
+def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: str) -> list[Any]:
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    findings = []
+    spec = vllm_config.speculative_config
+    roles = list(model_configs(vllm_config).items())
+    built: dict[str, list[dict[str, Any]]] = {}
+    build_error: tuple[str, BaseException, str] | None = None  # (role, error, phase)
+    use_taps = read_taps.taps_apply(spec, runner)
+    kept: dict[str, Any] = {}  # the built models the tap audit reads (meta device: no memory)
+    classes: dict[str, Any] = {}
+    tapped: tuple[list[int] | None, str] | None = None
+    refusal_rule: str | None = None  # where the runner refused, when no vLLM frame says it
+    with sandbox.single_process_group(vllm_config):
+        for role, model_config in roles:
+            try:
+                model_class = get_model_architecture(model_config)[0]
+            except Exception:
+                model_class = None
+            classes[role] = model_class
+            report.rules[role] = _layer_rule(model_config, model_class)
+            if build_error is not None:
+                continue  # the runner stops at the first model it cannot build
+            try:
+                if role == "target":
+                    config, prefix = vllm_config, ""
+                else:
+                    config, prefix = sandbox.draft_build_config(vllm_config)
+                model = sandbox.build_on_meta(config, model_config, prefix)
+                built[role] = read_layers.attention_layers(model, config)
+                if use_taps:
+                    kept[role] = model
+                del model
+            except Exception as exc:
+                build_error = (role, exc, f"building the {role} model")
+        if use_taps and "target" in kept:
+            # V2 sets the target's taps right after building it, so a refusal there stops
+            # the drafter's build; V1 sets them after the drafter is built
+            # (v1/worker/gpu/model_runner.py vs v1/worker/gpu_model_runner.py, load_model)
+            try:
+                tapped = _tapped_ids(kept["target"], spec, runner)
+            except ImportError:
+                pass  # this vLLM has no such resolver: no tap audit, rather than a false refusal
+            except Exception as exc:
+                if build_error is None or (runner == "v2" and build_error[0] == "draft"):
+                    if runner == "v2":
+                        built.pop("draft", None)
+                    build_error = ("target", exc, "setting the target's hidden-state taps")
+                    refusal_rule = TAP_SETTER[runner]
+        if use_taps and tapped is not None:
+            findings += _tap_audit(report, vllm_config, kept, classes.get("draft"), tapped, runner)
+        kept.clear()
+
+    # the live worker's audit (tracer.layout.record_runtime_layout)
+    for role, model_config in roles:
+        plans, layout_findings = audit.audit_model_layout(
+            role, declared[role], config_to_dict(model_config.hf_config), built.get(role)
+        )
+        report.layout[role] = [plan.as_row() for plan in plans]
+        for finding in layout_findings:
+            finding.evidence.setdefault("vllm_rule", report.rules.get(role))
+            findings.append(finding)
+
+    if build_error is not None:
+        role, exc, phase = build_error
+        # as the live worker (tracer.layout.record_load_error): explained by the drafter's config findings
+        draft_config = model_configs(vllm_config).get("draft")
+        load = audit.explain_build_error(
+            _error_text(exc),
+            declared["draft"] if draft_config is not None else None,
+            config_to_dict(draft_config.hf_config) if draft_config is not None else None,
+        )
+        load.model_role = role
+        if refusal_rule and _raising_function(exc) is None:
+            load.evidence["vllm_rule"] = refusal_rule
+        _annotate_refusal(load, exc, runner, phase=phase)
+        findings.append(load)
+    return findings
+
+
+# -- hidden-state taps -----------------------------------------------------------------------
+
+# Where each runner sets the target's taps (and refuses a target without the EAGLE3 interface).
+TAP_SETTER = {
+    "v2": "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils.set_eagle3_aux_hidden_state_layers",
+    "v1": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
+}
+_TAP_REFUSAL = {
+    "v2": "Model does not support EAGLE3 interface",
+    "v1": "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested",
+}
+
+
+def _resolve_tap_ids(spec: Any, runner: str) -> tuple[int, ...] | None:
+    """The chosen runner's own id resolution from the drafter's config (None: nothing found)."""
+    if runner == "v2":
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+
+        return get_eagle3_aux_layers_from_config(spec)
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    # a method of the runner that reads nothing but self.speculative_config
+    return GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+
+
+def _tapped_ids(target: Any, spec: Any, runner: str) -> tuple[list[int] | None, str]:
+    """What the runner taps on this target, set on the (meta-built) target by vLLM's own setter.
+
+    As both runners do: ids from the config, else the target's
+    ``get_eagle3_default_aux_hidden_state_layers()``; ``set_aux_hidden_state_layers``
+    sorts and de-duplicates them. Read back the way the live run reads them.
+    """
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    if not supports_eagle3(target):
+        raise RuntimeError(_TAP_REFUSAL[runner])
+    rule = RULE_TAPS[runner]
+    ids = _resolve_tap_ids(spec, runner)
+    if not ids:
+        ids = target.get_eagle3_default_aux_hidden_state_layers()
+        default = getattr(type(target), "get_eagle3_default_aux_hidden_state_layers", None)
+        name = _qualname(default) if default is not None else "get_eagle3_default_aux_hidden_state_layers"
+        rule += f" -> None, so the target's default {name}"
+    target.set_aux_hidden_state_layers(tuple(ids))
+    return read_taps.tapped_ids(target), rule
+
+
+def _config_input_taps(spec: Any, vllm_config: Any, draft_class: Any, hidden: int) -> tuple[int | None, str | None]:
+    """The drafter's ``fc`` input width / target hidden size, the way vLLM sizes it from config.
+
+    Used when the drafter did not build; the built drafter's ``fc`` is read otherwise.
+    """
+    module = getattr(draft_class, "__module__", "")
+    config = spec.draft_model_config.hf_config
+    width = None
+    rule = _qualname(draft_class) if draft_class is not None else None
+    try:
+        if module == "vllm.model_executor.models.qwen3_dflash":
+            from vllm.model_executor.models.qwen3_dflash import _get_dflash_fc_input_size
+
+            width, rule = _get_dflash_fc_input_size(vllm_config), RULE_DFLASH_FC
+        elif module == "vllm.model_executor.models.llama_eagle3":
+            count = getattr(config, "num_aux_hidden_states", None)
+            if count is None:
+                ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+                count = len(ids) if ids else 3
+            width = getattr(config, "target_hidden_size", config.hidden_size) * count
+            rule = RULE_LLAMA_EAGLE3_FC
+    except Exception:
+        width = None
+    if isinstance(width, int) and hidden and width % hidden == 0:
+        return width // hidden, rule
+    return None, rule
+
+
+def _tap_audit(
+    report: Report,
+    vllm_config: Any,
+    kept: dict[str, Any],
+    draft_class: Any,
+    tapped: tuple[list[int] | None, str],
+    runner: str,
+) -> list[Any]:
+    """The live run's tap audit (``spectrace.tracer.taps.record_taps``) on the meta-built pair."""
+    spec = vllm_config.speculative_config
+    draft = kept.get("draft")
+    facts = read_taps.tap_facts(vllm_config, kept["target"], draft)
+    ids, ids_rule = tapped
+    facts["tapped_ids"] = ids
+    if draft is not None:
+        fc_rule = read_taps.input_rule(draft)
+    else:  # the drafter did not build: its fc width the way vLLM sizes it from config
+        facts["input_taps"], fc_rule = _config_input_taps(spec, vllm_config, draft_class, read_taps.target_hidden_size(vllm_config))
+    rule = ids_rule + (f"; fc input width: {fc_rule}" if fc_rule else "")
+    tap, findings = audit.audit_taps(**facts, rule=rule)
+    report.taps = {
+        "declared_field": tap.declared_field,
+        "declared_ids": tap.declared_ids,
+        "expected_ids": tap.expected_ids,
+        "tapped_ids": tap.tapped_ids,
+        "input_taps": tap.input_taps,
+        "status": tap.status,
+        "vllm_rule": rule,
+    }
+    for finding in findings:
+        finding.evidence["runner"] = runner
+        finding.evidence["ids_rule"] = ids_rule
+        finding.evidence["fc_rule"] = fc_rule
+    return findings

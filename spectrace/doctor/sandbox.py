@@ -1,0 +1,164 @@
+"""The sandbox doctor runs vLLM in: process-wide switches for a dry build, each one restored.
+
+- ``quiet``: vLLM and transformers below ERROR go nowhere, the plugin stays idle,
+  nothing is fetched from a hub;
+- ``runner_rules``: the installed vLLM applies model runner V1's or V2's rules;
+- ``capture_get_config``: every ``get_config`` call of config resolution is noted
+  (the live frontend hook's site);
+- ``single_process_group``: a world-size-1 gloo group over a temporary file, as
+  model builds need;
+- ``build_on_meta``: a model built on the meta device (no memory, no weights), with
+  the config and prefix the model runner builds it with (``draft_build_config``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from typing import Any, Iterator
+
+from spectrace.read.configs import ConfigCapture
+
+_QUIET_LOGGERS = ("vllm", "transformers", "torch", "huggingface_hub", "filelock", "urllib3")
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """vLLM / transformers below ERROR go nowhere, and stray prints go to stderr."""
+    env = {
+        "VLLM_LOGGING_LEVEL": "ERROR",  # read when vLLM configures its logger (first import)
+        "TRANSFORMERS_VERBOSITY": "error",
+        "SPECTRACE": "0",  # doctor is not a traced run: the plugin must stay idle
+        "HF_HUB_OFFLINE": "1",  # local directories only: nothing is fetched
+    }
+    levels = {}
+    for name in _QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        levels[name] = logger.level
+        logger.setLevel(logging.ERROR)
+    try:
+        with _env(**env), warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+@contextlib.contextmanager
+def runner_rules(runner: str) -> Iterator[None]:
+    """Make the installed vLLM apply the rules of model runner ``runner``.
+
+    ``VllmConfig.use_v2_model_runner`` is what every consumer reads (config validation,
+    ``qwen3_dflash._resolve_layer_attention`` through ``get_current_vllm_config()``).
+    For ``v2`` on a host without Triton (the CPU build) ``_validate_v2_model_runner``
+    would refuse for the host's sake, so its ``HAS_TRITON`` reads True meanwhile.
+    """
+    import vllm.config.vllm as vllm_config_module
+    from vllm.config import VllmConfig
+
+    use_v2 = runner == "v2"
+    saved_property = VllmConfig.__dict__["use_v2_model_runner"]
+    saved_triton = vllm_config_module.HAS_TRITON
+    VllmConfig.use_v2_model_runner = property(lambda self: use_v2)
+    if use_v2:
+        vllm_config_module.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        VllmConfig.use_v2_model_runner = saved_property
+        vllm_config_module.HAS_TRITON = saved_triton
+
+
+@contextlib.contextmanager
+def capture_get_config(captures: list[ConfigCapture]) -> Iterator[None]:
+    """Note every ``get_config`` call of config resolution (the live hook's site)."""
+    import vllm.config.model as model_module
+
+    original = model_module.get_config
+
+    def get_config(model, *args, **kwargs):
+        try:
+            config = original(model, *args, **kwargs)
+        except BaseException as exc:
+            captures.append(ConfigCapture(str(model), error=f"{type(exc).__name__}: {exc}"))
+            raise
+        captures.append(ConfigCapture(str(model), config=config))
+        return config
+
+    model_module.get_config = get_config
+    try:
+        yield
+    finally:
+        model_module.get_config = original
+
+
+@contextlib.contextmanager
+def single_process_group(vllm_config: Any) -> Iterator[None]:
+    """A world-size-1 gloo group over a temporary file (no network), as model builds need."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        yield
+        return
+    fd, store = tempfile.mkstemp(prefix="spectrace-doctor-")
+    os.close(fd)
+    os.unlink(store)
+    try:
+        with set_current_vllm_config(vllm_config):
+            parallel_state.init_distributed_environment(
+                world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{store}", backend="gloo"
+            )
+            parallel_state.ensure_model_parallel_initialized(1, 1)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            parallel_state.destroy_model_parallel()
+        with contextlib.suppress(Exception):
+            parallel_state.destroy_distributed_environment()
+        with contextlib.suppress(OSError):
+            os.unlink(store)
+
+
+def build_on_meta(vllm_config: Any, model_config: Any, prefix: str = "") -> Any:
+    import torch
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    with torch.device("meta"):
+        return initialize_model(vllm_config, model_config=model_config, prefix=prefix)
+
+
+def draft_build_config(vllm_config: Any) -> tuple[Any, str]:
+    """The VllmConfig and prefix the runner builds the drafter with.
+
+    Read from vLLM's source: EAGLE / DFlash drafters are built from the run's config
+    with ``model_config=draft_model_config`` (``v1/spec_decode/llm_base_proposer.py``,
+    ``v1/worker/gpu/spec_decode/dflash/utils.py``); a ``draft_model`` drafter from a copy
+    whose ``model_config`` is the draft's, under prefix ``draft_model``
+    (``v1/spec_decode/draft_model.py``, ``v1/worker/gpu/spec_decode/standalone_ar``).
+    """
+    from vllm.config.utils import replace
+
+    spec = vllm_config.speculative_config
+    if spec.method == "draft_model":
+        return replace(vllm_config, model_config=spec.draft_model_config, quant_config=None), "draft_model"
+    return vllm_config, ""

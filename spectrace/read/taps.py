@@ -1,0 +1,122 @@
+"""Hidden-state taps: which target layers feed the drafter, and how many its ``fc`` takes.
+
+Read from built models, so the same for either model runner and for the live
+worker (loaded models) and ``spectrace doctor`` (models built on the meta device).
+vLLM 0.32:
+- tapped ids: the target's ``EagleModelMixin.aux_hidden_state_layers``, found the way
+  ``SupportsEagle3.set_aux_hidden_state_layers`` finds it (language model, then ``.model``);
+- input taps: the drafter's ``fc`` input width / the target's hidden size.
+Never hooks compiled or graph-captured code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The methods whose target feeds hidden states to the drafter, per model runner: V2
+# (v1/worker/gpu/model_runner.py) sets use_aux_hidden_state_outputs for these; V1
+# (v1/worker/gpu_model_runner.py) for dflash, and for eagle3 when the drafter uses them.
+TAP_METHODS = {"v2": ("eagle3", "dflash", "dspark"), "v1": ("eagle3", "dflash")}
+
+RULE_DFLASH_FC = "vllm.model_executor.models.qwen3_dflash._get_dflash_fc_input_size"
+
+
+def taps_apply(spec: Any, runner: str | None) -> bool:
+    """Does model runner ``runner`` feed target hidden states to this drafter?
+
+    Only for methods whose target feeds hidden states to the drafter, and only when the
+    drafter takes them: an EAGLE3 head with ``eagle_config.use_aux_hidden_state: false``
+    (V1 then taps nothing: ``EagleProposer._get_eagle3_use_aux_hidden_state_from_config``)
+    or a DFlash drafter with ``dflash_config.use_aux_hidden_state: false`` builds no ``fc``.
+    """
+    if spec is None or getattr(spec, "draft_model_config", None) is None:
+        return False
+    methods = TAP_METHODS.get(runner or "", TAP_METHODS["v2"])
+    if spec.method not in methods:
+        return False
+    hf_config = spec.draft_model_config.hf_config
+    if spec.method == "dflash":
+        dflash_config = getattr(hf_config, "dflash_config", None) or {}
+        own = getattr(hf_config, "use_aux_hidden_state", True)
+        return bool(dflash_config.get("use_aux_hidden_state", own) if isinstance(dflash_config, dict) else own)
+    eagle_config = getattr(hf_config, "eagle_config", None)
+    if isinstance(eagle_config, dict):
+        return bool(eagle_config.get("use_aux_hidden_state", True))
+    return True
+
+
+def decoder(target: Any) -> Any:
+    """The module that holds the target's layers and taps."""
+    holder = target
+    if hasattr(holder, "get_language_model"):
+        try:
+            holder = holder.get_language_model()
+        except Exception:
+            pass
+    elif hasattr(holder, "language_model"):
+        holder = holder.language_model
+    return getattr(holder, "model", holder)
+
+
+def tapped_ids(target: Any) -> list[int] | None:
+    """The ids the target taps (vLLM's convention: k = output of layer k-1), None when unset."""
+    layers = getattr(decoder(target), "aux_hidden_state_layers", None)
+    return [int(i) for i in layers] if layers is not None else None
+
+
+def target_layer_count(target: Any, vllm_config: Any) -> int:
+    layers = getattr(decoder(target), "layers", None)
+    if layers is not None:
+        return len(layers)
+    return int(vllm_config.model_config.hf_text_config.num_hidden_layers)
+
+
+def target_hidden_size(vllm_config: Any) -> int:
+    return int(vllm_config.model_config.hf_text_config.hidden_size)
+
+
+def _fc(draft: Any) -> tuple[Any, Any] | None:
+    """(owner, fc) of the drafter's input projection."""
+    for module in draft.modules():
+        fc = getattr(module, "fc", None)
+        if fc is not None and (hasattr(fc, "input_size") or hasattr(fc, "in_features")):
+            return module, fc
+    return None
+
+
+def input_taps(draft: Any, target_hidden: int) -> int | None:
+    """How many target hidden states the drafter's ``fc`` takes (None: no such ``fc``)."""
+    if draft is None or not target_hidden:
+        return None
+    found = _fc(draft)
+    if found is None:
+        return None
+    width = getattr(found[1], "input_size", None) or getattr(found[1], "in_features", None)
+    if isinstance(width, int) and width % target_hidden == 0:
+        return width // target_hidden
+    return None
+
+
+def input_rule(draft: Any) -> str | None:
+    """The vLLM function that sized the built drafter's ``fc`` (its owner's constructor)."""
+    found = _fc(draft) if draft is not None else None
+    if found is None:
+        return None
+    # the class's own name: @support_torch_compile replaces __init__ with a wrapper
+    owner = type(found[0])
+    if owner.__module__ == "vllm.model_executor.models.qwen3_dflash":
+        return RULE_DFLASH_FC
+    return f"{owner.__module__}.{owner.__qualname__}.__init__"
+
+
+def tap_facts(vllm_config: Any, target: Any, draft: Any) -> dict[str, Any]:
+    """What ``spectrace.audit.audit_taps`` judges, read from a built target and drafter."""
+    from spectrace.read.configs import config_to_dict
+
+    spec = vllm_config.speculative_config
+    return {
+        "draft": config_to_dict(spec.draft_model_config.hf_config),
+        "target_layers": target_layer_count(target, vllm_config),
+        "tapped_ids": tapped_ids(target),
+        "input_taps": input_taps(draft, target_hidden_size(vllm_config)),
+    }
