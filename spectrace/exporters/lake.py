@@ -24,7 +24,7 @@ from spectrace import lake
 
 log = logging.getLogger("vllm.spectrace")
 
-RETRY_MAX_S = 30.0
+RETRY_MAX_S = 10.0
 
 
 class LakeSink:
@@ -48,6 +48,7 @@ class LakeSink:
         self.failures = 0
         self.dropped = 0
         self.commit_seconds: list[float] = []  # the last 1000 commits (write latency)
+        self.connect_seconds: list[float] = []  # each (re)connection: extensions, ATTACH, tables
         self.down_since: float | None = None
         self._retry_at = 0.0
         self._backoff = 0.0
@@ -71,11 +72,13 @@ class LakeSink:
         """Insert everything pending in one transaction. Returns the rows written (0 on failure)."""
         if not self._pending or time.monotonic() < self._retry_at:
             return 0
-        started = time.perf_counter()
         try:
             if self.con is None:
+                started = time.perf_counter()
                 self.con = lake.connect(self.catalog, data_path=self.data_path)
                 lake.ensure_tables(self.con)
+                self.connect_seconds.append(round(time.perf_counter() - started, 4))
+            started = time.perf_counter()
             self._insert(self.con)
         except Exception as exc:  # the catalog, the network, the data path: never the engine's problem
             self._failed(exc)
@@ -169,6 +172,7 @@ class LakeSink:
             "commit_p50_s": pct(0.5),
             "commit_p99_s": pct(0.99),
             "commit_max_s": round(latencies[-1], 4) if latencies else None,
+            "connect_s": self.connect_seconds[-10:],
             "last_error": self.last_error,
         }
 

@@ -42,6 +42,9 @@ class EngineSpec:
     max_model_len: int = 512
     repeat: int = 1  # generate this many times (more verification steps)
     linger_s: float = 0.0  # keep the engine alive this long after generating (scrapes)
+    inject_fault: str | None = None  # SPECTRACE_INJECT_FAULT for this engine only (one child, many hooks)
+    async_engine: bool = False  # serve through vLLM's AsyncLLM (as `vllm serve` does) instead of LLM
+    wait_for_file: str | None = None  # start this engine only once the file exists (`<file>.waiting` says we wait)
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,6 +57,7 @@ class EngineResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+    exporter: dict[str, Any] = field(default_factory=dict)  # spectrace's counters in the child after this engine
 
 
 K = 3  # draft tokens per step in the standard runs
@@ -182,6 +186,8 @@ def _child(request: dict[str, Any]) -> None:
     out = Path(request["out"])
     for raw in request["specs"]:
         spec = EngineSpec(**raw)
+        if spec.wait_for_file:
+            _wait_for(Path(spec.wait_for_file))
         started = time.time()
         result = EngineResult(name=spec.name, ok=False)
         llm = None
@@ -199,12 +205,16 @@ def _child(request: dict[str, Any]) -> None:
             if spec.speculative:
                 kwargs["speculative_config"] = spec.speculative
             kwargs.update(spec.extra_llm_kwargs)
-            llm = LLM(**kwargs)
+            _inject_fault(spec.inject_fault)
             params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens)
-            for _ in range(max(spec.repeat, 1)):
-                outputs = llm.generate(spec.prompts, params, use_tqdm=False)
-            result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
-            result.metrics = _spec_metrics(llm)
+            if spec.async_engine:
+                result.tokens = _generate_async(kwargs, spec, params)
+            else:
+                llm = LLM(**kwargs)
+                for _ in range(max(spec.repeat, 1)):
+                    outputs = llm.generate(spec.prompts, params, use_tqdm=False)
+                result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
+                result.metrics = _spec_metrics(llm)
             result.ok = True
             if spec.linger_s:
                 _flush_spectrace()
@@ -217,7 +227,71 @@ def _child(request: dict[str, Any]) -> None:
         del llm
         gc.collect()
         _flush_spectrace()
+        results[-1]["exporter"] = _exporter_stats()
     out.write_text(json.dumps(results))
+
+
+def _inject_fault(hook: str | None) -> None:
+    """Make ``hook`` raise from the next engine on (tracing on: the plugin is started first)."""
+    import dataclasses
+
+    if os.environ.get("SPECTRACE", "0") in ("", "0"):
+        return
+    from spectrace import plugin
+    from spectrace.tracer import runtime
+
+    plugin.register()
+    rt = runtime.get()
+    if rt is not None:
+        rt.settings = dataclasses.replace(rt.settings, inject_fault=hook)
+
+
+def _generate_async(kwargs: dict[str, Any], spec: EngineSpec, params: Any) -> list[list[int]]:
+    """The prompts through vLLM's AsyncLLM (the engine of `vllm serve`), one after another."""
+    import asyncio
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def generate() -> list[list[int]]:
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        try:
+            tokens = []
+            for i, prompt in enumerate(spec.prompts):
+                final = None
+                async for output in engine.generate(prompt, params, request_id=f"{spec.name}-{i}"):
+                    final = output
+                tokens.append(list(final.outputs[0].token_ids))
+            return tokens
+        finally:
+            engine.shutdown()
+
+    return asyncio.run(generate())
+
+
+def _wait_for(path: Path, timeout_s: float = 300.0) -> None:
+    import time
+
+    Path(f"{path}.waiting").touch()
+    deadline = time.time() + timeout_s
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.1)
+
+
+def _exporter_stats() -> dict[str, Any]:
+    """The writer's drop count and each extra sink's counters (the lake's)."""
+    try:
+        from spectrace.tracer import runtime
+
+        rt = runtime.get()
+        if rt is None:
+            return {}
+        stats: dict[str, Any] = {"dropped": rt.writer.dropped, "write_errors": rt.writer.write_errors}
+        for sink in rt.writer.sinks:
+            stats[type(sink).__name__] = sink.stats()
+        return stats
+    except Exception as exc:
+        return {"error": repr(exc)}
 
 
 def _current_run_id() -> str | None:
