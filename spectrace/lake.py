@@ -95,6 +95,8 @@ def connect(catalog: str, *, data_path: str | None = None, read_only: bool = Fal
         raise
     except duckdb.Error as exc:
         con.close()
+        if read_only and "creating a new DuckLake is explicitly disabled" in str(exc):
+            raise LakeError(f"the lake {catalog!r} does not exist yet (no engine has written to it)") from None
         raise LakeError(f"cannot attach the lake {catalog!r}: {first_line(exc)}") from None
     return con
 

@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +36,10 @@ def binaries() -> Path | None:
 class PostgresServer:
     """One PostgreSQL cluster with database ``database``; ``catalog`` is DuckLake's connection string."""
 
-    def __init__(self, workdir: Path, *, database: str = "spectrace") -> None:
-        self.workdir = Path(workdir)
+    def __init__(self, workdir: Path | None = None, *, database: str = "spectrace") -> None:
+        # Own temporary folder by default: the postgres user must reach it, and pytest's
+        # temporary folders are private to root.
+        self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="spectrace-postgres-"))
         self.database = database
         self.port = 0
         self.bin = binaries()

@@ -1,0 +1,162 @@
+"""The lake sink, its views and its maintenance against a real PostgreSQL catalog (no vLLM).
+
+Writers are the store's own ``SegmentWriter`` with the lake sink attached, as in a
+traced process; readers are ``spectrace query --lake`` and ``spectrace.queries.lake``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import spectrace.store
+from spectrace.cli import main
+from spectrace.exporters import lake as lake_sink
+from spectrace.exporters.segments import SegmentWriter
+from spectrace.queries import lake
+from spectrace.settings import Settings
+
+DAY_NS = 86_400 * 10**9
+
+
+def writer_for(postgres, tmp_path, host: str, *, exporters: str = "lake", max_rows: int = 200_000) -> SegmentWriter:
+    settings = Settings.from_env({
+        "SPECTRACE_EXPORTER": exporters,
+        "SPECTRACE_LAKE": postgres.catalog,
+        "SPECTRACE_LAKE_DATA": str(tmp_path / "lake-data"),
+        "SPECTRACE_HOST": host,
+        "SPECTRACE_DIR": str(tmp_path / f"store-{host}"),
+        "SPECTRACE_MAX_BUFFER_ROWS": str(max_rows),
+    })
+    writer = SegmentWriter(settings.dir, host=settings.host, max_buffer_rows=settings.max_buffer_rows)
+    if "duckdb" not in settings.exporters:
+        writer.enabled = False  # as the runtime does
+    assert lake_sink.attach(writer, settings) == "lake"
+    return writer
+
+
+def counts(writer: SegmentWriter, run_id: str, drafted: list[int], accepted: list[int], *, ts: int | None = None) -> None:
+    n = len(drafted)
+    writer.extend_columns("verify_counts", {
+        "run_id": run_id, "host": writer.host, "process_role": "engine_core", "ts": [ts or time.time_ns()] * n,
+        "source": "engine_core", "position": list(range(n)), "context_bucket": "0-127",
+        "drafted": drafted, "accepted": accepted,
+    }, n)
+
+
+def query(catalog: str, sql: str, capsys) -> list[dict]:
+    capsys.readouterr()
+    assert main(["query", sql, "--lake", catalog, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_two_hosts_one_lake_without_parquet(postgres, tmp_path, capsys):
+    a, b = writer_for(postgres, tmp_path, "replica-a"), writer_for(postgres, tmp_path, "replica-b")
+    for _ in range(3):
+        counts(a, "run-a", [10, 10, 10], [9, 8, 7])
+        counts(b, "run-b", [10, 10, 10], [1, 0, 0])
+        a.flush()
+        b.flush()
+    a.append("runs", {"run_id": "run-a", "host": "replica-a", "started_at": time.time_ns(), "method": "draft_model"})
+    a.close()
+    b.close()
+
+    rows = query(postgres.catalog, "select host, sum(drafted) as drafted, sum(accepted) as accepted "
+                                   "from verify_counts group by host order by host", capsys)
+    assert rows == [{"host": "replica-a", "drafted": 90, "accepted": 72},
+                    {"host": "replica-b", "drafted": 90, "accepted": 3}]
+    # the derived views work over the lake as over a store
+    by_position = query(postgres.catalog, "select run_id, position, accepted from acceptance_by_position order by all", capsys)
+    assert [(r["run_id"], r["position"], r["accepted"]) for r in by_position] == [
+        ("run-a", 0, 27), ("run-a", 1, 24), ("run-a", 2, 21), ("run-b", 0, 3), ("run-b", 1, 0), ("run-b", 2, 0)]
+    assert query(postgres.catalog, "select count(*) as n from findings", capsys) == [{"n": 0}]  # exists, empty
+    # only the lake is configured: no segment anywhere
+    assert not list(tmp_path.glob("store-*/**/*.parquet"))
+    assert a.sinks[0].stats()["commits"] == 4 and a.dropped == 0
+
+
+def test_lake_beside_the_store_gets_the_same_rows(postgres, tmp_path):
+    writer = writer_for(postgres, tmp_path, "replica-a", exporters="duckdb,lake")
+    for i in range(4):
+        counts(writer, "run-a", [5, 5], [i, 1])
+        writer.append("internal_errors", {"run_id": "run-a", "host": "replica-a", "ts": time.time_ns(), "hook": "h", "count": i})
+        writer.flush()
+    writer.close()
+    sql = "select position, sum(drafted), sum(accepted) from verify_counts group by all order by all"
+    store, fleet = spectrace.store.open(writer.root), lake.open(postgres.catalog)
+    assert store.execute(sql).fetchall() == fleet.execute(sql).fetchall() == [(0, 20, 6), (1, 20, 4)]
+    sql = "select host, hook, sum(count) from internal_errors group by all"
+    assert store.execute(sql).fetchall() == fleet.execute(sql).fetchall() == [("replica-a", "h", 6)]
+    fleet.close()
+
+
+def test_catalog_down_keeps_rows_to_the_bound_then_drops_and_counts_then_resumes(postgres, tmp_path, caplog):
+    writer = writer_for(postgres, tmp_path, "replica-a", max_rows=100)
+    sink = writer.sinks[0]
+    counts(writer, "run-a", [1] * 10, [1] * 10)
+    writer.flush()
+    assert sink.stats()["rows_written"] == 10
+
+    postgres.stop()
+    started = time.perf_counter()
+    counts(writer, "run-a", [1] * 60, [1] * 60)
+    writer.flush()  # fails: 60 rows kept
+    counts(writer, "run-a", [1] * 60, [1] * 60)
+    sink._retry_at = 0  # no back-off wait in a test
+    writer.flush()  # fails again: 60 more would pass the bound of 100, dropped and counted
+    down_s = time.perf_counter() - started
+    assert (sink.pending_rows, sink.dropped, writer.dropped) == (60, 60, 60)
+    assert sink.failures == 2
+    assert down_s < 2.0, f"flushes against a stopped catalog took {down_s:.2f} s"
+    assert len([r for r in caplog.records if "cannot write to the lake" in r.getMessage()]) == 1
+
+    postgres.restart()
+    counts(writer, "run-a", [1] * 5, [0] * 5)
+    sink._retry_at = 0
+    writer.flush()  # the 60 kept rows and the 5 new ones arrive
+    writer.close()
+    assert sink.pending_rows == 0 and sink.dropped == 60
+    fleet = lake.open(postgres.catalog)
+    assert fleet.execute("select count(*), sum(accepted) from verify_counts").fetchone() == (75, 70)
+    fleet.close()
+
+
+def test_maintain_merges_files_keeps_answers_and_applies_retention(postgres, tmp_path, capsys):
+    writer = writer_for(postgres, tmp_path, "replica-a")
+    old = time.time_ns() - 40 * DAY_NS
+    for i in range(12):  # 12 flushes of 30 rows: one data file each (more rows than DuckLake inlines)
+        counts(writer, "run-new", [2] * 30, [1] * 30)
+        counts(writer, "run-old", [2] * 30, [2] * 30, ts=old)
+        writer.flush()
+    writer.close()
+    data = tmp_path / "lake-data"
+    sql = "select run_id, host, sum(drafted) as drafted, sum(accepted) as accepted from verify_counts group by all order by all"
+    before, files_before = query(postgres.catalog, sql, capsys), lake.data_files(data)
+    assert files_before >= 12
+
+    assert main(["lake", "maintain", "--catalog", postgres.catalog, "--keep-snapshots", "0s"]) == 0
+    out = capsys.readouterr().out
+    assert "merge" in out and "delete files" in out
+    assert query(postgres.catalog, sql, capsys) == before
+    files_after = lake.data_files(data)
+    assert files_after < files_before, (files_before, files_after)
+
+    assert main(["lake", "maintain", "--catalog", postgres.catalog, "--keep-snapshots", "0s", "--retention", "30d"]) == 0
+    assert "removed 1 run(s)" in capsys.readouterr().out
+    assert query(postgres.catalog, sql, capsys) == [r for r in before if r["run_id"] == "run-new"]
+
+
+def test_lake_cli_errors_are_one_line(postgres, capsys, monkeypatch):
+    monkeypatch.delenv("SPECTRACE_LAKE", raising=False)
+    assert main(["query", "select 1", "--lake"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    down = f"postgres:dbname=spectrace host=127.0.0.1 port={postgres.port} user=nobody_here"
+    assert main(["report", "--lake", down]) == 2
+    assert capsys.readouterr().err.startswith("spectrace: error: cannot attach the lake")
+    assert main(["lake", "maintain"]) == 2
+    assert "SPECTRACE_LAKE" in capsys.readouterr().err
+    monkeypatch.setenv("SPECTRACE_LAKE", postgres.catalog)  # the default catalog; an empty lake
+    assert main(["query", "--lake", "select 1"]) == 2
+    assert "does not exist yet" in capsys.readouterr().err
