@@ -27,6 +27,24 @@ def prometheus_binaries() -> None:
 
 
 @pytest.fixture(scope="session")
+def postgres_binaries() -> None:
+    """PostgreSQL (the lake's catalog) is required, never skipped: `make test` installs it."""
+    from spectrace.testing.postgres import binaries
+
+    if binaries() is None:
+        pytest.fail("PostgreSQL missing (initdb, pg_ctl): run `make postgres` (Debian's postgresql)")
+
+
+@pytest.fixture
+def postgres(postgres_binaries):
+    """A fresh PostgreSQL on 127.0.0.1 for one test; ``.catalog`` is its SPECTRACE_LAKE."""
+    from spectrace.testing.postgres import PostgresServer
+
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def scratch(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("spectrace")
 
