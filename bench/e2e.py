@@ -22,7 +22,7 @@ Two comparisons:
                   of the same configuration differ by several % on a shared 2-core VM.
   in-process A/B  one SPECTRACE=1 process per sink; between generate() calls tracing is switched
                   fully off (``runtime.stop()``: hooks removed, flush thread stopped) and on again
-                  (``runtime.start()``) in ABBA blocks; ratio per block, then the median. Cancels
+                  (``stages.start()``) in ABBA blocks; ratio per block, then the median. Cancels
                   process-to-process spread and linear drift. A null run (same ABBA labels, tracing
                   left off) shows the noise floor of this comparison.
   accounted       CPU seconds of spectrace's background threads (spectrace-flush, OpenTelemetry

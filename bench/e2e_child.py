@@ -5,7 +5,7 @@
 Loads the engine, generates once to warm up, then ``rounds`` timed ``llm.generate`` calls
 (or rounds until ``seconds`` have passed). With ``toggle`` (e.g. "ABBA", SPECTRACE=1 set),
 tracing is switched off (A: ``runtime.stop()``, every hook removed) and on again (B:
-``runtime.start()``) between calls, following the pattern: an A/B comparison inside one
+``stages.start()``) between calls, following the pattern: an A/B comparison inside one
 process, free of the process-to-process spread. Per round: wall seconds, process CPU seconds
 (all threads: vLLM's and spectrace's background flush alike), output tokens, resident
 size. Writes JSON to ``request["out"]``. Tracing is whatever the environment says
@@ -21,6 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+
+
+def _spectrace_wrapper(value) -> bool:
+    """Is ``value`` one of spectrace's hook wrappers (its code lives in spectrace's files)?"""
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    return code is not None and "/spectrace/" in code.co_filename
 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -62,18 +68,20 @@ def spectrace_state() -> dict:
 
     state = {
         "tracer_imported": "spectrace.tracer.runtime" in sys.modules,
-        "update_from_output_patched": hasattr(Scheduler.update_from_output, "__spectrace_original__"),
-        "bookkeeping_sync_patched": hasattr(GPUModelRunner._bookkeeping_sync, "__spectrace_original__"),
+        "update_from_output_patched": _spectrace_wrapper(Scheduler.update_from_output),
+        "bookkeeping_sync_patched": _spectrace_wrapper(GPUModelRunner._bookkeeping_sync),
     }
+    rt = None
     if state["tracer_imported"]:
-        from spectrace.tracer import runtime, verify
+        from spectrace.tracer import runtime
 
         rt = runtime.get()
+    if rt is not None:
         state.update(
-            engine_steps_buffered=len(verify.CAPTURE.engine_steps),
-            worker_steps_buffered=len(verify.CAPTURE.worker_steps),
-            request_flags=len(verify.CAPTURE.request_flags),
-            request_traces=len(getattr(verify.CAPTURE, "request_traces", {})),
+            engine_steps_buffered=len(rt.verify.engine_steps),
+            worker_steps_buffered=len(rt.verify.worker_steps),
+            request_flags=len(rt.verify.request_flags),
+            request_traces=len(getattr(rt.verify, "request_traces", {})),
             writer_buffered=rt.writer._buffered if rt else None,
             writer_dropped=rt.writer.dropped if rt else None,
             segments_written=rt.writer.segments_written if rt else None,
@@ -85,10 +93,10 @@ def spectrace_state() -> dict:
 def set_tracing(on: bool) -> None:
     """Turn spectrace fully off (hooks removed, flush thread stopped, everything flushed) or
     back on (a fresh runtime, hooks installed again), between two generate() calls."""
-    from spectrace.tracer import runtime
+    from spectrace.tracer import runtime, stages
 
     if on and runtime._runtime is None:
-        runtime.start()
+        stages.start()
     elif not on and runtime._runtime is not None:
         runtime.stop()
 

@@ -82,9 +82,9 @@ def build_inputs(batch: int, k: int, seed: int = 0):
 def active_runtime(store):
     """A Runtime as the plugin makes it in an engine core, with a run; no background thread."""
     from spectrace.settings import Settings
-    from spectrace.tracer import runtime
+    from spectrace.tracer import runtime, verify
 
-    rt = runtime.Runtime(Settings(enabled=True, dir=store))
+    rt = runtime.Runtime(Settings(enabled=True, dir=store), verify.VerifyCapture)
     rt.set_run(runtime.Run(run_id="bench-hotpath", traceparent=""))
     rt.enter_role("engine_core")
     runtime._runtime = rt
@@ -102,7 +102,7 @@ def measure(batch: int, k: int, *, reps: int, n: int, rt) -> dict:
 
     from spectrace.tracer import verify
 
-    capture = verify.CAPTURE
+    capture = rt.verify
     so, mro, book, stats_args = build_inputs(batch, k)
     sched_self = SimpleNamespace(num_sampled_tokens_per_step=1, log_stats=True, num_spec_tokens=k)
     runner_self = SimpleNamespace()
@@ -113,8 +113,8 @@ def measure(batch: int, k: int, *, reps: int, n: int, rt) -> dict:
     def noop_book(self, scheduler_output, *args, **kwargs):
         return book
 
-    engine_hook = verify.wrap_update_from_output(noop_update)
-    worker_hook = verify.wrap_bookkeeping_sync(noop_book)
+    engine_hook = verify.wrap_update_from_output(noop_update, "engine_core.verify")
+    worker_hook = verify.wrap_bookkeeping_sync(noop_book, "worker.verify")
     make_stats = Scheduler.make_spec_decoding_stats  # the real, unbound function
     inv = so.num_invalid_spec_tokens
 
@@ -191,11 +191,11 @@ def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
     """Background cost per step: drain ``steps`` engine + worker steps, then write them."""
     from spectrace.tracer import verify
 
-    capture = verify.CAPTURE
+    capture = rt.verify
     so, mro, book, _ = build_inputs(batch, k)
     sched_self = SimpleNamespace(num_sampled_tokens_per_step=1)
-    engine_hook = verify.wrap_update_from_output(lambda *a, **kw: None)
-    worker_hook = verify.wrap_bookkeeping_sync(lambda *a, **kw: book)
+    engine_hook = verify.wrap_update_from_output(lambda *a, **kw: None, "engine_core.verify")
+    worker_hook = verify.wrap_bookkeeping_sync(lambda *a, **kw: book, "worker.verify")
     drain, write = [], []
     rows = 0
     for _ in range(reps):

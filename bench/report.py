@@ -208,6 +208,10 @@ def render() -> str:
     if ba:
         out.append("### Store ingest fix: before / after (same process, interleaved)")
         out.append("")
+        out.append("Recorded once, when the fix landed; the script that measured it and the frozen old code were "
+                   "removed afterwards (`git show 07d70c4:bench/before_after.py`, `07d70c4:bench/baseline/`). "
+                   "The figures below are that run's.")
+        out.append("")
         out.append(f"`{ba['command']}` · load {ba['load_before']} → {ba['load_after']}")
         out.append("")
         out.append("| path | before | after | × |")

@@ -22,7 +22,6 @@ STEPS = [
     ("disabled", "bench.disabled"),
     ("hotpath", "bench.hotpath"),
     ("store", "bench.store"),
-    ("before_after", "bench.before_after"),
     ("e2e", "bench.e2e"),
 ]
 

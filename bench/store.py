@@ -103,14 +103,14 @@ def ingest_capture(steps: int, batch: int, k: int, root, steps_per_flush: int) -
     from spectrace.tracer import runtime, verify
 
     shutil.rmtree(root, ignore_errors=True)
-    rt = runtime.Runtime(Settings(enabled=True, dir=root, max_buffer_rows=10**7))
+    rt = runtime.Runtime(Settings(enabled=True, dir=root, max_buffer_rows=10**7), verify.VerifyCapture)
     rt.set_run(runtime.Run(run_id="bench-run", traceparent=""))
     rt.enter_role("engine_core")
     runtime._runtime = rt
-    capture = verify.CAPTURE
+    capture = rt.verify
     capture.engine_steps.clear()
     so, mro, _, _ = build_inputs(batch, k)
-    hook = verify.wrap_update_from_output(lambda *a, **kw: None)
+    hook = verify.wrap_update_from_output(lambda *a, **kw: None, "engine_core.verify")
     sched = SimpleNamespace(num_sampled_tokens_per_step=1)
     elapsed = 0.0
     for start in range(0, steps, steps_per_flush):
