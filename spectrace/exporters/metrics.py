@@ -52,7 +52,7 @@ class Metrics:
         self.worker_drafted = meter.create_counter("spectrace.worker.verified_drafted_tokens", unit="", description="Draft tokens a worker rank verified")
         self.worker_accepted = meter.create_counter("spectrace.worker.verified_accepted_tokens", unit="", description="Draft tokens a worker rank accepted")
         self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
-        self._lengths: dict[int, Any] = {}
+        self._length_histogram: Any = None  # built at the first run (its buckets need k)
         self._findings: dict[tuple, dict[str, str]] = {}
         self._layers: dict[tuple, dict[str, str]] = {}
         self._taps: dict[tuple, dict[str, str]] = {}
@@ -91,9 +91,9 @@ class Metrics:
 
     def acceptance_lengths(self, lengths: list[int], counts: list[int], k: int, labels: dict[str, str]) -> None:
         # One instrument per process: its buckets (1..k+1) follow the first run's k.
-        histogram = self._lengths.get(0)
+        histogram = self._length_histogram
         if histogram is None:
-            histogram = self._lengths[0] = self._meter.create_histogram(
+            histogram = self._length_histogram = self._meter.create_histogram(
                 "spectrace.verify.acceptance_length",
                 unit="",
                 description="Accepted draft tokens + 1 per request-step with drafts",

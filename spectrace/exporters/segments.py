@@ -1,7 +1,7 @@
 """Per-process Parquet segments: the DuckDB store's write side.
 
 Every process writes its own files, never a file another process writes:
-``<dir>/<table>/run=<run_id>/<host>-<pid>-<seq>.parquet``. A segment is written
+``<dir>/<table>/run=<run_id>/<host>-<pid>-<time_ns>-<seq>.parquet``. A segment is written
 under a hidden temporary name and moved into place with ``os.replace``, so a
 reader globbing ``*.parquet`` never sees half a file.
 
@@ -212,19 +212,6 @@ class SegmentWriter:
                 sink.close()
             except Exception:
                 log.exception("spectrace: closing %s failed", type(sink).__name__)
-
-    def reset_after_fork(self) -> None:
-        """In a forked child: forget the parent's buffer, locks and thread."""
-        self._rows = defaultdict(list)
-        self._columns = defaultdict(list)
-        self._buffered = 0
-        self._lock = threading.Lock()
-        self._io_lock = threading.Lock()
-        self._thread = None
-        self._stop = threading.Event()
-        self._seq = 0
-        for sink in self.sinks:
-            sink.forget()
 
     def flush(self) -> int:
         """Write every buffered row now. Returns the number of rows written."""
