@@ -1,0 +1,284 @@
+"""spectrace's Prometheus series, served on vLLM's own ``/metrics``.
+
+Every traced process (API server, engine core, each worker) writes its series
+once per flush as one Prometheus text-exposition file, ``<dir>/<pid>.<start>.prom``
+(written to a temporary name, then ``os.replace``: a reader never sees half a
+file). ``<dir>`` is one directory per server: the first traced process of a
+``vllm serve`` (or of an ``LLM(...)`` script) creates it and hands it to the
+processes vLLM starts afterwards through ``SPECTRACE_METRICS_DIR``.
+
+:class:`FileCollector` re-exposes the files of live processes only: a file whose
+process is gone (exited, killed, a zombie, or its pid reused by another process)
+is skipped and removed at the next scrape, so a dead engine's series leave
+``/metrics`` at once. The API server registers it in vLLM's registry
+(``spectrace.tracer.api_server``); an offline engine serves it on a standalone
+endpoint (:func:`serve_standalone`).
+
+Each re-exposed sample carries ``pid`` and the labels vLLM's own series carry
+(``model_name``, and ``engine`` in the engine core and workers), so spectrace's
+series join vLLM's: ``on (model_name, engine)``.
+
+This is node_exporter's textfile-collector pattern, chosen over prometheus_client's
+multiprocess mode, which needs ``PROMETHEUS_MULTIPROC_DIR`` set in every process
+before prometheus_client is imported (that would switch vLLM's own metrics into
+multiprocess mode) and keeps a dead process's counters (README, "Prometheus").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger("vllm.spectrace")
+
+DIR_ENV = "SPECTRACE_METRICS_DIR"
+SUFFIX = ".prom"
+_DIR_PREFIX = "spectrace-metrics-"
+
+# Labels vLLM's own series carry, for this process: model_name (the served model
+# name) and engine (the DP engine index). Set by spectrace.tracer.api_server hooks.
+PROCESS_LABELS: dict[str, str] = {}
+
+_dir_lock = threading.Lock()
+_dir: tuple[int, Path] | None = None  # (pid that resolved it, directory)
+
+
+class MissingExtra(RuntimeError):
+    pass
+
+
+# -- the per-server directory ------------------------------------------------
+
+
+def server_dir(configured: Path | None) -> Path:
+    """This server's exposition directory (created by the first traced process)."""
+    global _dir
+    with _dir_lock:
+        if _dir is not None and _dir[0] == os.getpid():
+            return _dir[1]
+        inherited = os.environ.get(DIR_ENV)  # set by this process or its parent below
+        if inherited:
+            path = Path(inherited)
+        elif configured is not None:
+            path = Path(configured)
+        else:
+            path = None
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            root = Path(tempfile.gettempdir())
+            _sweep(root)
+            path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=root))
+            created_by = os.getpid()
+
+            def remove() -> None:
+                if os.getpid() == created_by:
+                    shutil.rmtree(path, ignore_errors=True)
+
+            import atexit
+
+            atexit.register(remove)
+        os.environ[DIR_ENV] = str(path)
+        _dir = (os.getpid(), path)
+        return path
+
+
+def _sweep(root: Path) -> None:
+    """Remove directories left by servers that were killed (their creator is gone)."""
+    try:
+        for entry in root.glob(f"{_DIR_PREFIX}*"):
+            pid = entry.name[len(_DIR_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid), None):
+                shutil.rmtree(entry, ignore_errors=True)
+    except OSError:
+        pass
+
+
+# -- processes --------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    """Is ``pid`` a running process (not a zombie) that started at ``start``?"""
+    if os.path.isdir("/proc/self"):
+        now = _start_time(pid)
+        return now is not None and (start in (None, "0") or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- writing (every traced process) -------------------------------------------
+
+
+class _Families:
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+class ProcessFile:
+    """This process's series: an OpenTelemetry reader and its exposition file."""
+
+    def __init__(self, directory: Path, on_error=None) -> None:
+        try:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+        except ImportError:
+            raise MissingExtra("SPECTRACE_EXPORTER=prometheus needs opentelemetry-exporter-prometheus and prometheus-client") from None
+        self.pid = os.getpid()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.reader = PrometheusMetricReader(registry=self.registry, disable_target_info=True)
+        self.path = Path(directory) / f"{self.pid}.{_start_time(self.pid) or 0}{SUFFIX}"
+        self.closed = False
+        self.on_error = on_error
+        self._lock = threading.Lock()
+        import atexit
+
+        atexit.register(self.close)
+
+    def labels(self) -> dict[str, str]:
+        return {"pid": str(self.pid), **{k: v for k, v in PROCESS_LABELS.items() if v}}
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        extra = self.labels()
+        families = []
+        for family in self.registry.collect():
+            family.samples = [s._replace(labels={**s.labels, **extra}) for s in family.samples]
+            families.append(family)
+        return generate_latest(_Families(families))
+
+    def write(self) -> None:
+        """Rewrite the file (from the background flush; never from vLLM's threads)."""
+        with self._lock:
+            if self.closed or os.getpid() != self.pid:
+                return
+            try:
+                text = self.render()
+                tmp = self.path.with_name(f".{self.path.name}.tmp")
+                tmp.write_bytes(text)
+                os.replace(tmp, self.path)
+            except Exception as exc:  # counted, never raised into the flush
+                if self.on_error is None:
+                    raise
+                self.on_error(exc)
+
+    def close(self) -> None:
+        """Stop writing and remove the file (a process that exits stops contributing)."""
+        with self._lock:
+            if self.closed or os.getpid() != self.pid:
+                return
+            self.closed = True
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+
+# -- reading (the API server, or the offline endpoint) ----------------------
+
+
+class FileCollector:
+    """A prometheus_client collector over the files of the live processes in ``directory``."""
+
+    def __init__(self, directory: Path, on_error=None) -> None:
+        self.directory = Path(directory)
+        self.on_error = on_error
+
+    def describe(self) -> list:
+        return []  # names vary with the run; never collect at registration
+
+    def collect(self) -> Iterable[Any]:
+        try:
+            return list(self._merged())
+        except Exception as exc:  # never break vLLM's /metrics
+            if self.on_error is not None:
+                self.on_error(exc)
+            return []
+
+    def _files(self) -> list[Path]:
+        live = []
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            pid, _, start = path.name[: -len(SUFFIX)].partition(".")
+            if not pid.isdigit():
+                continue
+            if _alive(int(pid), start or None):
+                live.append(path)
+            else:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+        return live
+
+    def _merged(self) -> Iterable[Any]:
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.parser import text_string_to_metric_families
+
+        merged: dict[str, Any] = {}
+        for path in self._files():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:  # removed since the listing: its process just exited
+                continue
+            for family in text_string_to_metric_families(text):
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                into.samples.extend(family.samples)
+        return merged.values()
+
+
+# -- the offline engine's endpoint ------------------------------------------
+
+_standalone: dict[int, Any] = {}
+
+
+def serve_standalone(directory: Path, host: str, port: int, on_error=None) -> bool:
+    """Serve the directory's series on ``host:port``/metrics, once per process.
+
+    A taken port is one log line (the series stay in the store); no other port is tried.
+    """
+    if os.getpid() in _standalone:
+        return True
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FileCollector(directory, on_error))
+    try:
+        server = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        log.error(
+            "spectrace: Prometheus port %s:%d is not available (%s): this offline engine's series are "
+            "not served; set SPECTRACE_PROMETHEUS_PORT to a free port",
+            host,
+            port,
+            exc.strerror or exc,
+        )
+        _standalone[os.getpid()] = None
+        return False
+    _standalone[os.getpid()] = server
+    log.info("spectrace: Prometheus metrics of this offline engine on http://%s:%d/metrics", host, port)
+    return True

@@ -1,0 +1,157 @@
+"""spectrace's series on vLLM's own ``/metrics``, and the labels that join them to vLLM's.
+
+The API server serves ``/metrics`` from two places, both built in
+``entrypoints/serve/instrumentator/metrics.py::attach_router``:
+
+- ``get_prometheus_registry()`` (imported by name there): the process-global
+  ``REGISTRY``, or, when ``PROMETHEUS_MULTIPROC_DIR`` is set (``vllm serve
+  --api-server-count N`` with N > 1, ``v1/metrics/prometheus.py``), a fresh
+  registry holding a ``MultiProcessCollector``. It backs the ``/metrics`` mount
+  and the Instrumentator; the collector is registered in whatever it returns.
+- prometheus-fastapi-instrumentator's own ``/metrics`` route, which wins route
+  matching and, in multiprocess mode, builds an ephemeral ``CollectorRegistry`` +
+  ``MultiProcessCollector`` on every scrape (``instrumentation.py::expose``).
+  The collector is added there by wrapping ``MultiProcessCollector.__init__``,
+  in an API server process only.
+
+spectrace never sets ``PROMETHEUS_MULTIPROC_DIR`` and registers nothing under a
+``vllm:`` name. Labels: ``model_name`` is vLLM's ``served_model_name``; ``engine``
+is the DP engine index (``parallel_config.data_parallel_index``), read in the
+engine core (``Scheduler.__init__``, after vLLM loaded the plugin there) and in
+each worker (``Worker.__init__``).
+
+Offline engines (the ``LLM`` class) have no API server: ``LLM.__init__`` starts
+the standalone endpoint on ``SPECTRACE_PROMETHEUS_PORT``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from spectrace.exporters import exposition
+from spectrace.tracer import runtime
+from spectrace.tracer.hooks import Hook
+
+_registries: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_api_server = False
+
+
+def _enabled() -> "runtime.Runtime | None":
+    rt = runtime.get()
+    if rt is None or "prometheus" not in rt.settings.exporters:
+        return None
+    return rt
+
+
+def _count(hook: str):
+    def on_error(exc: BaseException) -> None:
+        rt = runtime.get()
+        if rt is not None:
+            rt.count_error(hook, exc)
+
+    return on_error
+
+
+def add_collector(registry: Any) -> None:
+    """Register the file collector in ``registry`` (once per registry)."""
+    rt = _enabled()
+    if rt is None or registry is None or registry in _registries:
+        return
+    directory = exposition.server_dir(rt.settings.metrics_dir)
+    registry.register(exposition.FileCollector(directory, on_error=_count("api_server.collect")))
+    _registries.add(registry)
+
+
+def wrap_get_prometheus_registry(original, hook: str):
+    def get_prometheus_registry(*args, **kwargs):
+        registry = original(*args, **kwargs)
+        global _api_server
+        with runtime.guard(hook):
+            _api_server = True
+            add_collector(registry)
+        return registry
+
+    return get_prometheus_registry
+
+
+def wrap_multiprocess_collector_init(original, hook: str):
+    def __init__(self, registry, *args, **kwargs):
+        original(self, registry, *args, **kwargs)
+        if _api_server:
+            with runtime.guard(hook):
+                add_collector(registry)
+
+    return __init__
+
+
+def _note(vllm_config: Any, engine: bool) -> None:
+    model_config = getattr(vllm_config, "model_config", None)
+    name = getattr(model_config, "served_model_name", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    if name:
+        exposition.PROCESS_LABELS["model_name"] = str(name)
+    if engine:
+        parallel = getattr(vllm_config, "parallel_config", None)
+        index = getattr(parallel, "data_parallel_index", None)
+        if index is None:
+            index = getattr(parallel, "data_parallel_rank", 0)
+        exposition.PROCESS_LABELS["engine"] = str(index)
+
+
+def _config_arg(args: tuple, kwargs: dict) -> Any:
+    return kwargs.get("vllm_config", args[0] if args else None)
+
+
+def wrap_stat_logger_init(original, hook: str):
+    def __init__(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        with runtime.guard(hook):
+            _note(_config_arg(args, kwargs), engine=False)
+            indexes = kwargs.get("engine_indexes", args[1] if len(args) > 1 else None) or [0]
+            if len(indexes) == 1:  # one engine behind this API server: its index joins too
+                exposition.PROCESS_LABELS["engine"] = str(indexes[0])
+        return result
+
+    return __init__
+
+
+def wrap_engine_init(original, hook: str):
+    def __init__(self, *args, **kwargs):
+        with runtime.guard(hook):
+            _note(_config_arg(args, kwargs), engine=True)
+        return original(self, *args, **kwargs)
+
+    return __init__
+
+
+def wrap_llm_init(original, hook: str):
+    def __init__(self, *args, **kwargs):
+        with runtime.guard(hook):
+            rt = _enabled()
+            if rt is not None and not _api_server:
+                exposition.serve_standalone(
+                    exposition.server_dir(rt.settings.metrics_dir),
+                    rt.settings.prometheus_host,
+                    rt.settings.prometheus_port,
+                    on_error=_count("offline.collect"),
+                )
+        return original(self, *args, **kwargs)
+
+    return __init__
+
+
+HOOKS = [
+    Hook("api_server.metrics_registry", "vllm.entrypoints.serve.instrumentator.metrics:get_prometheus_registry", wrap_get_prometheus_registry),
+    Hook(
+        "api_server.multiprocess_registry",
+        "prometheus_client.multiprocess:MultiProcessCollector.__init__",
+        wrap_multiprocess_collector_init,
+        supported="prometheus_client 0.20-0.26 (with vllm 0.32.x)",
+    ),
+    Hook("labels.frontend", "vllm.v1.metrics.loggers:PrometheusStatLogger.__init__", wrap_stat_logger_init),
+    Hook("labels.engine_core", "vllm.v1.core.sched.scheduler:Scheduler.__init__", wrap_engine_init),
+    Hook("labels.worker", "vllm.v1.worker.gpu_worker:Worker.__init__", wrap_engine_init),
+    Hook("offline.prometheus_endpoint", "vllm.entrypoints.llm:LLM.__init__", wrap_llm_init),
+]
