@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test demo venv clean prometheus
+.PHONY: test demo venv clean prometheus postgres
 
 venv: $(STAMP)
 
@@ -28,7 +28,14 @@ prometheus:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
 	  else echo "promtool/amtool missing: sudo apt-get install prometheus prometheus-alertmanager"; exit 1; fi; }
 
-test: $(STAMP) prometheus
+# PostgreSQL (Debian's `postgresql`) for the lake tests: they start their own cluster with
+# initdb/pg_ctl from /usr/lib/postgresql/*/bin (as the postgres user when run as root).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
+	  else echo "PostgreSQL missing: sudo apt-get install postgresql"; exit 1; fi; }
+
+test: $(STAMP) prometheus postgres
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
