@@ -88,7 +88,7 @@ def test_prometheus_rule_file_passes_promtool_check(tmp_path, name):
     path.write_text(to_yaml(alerts.prometheus_rules(name)))
     result = _promtool("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout  # 4 alerts, 4 recording rules
 
 
 @needs_promtool

@@ -88,7 +88,7 @@ def test_dashboard_structure(name):
             assert target["datasource"] == DATASOURCE and target["expr"].strip()
             for var in re.findall(r"\$\{?(\w+)", target["expr"]):
                 assert var in variables or var in MACROS, f"{panel['title']}: unknown ${var}"
-            assert "spectrace_" in target["expr"] or "ALERTS" in target["expr"]
+            assert "spectrace_" in target["expr"] or "spectrace:" in target["expr"] or "ALERTS" in target["expr"]
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
         if unit is not None:
             assert unit in UNITS or unit.startswith("suffix:"), f"{panel['title']}: unit {unit!r}"
@@ -213,6 +213,11 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
         ({"alertname": "SpectraceAcceptanceDrop", "alertstate": "pending", "severity": "warning", **alert}, 1, 0),
     ])
 
+    # what the recording rules ("spectrace-recording") write from the two counters: their per-second rates
+    for counter in ("drafted", "accepted"):
+        _, series = families[f"spectrace_verify_{counter}_tokens"]
+        families[f"spectrace:verify_{counter}_tokens:rate"] = ("gauge", [(labels, slope / every, 0) for labels, _, slope in series])
+
     lines = []
     for family, (kind, series) in families.items():
         lines.append(f"# TYPE {family} {kind}")
@@ -278,7 +283,7 @@ def test_export_writes_a_provisioning_tree(tmp_path, capsys):
     out = tmp_path / "provisioning"
     assert main(["dashboards", "export", str(out), "--datasource-uid", "my-prom", "--prometheus-url", "http://prom:9090"]) == 0
     printed = capsys.readouterr().out
-    assert "wrote 9 files" in printed and "production profile" in printed
+    assert "wrote 11 files" in printed and "production profile" in printed
     grafana = out / "grafana" / "provisioning"
     for name in build.DASHBOARDS:
         assert (grafana / "dashboards" / "spectrace" / name).read_text() == (build.GENERATED / name).read_text()
@@ -306,7 +311,7 @@ def test_exported_prometheus_config_and_rules_pass_promtool(tmp_path):
     result = subprocess.run([PROMTOOL, "check", "config", str(out / "prometheus" / "prometheus.example.yaml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout  # promtool follows rule_files
+    assert "SUCCESS: 8 rules found" in result.stdout  # promtool follows rule_files: 4 alerts, 4 recording rules
     assert "[15s]" in (out / "prometheus" / "spectrace-rules.yaml").read_text()
 
 

@@ -273,7 +273,8 @@ def prometheus_rules(p: "str | Profile" = PRODUCTION) -> dict[str, Any]:
                 "annotations": {"summary": r.summary, "description": r.description},
             }
         )
-    return {"groups": [{"name": GROUP, "interval": p.evaluation_interval, "rules": rules}]}
+    recording = {"name": f"{GROUP}-recording", "interval": p.evaluation_interval, "rules": promql.recording_rules(p.rate_window)}
+    return {"groups": [{"name": GROUP, "interval": p.evaluation_interval, "rules": rules}, recording]}
 
 
 # --------------------------------------------------------------------------- Grafana

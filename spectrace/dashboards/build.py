@@ -260,7 +260,7 @@ def acceptance_dashboard() -> Any:
     d = d.with_panel(
         k.acceptance_timeseries("Acceptance rate by position", "Accepted / drafted tokens at each draft position. "
                                 "Later positions are accepted only after every earlier one, so they sit lower.")
-        .with_target(k.query(promql.acceptance(W, ["position"], MATCHERS), "position {{position}}"))
+        .with_target(k.query(promql.recorded_acceptance(["position"], MATCHERS), "position {{position}}"))
     )
     d = d.with_panel(
         k.heatmap.Panel().id(k.next_id()).title("Acceptance heatmap: position × time")
@@ -274,7 +274,7 @@ def acceptance_dashboard() -> Any:
         .cell_values(k.heatmap.CellValues().unit("percentunit").decimals(0))
         .y_axis(k.heatmap.YAxisConfig().unit("none").axis_label("draft position"))
         .show_value(cm.VisibilityMode.NEVER).cell_gap(1)
-        .with_target(k.query(promql.acceptance(W, ["position"], MATCHERS), "{{position}}"))
+        .with_target(k.query(promql.recorded_acceptance(["position"], MATCHERS), "{{position}}"))
     )
     order = ["position\\context_bucket", *promql.CONTEXT_BUCKETS]
     d = d.with_panel(
@@ -298,7 +298,7 @@ def acceptance_dashboard() -> Any:
     d = d.with_panel(
         k.acceptance_timeseries("Acceptance rate by context bucket", "All positions, by the request's context length "
                                 "when the draft was verified.")
-        .with_target(k.query(promql.acceptance(W, ["context_bucket"], MATCHERS), "{{context_bucket}}"))
+        .with_target(k.query(promql.recorded_acceptance(["context_bucket"], MATCHERS), "{{context_bucket}}"))
     )
 
     # -- throughput

@@ -29,6 +29,17 @@ DEPLOYMENT = ("job", "model", "draft_model", "method")
 # One serving process of a deployment.
 INSTANCE = ("job", "instance", "model", "draft_model", "method")
 
+# Recording rules (the rule file's "spectrace-recording" group; the window is the
+# profile's rate_window: 5m in production). Per serving instance, pid and the
+# OpenTelemetry scope labels summed away, so a fleet's panels read a few series per
+# position instead of one per process and context bucket:
+RECORDED_DRAFTED = "spectrace:verify_drafted_tokens:rate"
+RECORDED_ACCEPTED = "spectrace:verify_accepted_tokens:rate"
+RECORDED_LABELS = ("job", "instance", "model", "draft_model", "method", "model_name", "engine", "run_id", "position", "context_bucket")
+# ... and over replicas (every instance of a deployment):
+FLEET_BY_POSITION = "spectrace:verify_acceptance_by_position:ratio"
+FLEET_BY_CONTEXT = "spectrace:verify_acceptance_by_context:ratio"
+
 CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+")
 
 TAP_CODES = ("TAP_MISMATCH", "TAP_COUNT_MISMATCH", "TAP_OUT_OF_RANGE")
@@ -115,3 +126,29 @@ def layout_mismatches(matchers: Iterable[str] = ()) -> str:
     sliding_lost = series(ATTENTION_LAYER, [*matchers, 'declared_type="sliding"', 'runtime_type="full"'])
     sliding_added = series(ATTENTION_LAYER, [*matchers, 'declared_type="full"', 'runtime_type="sliding"'])
     return f"{sliding_lost} or {sliding_added}"
+
+
+def recorded_acceptance(labels: Sequence[str] = (), matchers: Iterable[str] = ()) -> str:
+    """Acceptance from the recorded per-instance rates: accepted / drafted, summed by ``labels``."""
+    matchers = list(matchers)
+    grouping = f" {by(labels)} " if labels else ""
+    return (
+        f"sum{grouping}({series(RECORDED_ACCEPTED, matchers)})\n"
+        f"  / sum{grouping}({series(RECORDED_DRAFTED, matchers)})"
+    )
+
+
+def recording_rules(rate_window: str) -> list[dict[str, str]]:
+    """The recording rules: per-instance rates, then acceptance over replicas per position and per context bucket."""
+    keep = ", ".join(RECORDED_LABELS)
+    rules = [
+        {"record": RECORDED_DRAFTED, "expr": f"sum by ({keep}) (rate({DRAFTED}[{rate_window}]))"},
+        {"record": RECORDED_ACCEPTED, "expr": f"sum by ({keep}) (rate({ACCEPTED}[{rate_window}]))"},
+    ]
+    for name, label in ((FLEET_BY_POSITION, "position"), (FLEET_BY_CONTEXT, "context_bucket")):
+        rules.append({"record": name, "expr": recorded_acceptance([*DEPLOYMENT_LABELS, label])})
+    return rules
+
+
+# A deployment across replicas, as vLLM's own series name it too (model_name).
+DEPLOYMENT_LABELS = ("job", "model", "draft_model", "method", "model_name")

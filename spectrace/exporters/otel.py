@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
@@ -143,40 +142,3 @@ def otlp_metric_reader():
         raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
     interval = int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
     return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()), export_interval_millis=interval)
-
-
-def prometheus_reader(base_port: int, host: str, attempts: int = 64) -> tuple[Any, int]:
-    """A Prometheus reader serving its own registry on the first free port from ``base_port``.
-
-    Each process (frontend, engine core, every worker) gets its own endpoint;
-    the first free port in ``base_port .. base_port + attempts - 1`` is taken, so
-    processes never collide. Returns (reader, port).
-    """
-    try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
-    except ImportError:
-        raise MissingExtra("SPECTRACE_EXPORTER=prometheus needs: pip install 'spectrace[prometheus]'") from None
-    registry = CollectorRegistry(auto_describe=True)
-    last_error: Exception | None = None
-    for port in range(base_port, base_port + attempts):
-        if not _port_free(host, port):
-            continue
-        try:
-            start_http_server(port, addr=host, registry=registry)
-        except OSError as exc:
-            last_error = exc
-            continue
-        reader = PrometheusMetricReader(registry=registry, disable_target_info=True)
-        return reader, port
-    raise OSError(f"no free port for the Prometheus endpoint in {base_port}..{base_port + attempts - 1}: {last_error}")
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
