@@ -1,0 +1,136 @@
+"""spectrace's series on vLLM's own /metrics: a real `vllm serve --api-server-count 2` (multiprocess
+prometheus_client mode), a seeded drafter, a real Prometheus scraping only the API server's port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from spectrace.dashboards import alerts, build, panel_queries
+from spectrace.dashboards.export import to_yaml
+from spectrace.testing.engine import base_env
+from spectrace.testing.prometheus import PrometheusServer, free_port
+
+COLLAPSE = "SpectraceAcceptanceCollapse"
+
+
+def _scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+
+
+def _complete(port, model, max_tokens=24):
+    body = json.dumps({"model": model, "prompt": "the quick brown fox", "max_tokens": max_tokens, "temperature": 0}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
+    port = free_port()
+    env = base_env(scratch / "metrics-store", multiprocessing=True, cache_root=cache_root)
+    env["SPECTRACE_FLUSH_INTERVAL"] = "0.5"
+    log = open(scratch / "metrics-serve.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "spectrace.testing.serve", zoo["target"], "--api-server-count", "2",
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+         "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20),
+         "--speculative-config", json.dumps({"method": "draft_model", "model": zoo["draft_seeded"], "num_speculative_tokens": 3})],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    rules = scratch / "metrics-rules.yaml"
+    rules.write_text(to_yaml(alerts.prometheus_rules("test")))
+    stop = threading.Event()
+    try:
+        def up():
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                return True
+            except OSError:
+                assert server.poll() is None, (scratch / "metrics-serve.log").read_text()[-3000:]
+                return False
+
+        _wait(up, 400, "vllm serve")
+        with PrometheusServer(scratch / "prom-metrics", targets=[f"127.0.0.1:{port}"], rule_files=[rules]) as prom:
+            def load():
+                while not stop.is_set():
+                    _complete(port, zoo["target"])
+
+            traffic = threading.Thread(target=load, daemon=True)
+            traffic.start()
+
+            def firing():
+                return [a for g in prom.api("rules")["groups"] for r in g["rules"] if r.get("name") == COLLAPSE
+                        for a in r.get("alerts", []) if a["state"] == "firing"]
+
+            _wait(firing, 240, "the collapse alert")
+            empty = [(d, t, q) for d, t, q in panel_queries(step="15s", scrape_interval="1s", time_range="10m")
+                     if t not in build.MAY_BE_EMPTY and not prom.api("query", query=q)["result"]]
+            assert empty == []
+            stop.set()
+            traffic.join(timeout=120)
+
+        time.sleep(2.0)  # > 2 flush intervals: every process has written its last counts
+        families = _scrape(port)
+        vllm_per_pos = {s.labels["position"]: s.value for s in families["vllm:spec_decode_num_accepted_tokens_per_pos"].samples
+                        if s.name.endswith("_total")}
+        vllm_labels = {(s.labels["model_name"], s.labels["engine"]) for s in families["vllm:spec_decode_num_accepted_tokens_per_pos"].samples}
+        accepted, drafted, pids, joins = defaultdict(float), 0.0, set(), set()
+        for s in families["spectrace_verify_accepted_tokens"].samples:
+            accepted[s.labels["position"]] += s.value
+            joins.add((s.labels["model_name"], s.labels["engine"]))
+        for s in families["spectrace_verify_drafted_tokens"].samples:
+            drafted += s.value
+        for family in families.values():
+            if family.name.startswith("spectrace"):
+                pids |= {s.labels["pid"] for s in family.samples if "pid" in s.labels}
+        assert drafted > 0 and vllm_per_pos and dict(accepted) == vllm_per_pos
+        assert joins == vllm_labels  # same model_name and engine as vLLM's own series
+        # main process, two API servers, engine core, worker: all on the one port
+        assert len(pids) >= 4, pids
+        # vLLM's own series are vLLM's: nothing of spectrace's under a vllm: name
+        assert not [n for n in families if n.startswith("vllm:") and any("pid" in s.labels for s in families[n].samples)]
+
+        # the engine core killed: vLLM takes the server down; nothing of it may stay on a /metrics of this host
+        engine = subprocess.run(["pgrep", "-f", "-s", str(server.pid), "VLLM::EngineCore"], capture_output=True, text=True).stdout.split()
+        assert engine
+        metrics_dir = {p.split(".")[0] for p in os.listdir(_metrics_dir(server.pid))}
+        assert engine[0] in metrics_dir
+        os.kill(int(engine[0]), signal.SIGKILL)
+        server.wait(timeout=120)
+    finally:
+        stop.set()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGINT)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+    assert not [p for p in os.listdir("/tmp") if p.startswith(f"spectrace-metrics-{server.pid}-")]
+
+
+def _metrics_dir(pid):
+    import tempfile
+
+    [name] = [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"spectrace-metrics-{pid}-")]
+    return os.path.join(tempfile.gettempdir(), name)
