@@ -14,6 +14,7 @@ nothing is downloaded at run time.
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import duckdb
@@ -82,6 +83,7 @@ def connect(catalog: str, *, data_path: str | None = None, read_only: bool = Fal
     """
     con = duckdb.connect(":memory:")
     try:
+        con.execute("SET enable_progress_bar = false")  # nothing on a server's stdout
         load_extensions(con)
         options = []
         if data_path:
@@ -89,7 +91,16 @@ def connect(catalog: str, *, data_path: str | None = None, read_only: bool = Fal
         if read_only:
             options.append("READ_ONLY")
         suffix = f" ({', '.join(options)})" if options else ""
-        con.execute(f"ATTACH {_sql_str(catalog_uri(catalog))} AS {ALIAS}{suffix}")
+        for attempt in range(3):
+            try:
+                con.execute(f"ATTACH {_sql_str(catalog_uri(catalog))} AS {ALIAS}{suffix}")
+                break
+            except duckdb.Error as exc:
+                # writers attaching a new catalog together race to create its tables: the
+                # losers find it created on the next try
+                if "Failed to initialize DuckLake" not in str(exc) or attempt == 2:
+                    raise
+                time.sleep(0.3 * (attempt + 1))
     except LakeError:
         con.close()
         raise
@@ -111,20 +122,30 @@ def table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {ALIAS}.{table} ({cols})"
 
 
-def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every spectrace table that the lake does not have yet (one transaction)."""
-    present = existing_tables(con)
-    missing = [table for table in TABLES if table not in present]
-    if not missing:
-        return
-    con.execute("BEGIN")
-    try:
-        for table in missing:
-            con.execute(table_ddl(table))
-        con.execute("COMMIT")
-    except duckdb.Error:
-        con.execute("ROLLBACK")
-        raise
+def ensure_tables(con: duckdb.DuckDBPyConnection, attempts: int = 3) -> None:
+    """Create every spectrace table that the lake does not have yet (one transaction).
+
+    Replicas starting together race to create them: a conflict is retried, and is
+    over once another writer has created them all.
+    """
+    for attempt in range(attempts):
+        missing = [table for table in TABLES if table not in existing_tables(con)]
+        if not missing:
+            return
+        con.execute("BEGIN")
+        try:
+            for table in missing:
+                con.execute(table_ddl(table))
+            con.execute("COMMIT")
+            return
+        except duckdb.Error:
+            try:
+                con.execute("ROLLBACK")
+            except duckdb.Error:  # a failed COMMIT has already ended the transaction
+                pass
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def existing_tables(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -152,11 +152,6 @@ class LakeSink:
             self._pending, self.pending_rows = [], 0
         self._close_connection()
 
-    def forget(self) -> None:
-        """In a forked child: the parent's connection and rows are not ours."""
-        self.con = None  # never closed here: it belongs to the parent
-        self._pending, self.pending_rows = [], 0
-
     def stats(self) -> dict[str, Any]:
         latencies = sorted(self.commit_seconds)
 
@@ -194,7 +189,8 @@ def attach(writer, settings) -> str:
         return f"unavailable: {exc}"
 
     def count(n: int) -> None:
-        writer.dropped += n
+        with writer._lock:  # the hot side counts its own drops under this lock
+            writer.dropped += n
 
     writer.sinks.append(LakeSink(settings.lake, data_path=settings.lake_data, max_rows=settings.max_buffer_rows, on_drop=count))
     writer.parquet = "duckdb" in settings.exporters
