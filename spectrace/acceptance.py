@@ -58,12 +58,30 @@ class CollapseDetector:
     collapsed: bool = False
     _chunks: deque = field(default_factory=deque)
     _drafted_total: int = 0
+    _onset: dict[str, Any] | None = None  # first step of the current stretch below the threshold
+    _collapsed_at: dict[str, Any] | None = None
 
-    def observe(self, drafted_at: np.ndarray, accepted_at: np.ndarray) -> CollapseEvent | None:
+    def _mark(self, steps: "list[StepMark] | None") -> None:
+        """Follow, step by step, where the current stretch of low acceptance began."""
+        for mark in steps or ():
+            if not mark.drafted:
+                continue
+            low = (mark.pos0_accepted < self.threshold * mark.pos0_drafted) or (mark.accepted < self.threshold * mark.drafted)
+            if low and self._onset is None:
+                self._onset = {"step": mark.step, "ts_ns": mark.ts_ns, "context_len": mark.context_len}
+            elif not low and not self.collapsed:
+                self._onset = None
+
+    def observe(
+        self, drafted_at: np.ndarray, accepted_at: np.ndarray, steps: "list[StepMark] | None" = None
+    ) -> CollapseEvent | None:
+        """One flush's per-position counts; ``steps`` (optional) the same flush step by step,
+        so a collapse names the step, time and context where it began."""
         drafted_at = np.asarray(drafted_at, dtype=np.int64)
         accepted_at = np.asarray(accepted_at, dtype=np.int64)
         if drafted_at.sum() == 0:
             return None
+        self._mark(steps)
         self._chunks.append((drafted_at, accepted_at))
         self._drafted_total += int(drafted_at.sum())
         while len(self._chunks) > 1 and self._drafted_total - int(self._chunks[0][0].sum()) >= self.window:
@@ -90,8 +108,204 @@ class CollapseDetector:
         low = pos0 < self.threshold or overall < self.threshold
         if low and not self.collapsed:
             self.collapsed = True
+            onset = self._onset or {}
+            evidence.update({f"onset_{k}": v for k, v in onset.items()})
+            self._collapsed_at = onset
             return CollapseEvent("ACCEPTANCE_COLLAPSE", evidence)
         if not low and self.collapsed:
             self.collapsed = False
+            last = steps[-1] if steps else None
+            evidence.update({f"onset_{k}": v for k, v in (self._collapsed_at or {}).items()})
+            if last is not None:
+                evidence.update(recovered_step=last.step, recovered_ts_ns=last.ts_ns, recovered_context_len=last.context_len)
+            self._onset = None
             return CollapseEvent("ACCEPTANCE_RECOVERED", evidence)
         return None
+
+
+@dataclass
+class StepMark:
+    """One engine step's totals over its request-steps (what the collapse onset needs)."""
+
+    step: int
+    ts_ns: int
+    context_len: int  # the longest context in the step
+    drafted: int
+    accepted: int
+    pos0_drafted: int
+    pos0_accepted: int
+
+
+# -- per-run context ranges: the fixed buckets split at the run's own boundaries ------------
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def range_edges(boundaries: "list[int] | tuple[int, ...]" = ()) -> np.ndarray:
+    """The fixed bucket edges plus a run's boundaries (windows, context lengths)."""
+    extra = {int(b) for b in boundaries if isinstance(b, int) and b > 0}
+    return np.array(sorted(set(int(e) for e in _EDGES) | extra), dtype=np.int64)
+
+
+def range_labels(edges: np.ndarray) -> list[str]:
+    """Labels of the ranges ``edges`` make: ``0-64``, ``64-512``, ``512-1k``, ..., ``16k+``."""
+    lows = [0, *[int(e) for e in edges]]
+    return [f"{_tokens(lo)}-{_tokens(hi)}" for lo, hi in zip(lows, edges)] + [f"{_tokens(lows[-1])}+"]
+
+
+def range_bounds(edges: np.ndarray) -> list[tuple[int, int | None]]:
+    """(low, high) of each range ``edges`` make (high None: open)."""
+    lows = [0, *[int(e) for e in edges]]
+    return [(lo, int(hi)) for lo, hi in zip(lows, edges)] + [(lows[-1], None)]
+
+
+def range_indices(edges: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    return np.searchsorted(edges, context_lens, side="right")
+
+
+# -- the shapes of a failing drafter ---------------------------------------------------------
+
+
+@dataclass
+class Cliff:
+    """Acceptance before and after a context boundary."""
+
+    boundary: int
+    before_drafted: int
+    before_accepted: int
+    after_drafted: int
+    after_accepted: int
+
+    @property
+    def before_rate(self) -> float:
+        return self.before_accepted / self.before_drafted if self.before_drafted else 0.0
+
+    @property
+    def after_rate(self) -> float:
+        return self.after_accepted / self.after_drafted if self.after_drafted else 0.0
+
+
+def context_cliff(
+    by_range: dict[tuple[int, int | None], tuple[int, int]],
+    boundary: int,
+    *,
+    min_tokens: int = 100,
+    healthy: float = 0.2,
+    ratio: float = 0.5,
+) -> Cliff | None:
+    """A cliff at ``boundary``: acceptance past it well below acceptance before it.
+
+    ``by_range`` maps a context range (low, high) to (drafted, accepted) summed over
+    positions. Ranges wholly below the boundary are "before", ranges from it on
+    "after". A cliff needs ``min_tokens`` drafted on each side, a healthy rate before
+    (``>= healthy``) and a rate after below ``ratio`` times it.
+    """
+    before_d = before_a = after_d = after_a = 0
+    for (low, high), (drafted, accepted) in by_range.items():
+        if high is not None and high <= boundary:
+            before_d += drafted
+            before_a += accepted
+        elif low >= boundary:
+            after_d += drafted
+            after_a += accepted
+    cliff = Cliff(boundary, before_d, before_a, after_d, after_a)
+    if before_d < min_tokens or after_d < min_tokens:
+        return None
+    if cliff.before_rate < healthy or cliff.after_rate >= ratio * cliff.before_rate:
+        return None
+    return cliff
+
+
+def position_cliff(
+    drafted_at: np.ndarray, accepted_at: np.ndarray, *, min_tokens: int = 100, healthy: float = 0.2, near_zero: float = 0.05
+) -> int | None:
+    """The first position ``i`` whose acceptance is healthy while ``i + 1`` accepts almost
+    nothing of what ``i`` accepted (conditional rate ``accepted[i+1] / accepted[i]``).
+
+    Greedy verification accepts a prefix, so position ``i + 1`` can only be accepted
+    where ``i`` was; the conditional rate separates a cliff from a gentle decay.
+    """
+    drafted_at = np.asarray(drafted_at, dtype=np.int64)
+    accepted_at = np.asarray(accepted_at, dtype=np.int64)
+    for i in range(len(drafted_at) - 1):
+        if drafted_at[i] < min_tokens or drafted_at[i + 1] < min_tokens or accepted_at[i] < min_tokens // 4:
+            continue
+        if accepted_at[i] / drafted_at[i] < healthy:
+            continue
+        if accepted_at[i + 1] / accepted_at[i] < near_zero:
+            return i
+    return None
+
+
+def one_token_rows(draft_rows: "list[list[int]]") -> tuple[int, int, dict[int, int]]:
+    """(rows of two or more drafts, of them all one token id, count per such id).
+
+    Placeholder ids (negative: vLLM's async scheduling sends -1) are no drafts and
+    are skipped; single-draft rows say nothing about repetition.
+    """
+    rows = repeated = 0
+    by_token: dict[int, int] = {}
+    for draft in draft_rows:
+        if len(draft) < 2 or draft[0] < 0:
+            continue
+        rows += 1
+        first = draft[0]
+        if draft.count(first) == len(draft):
+            repeated += 1
+            by_token[first] = by_token.get(first, 0) + 1
+    return rows, repeated, by_token
+
+
+# -- does speculation pay? -------------------------------------------------------------------
+
+
+def speedup_estimate(mean_acceptance_length: float, draft_ns: float, step_ns: float) -> float | None:
+    """Speed-up over decoding without drafts, from one step's host times.
+
+    A speculative step takes ``step_ns`` (drafting ``draft_ns`` of it) and yields
+    ``mean_acceptance_length`` tokens per request. Without drafts a step is the same
+    step minus drafting (the target forward over k + 1 tokens per request costs about
+    what it costs over one: tiny models on CPU, memory-bound decoding on GPU) and
+    yields one token. So the estimate is ``L * (step - draft) / step``.
+    """
+    if step_ns <= 0 or mean_acceptance_length <= 0:
+        return None
+    verify_ns = max(step_ns - draft_ns, 0.0)
+    return mean_acceptance_length * verify_ns / step_ns
+
+
+@dataclass
+class PayingDetector:
+    """``SPECULATION_NOT_PAYING`` once the speed-up estimate over the last ``window_steps``
+    verification steps stays below 1 (with at least ``min_steps`` of them)."""
+
+    window_steps: int = 200
+    min_steps: int = 50
+    flagged: bool = False
+    _chunks: deque = field(default_factory=deque)
+
+    def observe(self, steps: int, draft_ns: int, step_ns: int, request_steps: int, tokens: int) -> dict[str, Any] | None:
+        """One flush's totals: worker steps with drafts, their draft and whole host times,
+        request-steps and tokens they yielded (accepted + 1 each)."""
+        if steps <= 0:
+            return None
+        self._chunks.append((steps, draft_ns, step_ns, request_steps, tokens))
+        while len(self._chunks) > 1 and sum(c[0] for c in self._chunks) - self._chunks[0][0] >= self.window_steps:
+            self._chunks.popleft()
+        s, d, t, r, n = (sum(c[i] for c in self._chunks) for i in range(5))
+        if s < self.min_steps or not r:
+            return None
+        length = n / r
+        estimate = speedup_estimate(length, d / s, t / s)
+        if estimate is None or estimate >= 1.0 or self.flagged:
+            return None
+        self.flagged = True
+        return {
+            "window_steps": s,
+            "mean_acceptance_length": round(length, 4),
+            "draft_ms_per_step": round(d / s / 1e6, 4),
+            "verify_ms_per_step": round((t - d) / s / 1e6, 4),
+            "speedup_estimate": round(estimate, 4),
+        }

@@ -375,6 +375,10 @@ def config_findings(
             findings = [f for f in findings if f.code not in ("FIELD_CHANGED", "FIELD_DROPPED")]
         diffs.extend(model_diffs)
         by_role.setdefault(role, []).extend(findings)
+    target = next((m for m in models if m["model_role"] == "target"), None)
+    draft = next((m for m in models if m["model_role"] == "draft"), None)
+    if target is not None and draft is not None and "draft" in by_role:
+        reapplied_window(by_role["draft"], method, target["transformers_resolved"], draft["declared"])
     return diffs, by_role
 
 
@@ -447,13 +451,30 @@ def audit_model_layout(
         return plans, []
     plans = with_runtime(plans, layers)
     causes, _ = draft_root_causes(declared, resolved)
-    return plans, audit_layout(role, plans, causes)
+    return plans, audit_layout(role, plans, causes) + audit_causality(role, declared, resolved, plans)
 
 
 def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Finding]:
     """LAYOUT_MISMATCH where a layer runs differently from its config."""
     findings = []
     vs_resolved, vs_declared = mismatched_layers(plans)
+    if vs_resolved and "SWA_DROPPED" in causes and all(_runs_as_declared(p, plans) for p in vs_resolved):
+        # the window resolution dropped runs anyway (a draft_model drafter gets the target's
+        # window): what runs is what config.json meant, a consequence of SWA_DROPPED, not an error
+        findings.append(
+            Finding(
+                code="LAYOUT_MISMATCH",
+                severity="info",
+                component="layout",
+                model_role=role,
+                message=f"{role}: {len(vs_resolved)} layer(s) run the window config.json declared, not their resolved "
+                "config (vLLM applied a window from elsewhere, e.g. the target's for a draft_model drafter): "
+                + _layers_text(vs_resolved, "resolved"),
+                evidence={"layers": [asdict(p) for p in vs_resolved]},
+                caused_by="SWA_DROPPED",
+            )
+        )
+        vs_resolved = []
     if vs_resolved:
         findings.append(
             Finding(
@@ -483,6 +504,17 @@ def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Fi
             )
         )
     return findings
+
+
+def _runs_as_declared(plan: LayerPlan, plans: list[LayerPlan]) -> bool:
+    """Does ``plan`` run what config.json declared (type and window)?"""
+    if plan.declared_type == UNSPECIFIED:
+        if not _is_window(plan.declared_window):
+            return plan.runtime_type == FULL
+        return plan.runtime_type == SLIDING and plan.runtime_window == plan.declared_window
+    if plan.runtime_type != plan.declared_type:
+        return False
+    return plan.runtime_type != SLIDING or plan.runtime_window == plan.declared_window
 
 
 def _layers_text(plans: list[LayerPlan], against: str) -> str:
@@ -864,3 +896,211 @@ def audit_taps(
             )
         )
     return TapAudit(field_name, declared, expected, tapped, input_taps, status), findings
+
+
+# -- DFlash causality ------------------------------------------------------------------
+
+
+def audit_causality(
+    role: str, declared: dict[str, Any] | None, resolved: dict[str, Any] | None, plans: list[LayerPlan] | None = None
+) -> list[Finding]:
+    """``CAUSAL_INFERRED`` for a DFlash drafter that declares no causality.
+
+    vLLM 0.32 (``qwen3_dflash._dflash_layer_causal``) takes ``is_causal``, else
+    ``dflash_config.causal``, else makes exactly the sliding layers of ``layer_types``
+    causal (no ``layer_types``: none). ``plans`` with runtime ``causal`` (what the
+    built layers say) are preferred to the rule when present.
+    """
+    if role != "draft" or declared is None or architecture_method(declared) != "dflash":
+        return []
+    if _get(declared, "is_causal", None) is not None or _dflash(declared).get("causal") is not None:
+        return []
+    source = "runtime"
+    chosen = [p.causal for p in plans or [] if p.causal is not None]
+    if not chosen:
+        source = "rule"
+        types = _get(resolved, "layer_types", None)
+        n = _num_layers(resolved, declared)
+        chosen = [isinstance(types, list) and i < len(types) and _layer_kind(types[i]) == SLIDING for i in range(n)]
+    causal = [i for i, c in enumerate(chosen) if c]
+    text = (
+        "every layer causal" if len(causal) == len(chosen)
+        else "no layer causal (bidirectional within the block)" if not causal
+        else f"layers {causal} causal, the others not"
+    )
+    return [
+        Finding(
+            code="CAUSAL_INFERRED",
+            severity="warning",
+            component="layout",
+            model_role=role,
+            message=f"the DFlash drafter declares no causality (is_causal, dflash_config.causal); vLLM chose {text}, "
+            "from layer_types (sliding layers causal, full layers not)",
+            evidence={
+                "causal_by_layer": chosen,
+                "from": source,
+                "resolved_layer_types": _get(resolved, "layer_types", None),
+                "vllm_rule": "vllm.model_executor.models.qwen3_dflash._dflash_layer_causal",
+            },
+            fix='declare how the drafter was trained: "dflash_config": {"causal": true|false} (or "is_causal")',
+        )
+    ]
+
+
+# -- judged by what runs: a draft_model drafter gets the target's window ------------------
+
+
+def target_window(resolved_target: dict[str, Any] | None) -> int | None:
+    """The window the target's sliding layers use after resolution (None: no sliding layer)."""
+    plans = layer_plans(resolved_target, resolved_target)
+    windows = [p.resolved_window for p in plans if p.resolved_type == SLIDING and _is_window(p.resolved_window)]
+    return windows[0] if windows else None
+
+
+def reapplied_window(findings: list[Finding], method: str | None, target_resolved: dict[str, Any] | None, draft_declared: dict[str, Any] | None) -> list[Finding]:
+    """A drafter's dropped window that vLLM re-applies: at most a warning naming why.
+
+    vLLM 0.32 builds a ``draft_model`` drafter's attention with the target's sliding
+    window (measured on CPU; the drafter's own resolved window is not used). When the
+    window the drafter's config.json declared is the target's, what runs is what the
+    config meant: ``SWA_DROPPED`` becomes a warning (the window comes from the target,
+    not from this config), and its consequences stay info.
+    """
+    if method != "draft_model":
+        return findings
+    window = target_window(target_resolved)
+    declared = _declared_window(draft_declared)
+    if window is None or declared != window:
+        return findings
+    for finding in findings:
+        if finding.code == "SWA_DROPPED" and finding.model_role == "draft" and finding.severity == "error":
+            finding.severity = "warning"
+            finding.message += (
+                f". vLLM runs it with a window of {window} anyway: a draft_model drafter gets the target's window, "
+                "so the window comes from the target, not from this config (another target would lose it)"
+            )
+            finding.evidence["runtime_window_from"] = "target"
+            finding.evidence["target_window"] = window
+    return findings
+
+
+# -- the acceptance curve: boundaries from the run's configs, cliffs, dummy drafts ----------
+
+
+@dataclass
+class ContextBoundary:
+    """A context length where a model's behaviour changes, known from a config."""
+
+    tokens: int
+    model_role: str
+    field: str  # where it comes from: sliding_window, max_position_embeddings, ...
+    explained_by: tuple[str, ...] = ()  # config findings that would explain a cliff here
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "model_role": self.model_role, "field": self.field}
+
+
+def context_boundaries(
+    *,
+    method: str | None,
+    target_declared: dict[str, Any] | None,
+    target_resolved: dict[str, Any] | None,
+    draft_declared: dict[str, Any] | None,
+    draft_resolved: dict[str, Any] | None,
+    max_model_len: int | None = None,
+) -> list[ContextBoundary]:
+    """Each model's declared sliding window, the drafter's ``max_position_embeddings`` and
+    its rope original length, and the target's window; below ``max_model_len`` only."""
+    found: list[ContextBoundary] = []
+
+    def add(tokens: Any, role: str, field_name: str, explained: tuple[str, ...] = ()) -> None:
+        if not _is_window(tokens) or (max_model_len and tokens >= max_model_len):
+            return
+        if any(b.tokens == tokens and b.model_role == role for b in found):
+            return
+        found.append(ContextBoundary(int(tokens), role, field_name, explained))
+
+    drafter_explains = ("SWA_DROPPED", "LAYOUT_MISMATCH", "DRAFT_CONTEXT_SHORT")
+    add(_declared_window(target_declared), "target", "sliding_window (declared)")
+    add(target_window(target_resolved), "target", "sliding_window")
+    if draft_declared is not None and method not in MODEL_FREE_METHODS:
+        add(_declared_window(draft_declared), "draft", "sliding_window (declared)", drafter_explains)
+        add(_resolved_window(draft_resolved), "draft", "sliding_window", drafter_explains)
+        add(_get(draft_declared, "max_position_embeddings", None), "draft", "max_position_embeddings", ("DRAFT_CONTEXT_SHORT",))
+        scaling = _get(draft_declared, "rope_scaling", None) or _get(draft_declared, "rope_parameters", None)
+        if isinstance(scaling, dict):
+            add(scaling.get("original_max_position_embeddings"), "draft", "rope original_max_position_embeddings", ("DRAFT_CONTEXT_SHORT",))
+    return sorted(found, key=lambda b: b.tokens)
+
+
+def context_cliff_finding(boundary: ContextBoundary, cliff: Any, roots: set[str], rates_by_range: dict[str, Any]) -> Finding:
+    """``CONTEXT_CLIFF`` at ``boundary`` (``cliff``: an ``acceptance.Cliff``)."""
+    caused = next((code for code in boundary.explained_by if code in roots), None)
+    return Finding(
+        code="CONTEXT_CLIFF",
+        severity="warning" if caused else "error",
+        component="verification",
+        model_role=boundary.model_role,
+        message=f"acceptance falls from {cliff.before_rate:.1%} below context {boundary.tokens} to {cliff.after_rate:.1%} "
+        f"past it; {boundary.tokens} is the {boundary.model_role}'s {boundary.field}"
+        + (f" ({caused} explains it)" if caused else ""),
+        evidence={
+            "boundary": boundary.as_dict(),
+            "before": {"drafted": cliff.before_drafted, "accepted": cliff.before_accepted, "rate": round(cliff.before_rate, 4)},
+            "after": {"drafted": cliff.after_drafted, "accepted": cliff.after_accepted, "rate": round(cliff.after_rate, 4)},
+            "rates_by_context": rates_by_range,
+        },
+        fix="give the drafter the target's context (its max_position_embeddings, rope scaling and window), "
+        "or cap --max-model-len at the boundary",
+        caused_by=caused,
+    )
+
+
+def position_cliff_finding(position: int, drafted_at: list[int], accepted_at: list[int], method: str | None, parallel: bool | None) -> Finding:
+    rates = [round(a / d, 4) if d else None for a, d in zip(accepted_at, drafted_at)]
+    hint = (
+        "parallel drafting is on: a drafter not trained for it predicts only position 0"
+        if parallel
+        else "typical of wrong hidden-state taps (position 0 sees the target's states, later ones the drafter's own)"
+        if method in ("eagle", "eagle3", "mtp")
+        else "the drafter's later positions do not follow the target"
+    )
+    return Finding(
+        code="POSITION_CLIFF",
+        severity="error",
+        component="verification",
+        model_role="draft",
+        message=f"position {position} accepts {rates[position]:.1%} of its drafts, position {position + 1} almost none of "
+        f"what position {position} accepted ({accepted_at[position + 1]} of {accepted_at[position]}); {hint}",
+        evidence={"position": position, "drafted_by_position": drafted_at, "accepted_by_position": accepted_at, "rates_by_position": rates, "parallel_drafting": parallel},
+        fix="check the drafter's taps and its drafting mode (parallel_drafting), or lower num_speculative_tokens "
+        f"to {position + 1} until it is fixed",
+    )
+
+
+def dummy_drafts_finding(rows: int, repeated: int, by_token: dict[int, int]) -> Finding:
+    token, count = max(by_token.items(), key=lambda item: item[1])
+    return Finding(
+        code="DUMMY_DRAFTS",
+        severity="error",
+        component="verification",
+        model_role="draft",
+        message=f"{repeated / rows:.1%} of draft rows ({repeated} of {rows}) are one token id repeated "
+        f"(most often {token}: {count} rows); the drafter emits placeholders, not predictions",
+        evidence={"rows": rows, "repeated_rows": repeated, "share": round(repeated / rows, 4), "by_token": {str(k): v for k, v in sorted(by_token.items())}},
+        fix="check the drafter's final norm and lm_head weights, and vLLM's drafter length gate (drafts past it are zeros)",
+    )
+
+
+def not_paying_finding(evidence: dict[str, Any]) -> Finding:
+    return Finding(
+        code="SPECULATION_NOT_PAYING",
+        severity="warning",
+        component="verification",
+        model_role="draft",
+        message=f"speculation costs more than it saves: estimated speed-up {evidence['speedup_estimate']:.2f}x over "
+        f"{evidence['window_steps']} steps (mean acceptance length {evidence['mean_acceptance_length']:.2f}, "
+        f"drafting {evidence['draft_ms_per_step']:.2f} ms and verifying {evidence['verify_ms_per_step']:.2f} ms per step)",
+        evidence=evidence,
+        fix="turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
+    )
