@@ -235,7 +235,7 @@ def _inject_fault(hook: str | None) -> None:
     """Make ``hook`` raise from the next engine on (tracing on: the plugin is started first)."""
     import dataclasses
 
-    if os.environ.get("SPECTRACE", "0") in ("", "0"):
+    if hook is None or os.environ.get("SPECTRACE", "0") in ("", "0"):
         return
     from spectrace import plugin
     from spectrace.tracer import runtime

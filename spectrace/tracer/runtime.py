@@ -519,33 +519,31 @@ def stop() -> None:
 
 
 class InjectedFault(RuntimeError):
-    """Raised inside a hook named by ``SPECTRACE_INJECT_FAULT`` (tests of the error boundary)."""
+    """What a hook named by ``SPECTRACE_INJECT_FAULT`` raises (tests of the error boundary)."""
 
     def __init__(self, hook: str) -> None:
         super().__init__(f"fault injected into {hook} (SPECTRACE_INJECT_FAULT)")
-
-
-def inject_fault(rt: Runtime, hook: str) -> None:
-    if rt.settings.inject_fault == hook:
-        raise InjectedFault(hook)
 
 
 @contextlib.contextmanager
 def guard(hook: str) -> Iterator[Runtime | None]:
     """Run spectrace's own work for ``hook``: any exception is caught, counted and logged once.
 
-    Yields this process's runtime (None when tracing is off). The boundary is only
-    ``try: yield / except``, so vLLM's code after the ``with`` always runs.
+    Yields this process's runtime, or None when there is nothing to do (tracing off,
+    or a fault injected into ``hook``: its work is lost as if it had raised at once, and
+    counted). The boundary is only ``try: yield / except``, so nothing raises into
+    vLLM and vLLM's code after the ``with`` always runs.
     """
     try:
         rt = get()
-    except Exception as exc:  # building a forked child's runtime failed: trace nothing here
+        if rt is not None and rt.settings.inject_fault == hook:
+            rt = None
+            raise InjectedFault(hook)
+    except Exception as exc:  # a forked child's runtime failed to build, or an injected fault
         rt = None
         count_hook_error(hook, exc)
     try:
         yield rt
-        if rt is not None:
-            inject_fault(rt, hook)
     except Exception as exc:
         count_hook_error(hook, exc, rt)
 

@@ -359,6 +359,8 @@ def wrap_update_from_output(original, hook: str):
             try:
                 rt = runtime._runtime or runtime.get()  # get(): only in a freshly forked child
                 if rt is not None:
+                    if rt.settings.inject_fault == hook:
+                        raise runtime.InjectedFault(hook)
                     capture = rt.verify
                     sampled = model_runner_output.sampled_token_ids
                     capture.engine_step_no += 1
@@ -378,8 +380,6 @@ def wrap_update_from_output(original, hook: str):
                                 self.num_sampled_tokens_per_step,
                             )
                         )
-                    if rt.settings.inject_fault == hook:
-                        raise runtime.InjectedFault(hook)
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         return original(self, scheduler_output, model_runner_output, *args, **kwargs)
@@ -392,6 +392,8 @@ def wrap_add_request(original, hook: str):
         try:
             rt = runtime._runtime or runtime.get()
             if rt is not None:
+                if rt.settings.inject_fault == hook:
+                    raise runtime.InjectedFault(hook)
                 capture = rt.verify
                 flags = capture.request_flags
                 if len(flags) >= _MAX_REQUEST_FLAGS:
@@ -407,8 +409,6 @@ def wrap_add_request(original, hook: str):
                     if len(contexts) >= _MAX_REQUEST_FLAGS:
                         contexts.pop(next(iter(contexts)))
                     contexts[request.request_id] = dict(headers)
-                if rt.settings.inject_fault == hook:
-                    raise runtime.InjectedFault(hook)
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return original(self, request, *args, **kwargs)
@@ -424,14 +424,14 @@ def wrap_bookkeeping_sync(original, hook: str):
             try:
                 rt = runtime._runtime or runtime.get()
                 if rt is not None:
+                    if rt.settings.inject_fault == hook:
+                        raise runtime.InjectedFault(hook)
                     valid, row_of = bookkeeping_sampled(result)
                     capture = rt.verify
                     if valid and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
                         capture.worker_steps.append(
                             (time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER), drafts, list(map(len, valid)), row_of)
                         )
-                    if rt.settings.inject_fault == hook:
-                        raise runtime.InjectedFault(hook)
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         return result

@@ -1,0 +1,85 @@
+"""A process forked from a traced one records its own rows, even when the parent's flush
+thread held the store's locks at the fork (no vLLM: the runtime and the real segment store)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import spectrace.store
+from spectrace.settings import Settings
+from spectrace.tracer import runtime, verify
+
+
+def _wait(pid: int, timeout_s: float = 60.0) -> int:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung (a lock inherited held?)")
+
+
+def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
+    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), flush_interval_s=0.05)
+    rt = runtime.start(settings, hooks=[], make_capture=verify.VerifyCapture)
+    try:
+        rt.record("runs", {"run_id": "parent-run", "started_at": 1}, role="frontend")  # buffered, not yet written
+        held, release = threading.Event(), threading.Event()
+
+        def flush_in_progress():  # what the flush thread holds while it writes
+            with rt.writer._io_lock, rt.writer._lock, rt.verify._lock:
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=flush_in_progress)
+        holder.start()
+        assert held.wait(5)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                child = runtime.get()
+                fresh = (
+                    child is not rt
+                    and child.pid == os.getpid()
+                    and child.writer is not rt.writer
+                    and child.verify is not rt.verify
+                    and child.hooks is rt.hooks
+                )
+                child.record("runs", {"run_id": "child-run", "started_at": 2}, role="frontend")
+                child.count_error("child.hook", RuntimeError("counted in the child"))
+                child.flush()
+                code = 0 if fresh else 3
+            finally:
+                os._exit(code)
+        release.set()
+        holder.join()
+        assert _wait(pid) == 0
+        rt.flush()
+    finally:
+        runtime.stop()
+    con = spectrace.store.open(tmp_path)
+    runs = con.execute("select run_id, pid from runs order by run_id").fetchall()
+    assert runs == [("child-run", pid), ("parent-run", os.getpid())]  # the parent's buffered row once, not twice
+    assert con.execute("select hook, pid, count from internal_errors").fetchall() == [("child.hook", pid, 1)]
+
+
+def test_guard_never_raises_and_counts_what_it_catches(tmp_path):
+    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), inject_fault="some.hook")
+    rt = runtime.start(settings, hooks=[], make_capture=verify.VerifyCapture)
+    try:
+        given = []
+        with runtime.guard("some.hook") as got:  # injected: the hook's work is skipped, as if it had raised
+            given.append(got)
+        with runtime.guard("other.hook") as got:
+            given.append(got)
+            raise ValueError("a bug inside spectrace")
+        assert given == [None, rt]
+        assert rt.errors == {"some.hook": 1, "other.hook": 1}
+    finally:
+        runtime.stop()

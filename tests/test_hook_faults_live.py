@@ -1,0 +1,55 @@
+"""Every hook, made to raise (SPECTRACE_INJECT_FAULT), on real vLLM runs: vLLM finishes with the
+untraced tokens, and the fault is one counted internal error of that hook, nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import spectrace.store
+from spectrace.testing.engine import method_specs, run_engines
+from spectrace.tracer import stages
+
+# every hook that fires in an engine, plus the two recording steps of worker.load_model that have
+# their own guard; the API server's own hooks (api_server.*) fire only under `vllm serve`
+ALL = [hook.name for hook in stages.all_hooks()]
+HOOKS = [name for name in ALL if not name.startswith("api_server.")] + ["worker.layout", "worker.taps"]
+ASYNC_ONLY = {"frontend.async_llm_started"}  # AsyncLLM's start: `vllm serve`, not the offline LLM
+
+
+@pytest.fixture(scope="module")
+def faulted(zoo, scratch, cache_root):
+    """One eagle3 engine per hook (taps and worker verification included), all in one child."""
+    eagle3 = next(s for s in method_specs(zoo) if s.name == "eagle3")
+    specs = [
+        dataclasses.replace(eagle3, name=hook, inject_fault=hook, async_engine=hook in ASYNC_ONLY)
+        for hook in sorted(HOOKS, key=lambda h: h in ASYNC_ONLY)  # the AsyncLLM engine last
+    ]
+    store = scratch / "hook-faults-store"
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "hook-faults.log")
+    return spectrace.store.open(store), results
+
+
+def test_every_hook_is_covered():
+    assert len(HOOKS) == len(set(HOOKS))
+    assert {"engine_core.verify", "worker.verify", "frontend.get_config", "worker.load_model"} <= set(HOOKS)
+    assert set(ALL) - set(HOOKS) == {name for name in ALL if name.startswith("api_server.")}
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_a_raising_hook_leaves_vllm_unchanged_and_is_counted(faulted, untraced_methods, hook):
+    con, results = faulted
+    result = results[hook]
+    assert result.ok, result.error
+    assert result.tokens == untraced_methods["eagle3"].tokens
+    # each engine injects into one hook, so a hook's errors are its engine's
+    errors = con.execute("select sum(count), count(distinct pid) from internal_errors where hook = ?", [hook]).fetchone()
+    assert errors[0] >= 1 and errors[1] == 1
+    assert f"hook {hook} raised InjectedFault" in result.log
+
+
+def test_nothing_but_the_injected_faults_was_counted(faulted):
+    con, results = faulted
+    assert {row[0] for row in con.execute("select distinct hook from internal_errors").fetchall()} == set(HOOKS)
+    assert "generator didn't yield" not in next(iter(results.values())).log
