@@ -18,6 +18,9 @@ from typing import Any, Iterable
 
 SLIDING = "sliding"
 FULL = "full"
+# a layer with a recurrent state and no KV window: linear attention, Gated DeltaNet, Mamba, short conv
+# (hybrid targets such as Qwen3-Next); never full attention
+LINEAR = "linear"
 UNSPECIFIED = "unspecified"
 
 # Config fields whose value decides the attention layout or the pairing.
@@ -124,6 +127,8 @@ def _layer_kind(value: Any) -> str:
     text = str(value).lower()
     if "sliding" in text or text in ("swa", "local", "local_attention"):
         return SLIDING
+    if any(word in text for word in ("linear", "mamba", "delta", "conv", "recurrent")):
+        return LINEAR
     return FULL
 
 
@@ -443,15 +448,28 @@ def mismatched_layers(plans: list[LayerPlan]) -> tuple[list[LayerPlan], list[Lay
 
 
 def audit_model_layout(
-    role: str, declared: dict[str, Any] | None, resolved: dict[str, Any] | None, layers: list[dict[str, Any]] | None
+    role: str,
+    declared: dict[str, Any] | None,
+    resolved: dict[str, Any] | None,
+    layers: list[dict[str, Any]] | None,
+    *,
+    method: str | None = None,
 ) -> tuple[list[LayerPlan], list[Finding]]:
     """One model's layer plans and LAYOUT_MISMATCH findings (no runtime ``layers``: plans only)."""
+    if role == "draft" and method == "mtp":
+        # an MTP drafter is the target's own checkpoint: its layer_types describe the target's
+        # decoder (e.g. Qwen3-Next's linear-attention pattern), not the MTP layers
+        declared, resolved = _without_layer_types(declared), _without_layer_types(resolved)
     plans = layer_plans(declared, resolved)
     if layers is None:
         return plans, []
     plans = with_runtime(plans, layers)
     causes, _ = draft_root_causes(declared, resolved)
     return plans, audit_layout(role, plans, causes) + audit_causality(role, declared, resolved, plans)
+
+
+def _without_layer_types(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if config is None else {k: v for k, v in config.items() if k != "layer_types"}
 
 
 def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Finding]:

@@ -309,3 +309,19 @@ def test_pattern_derived_sliding_layers_without_layer_types_are_no_mismatch():
     ignored = audit.audit_layout("target", plans, set())
     assert ("LAYOUT_MISMATCH", "error", None) in codes(ignored)
     assert "run differently from their resolved config" in ignored[0].message
+
+
+def test_hybrid_linear_attention_layers_are_their_own_type():
+    """Qwen3-Next: Gated DeltaNet layers are `linear`, never full attention; running as declared is no finding."""
+    declared = {"model_type": "qwen3_next", "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    plans = audit.layer_plans(declared, declared)
+    assert [(p.declared_type, p.resolved_type) for p in plans] == [("linear", "linear")] * 3 + [("full", "full")]
+    layers = [{"runtime_type": t, "runtime_window": None} for t in ("linear", "linear", "linear", "full")]
+    assert audit.audit_model_layout("target", declared, declared, layers)[1] == []
+    # a linear layer that runs as full attention is a mismatch
+    layers[0] = {"runtime_type": "full", "runtime_window": None}
+    [finding] = audit.audit_model_layout("target", declared, declared, layers)[1]
+    assert (finding.code, finding.severity) == ("LAYOUT_MISMATCH", "error")
+    # an MTP head on a hybrid target: the target's layer_types do not describe the MTP layer
+    plans, findings = audit.audit_model_layout("draft", declared, declared, [{"runtime_type": "full"}], method="mtp")
+    assert [(p.declared_type, p.resolved_type) for p in plans] == [("unspecified", "full")] and findings == []

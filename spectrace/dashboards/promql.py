@@ -107,6 +107,10 @@ def lower_of(a: str, b: str) -> str:
     return f"{paren(a)}\n< {paren(b)}\nor {paren(b)}"
 
 
+# declared -> runtime pairs that contradict each other (``linear``: a hybrid model's linear-attention layers)
+MISMATCHED_LAYOUTS = "full -> sliding|sliding -> full|linear -> full|linear -> sliding|full -> linear|sliding -> linear"
+
+
 def attention_layout(matchers: Iterable[str] = ()) -> str:
     """Attention layers with a ``status`` label: ``match``, ``MISMATCH`` or ``undeclared``.
 
@@ -116,8 +120,8 @@ def attention_layout(matchers: Iterable[str] = ()) -> str:
     layers = series(ATTENTION_LAYER, matchers)
     joined = f'label_join({layers}, "layout", " -> ", "declared_type", "runtime_type")'
     undeclared = f'label_replace({joined}, "status", "undeclared", "declared_type", "unspecified|")'
-    matched = f'label_replace({undeclared}, "status", "match", "layout", "full -> full|sliding -> sliding")'
-    return f'label_replace({matched}, "status", "MISMATCH", "layout", "full -> sliding|sliding -> full")'
+    matched = f'label_replace({undeclared}, "status", "match", "layout", "full -> full|sliding -> sliding|linear -> linear")'
+    return f'label_replace({matched}, "status", "MISMATCH", "layout", "{MISMATCHED_LAYOUTS}")'
 
 
 def layout_mismatches(matchers: Iterable[str] = ()) -> str:
@@ -125,7 +129,9 @@ def layout_mismatches(matchers: Iterable[str] = ()) -> str:
     matchers = list(matchers)
     sliding_lost = series(ATTENTION_LAYER, [*matchers, 'declared_type="sliding"', 'runtime_type="full"'])
     sliding_added = series(ATTENTION_LAYER, [*matchers, 'declared_type="full"', 'runtime_type="sliding"'])
-    return f"{sliding_lost} or {sliding_added}"
+    linear_lost = series(ATTENTION_LAYER, [*matchers, 'declared_type="linear"', 'runtime_type=~"full|sliding"'])
+    linear_added = series(ATTENTION_LAYER, [*matchers, 'declared_type=~"full|sliding"', 'runtime_type="linear"'])
+    return f"{sliding_lost} or {sliding_added} or {linear_lost} or {linear_added}"
 
 
 def recorded_acceptance(labels: Sequence[str] = (), matchers: Iterable[str] = ()) -> str:

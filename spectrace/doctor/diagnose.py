@@ -333,7 +333,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Repo
     if vllm_config is None:
         for role in ("target", "draft"):
             if role in resolved:
-                plans = audit.layer_plans(declared[role], config_to_dict(resolved[role]))
+                plans, _ = audit.audit_model_layout(role, declared[role], config_to_dict(resolved[role]), None, method=report.method)
                 report.layout[role] = [plan.as_row() for plan in plans]
     else:
         findings += _layout(report, vllm_config, declared, runner)
@@ -405,7 +405,8 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
     # the live worker's audit (tracer.layout.record_runtime_layout)
     for role, model_config in roles:
         plans, layout_findings = audit.audit_model_layout(
-            role, declared[role], config_to_dict(model_config.hf_config), built.get(role)
+            role, declared[role], config_to_dict(model_config.hf_config), built.get(role),
+            method=spec.method if spec is not None else None,
         )
         report.layout[role] = [plan.as_row() for plan in plans]
         for finding in layout_findings:

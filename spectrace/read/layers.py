@@ -11,7 +11,9 @@ vLLM 0.32:
   with ``left = window - 1``), else the layer's own ``sliding_window``;
 - KV-cache spec: ``layer.get_kv_cache_spec(vllm_config)`` class name, kept apart
   from the attention type (vLLM may promote sliding specs to full);
-- causal: the owning module's ``causal`` flag where the model has one (DFlash).
+- causal: the owning module's ``causal`` flag where the model has one (DFlash);
+- linear layers: a ``MambaBase`` module (linear attention, Gated DeltaNet, Mamba, short
+  conv: a recurrent state, ``MambaSpec`` KV spec) is ``linear``, never full attention.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spectrace.audit import FULL, SLIDING
+from spectrace.audit import FULL, LINEAR, SLIDING
 
 _INDEX = re.compile(r"layers\.(\d+)\.")
 
@@ -48,6 +50,11 @@ def attention_layers(model: Any, vllm_config: Any, *, seen: set[int] | None = No
     """
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
+    try:
+        from vllm.model_executor.layers.mamba.abstract import MambaBase
+    except ImportError:  # a vLLM without hybrid models
+        MambaBase = ()  # noqa: N806
+
     context = vllm_config.compilation_config.static_forward_context
     name_of = {id(layer): name for name, layer in context.items() if isinstance(layer, AttentionLayerBase)}
     seen = set() if seen is None else seen
@@ -62,7 +69,8 @@ def attention_layers(model: Any, vllm_config: Any, *, seen: set[int] | None = No
             continue
         seen.add(id(module))
         name = name_of[id(module)]
-        w = window(module)
+        linear = isinstance(module, MambaBase)
+        w = None if linear else window(module)
         try:
             spec = type(module.get_kv_cache_spec(vllm_config)).__name__
         except Exception:
@@ -72,7 +80,7 @@ def attention_layers(model: Any, vllm_config: Any, *, seen: set[int] | None = No
             {
                 "layer_name": name,
                 "global_index": int(match.group(1)) if match else None,
-                "runtime_type": SLIDING if w else FULL,
+                "runtime_type": LINEAR if linear else SLIDING if w else FULL,
                 "runtime_window": w,
                 "kv_cache_spec": spec,
                 "causal": causal_of.get(id(module)),

@@ -35,9 +35,11 @@ __all__ = [
     "build_draft_model",
     "build_eagle3",
     "build_mtp",
+    "build_qwen3_next",
     "build_target",
     "build_tokenizer",
     "build_zoo",
+    "derive_model",
 ]
 
 #: Bump whenever a builder's output changes; :func:`build_zoo` rebuilds on mismatch.
@@ -525,6 +527,39 @@ _ZOO_NAMES = (
     "tokenizer", "target", "target_zero", "draft_self", "draft_seeded", "dflash",
     "dflash_zero", "eagle3", "eagle3_zero", "eagle3_noids", "mtp", "mtp_zero",
 )  # fmt: skip
+
+
+def build_qwen3_next(
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer_dir: str | os.PathLike[str],
+    layer_types: Sequence[str] = ("linear_attention",) * 3 + ("full_attention",),
+    seed: int = 0,
+) -> Path:
+    """A tiny hybrid ``Qwen3NextForCausalLM`` target: Gated DeltaNet (linear-attention) layers
+    and full-attention layers. Run it with ``dtype="bfloat16"`` (vLLM's GDN kernel
+    asserts BF16); the linear key/value head dims (128) and attention head_dim (64) are the
+    sizes vLLM's CPU kernels accept. MoE MLPs (4 tiny experts): vLLM's Qwen3-Next needs one."""
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        **{**_base_config(tokenizer_dir), "head_dim": 64},
+        num_hidden_layers=len(layer_types),
+        layer_types=list(layer_types),
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        mlp_only_layers=[],
+        max_position_embeddings=2048,
+        architectures=["Qwen3NextForCausalLM"],
+    )
+    return _save_causal_lm(out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir)
 
 
 def _zoo_paths(root: Path) -> dict[str, Path]:

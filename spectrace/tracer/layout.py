@@ -20,6 +20,8 @@ def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: An
     vllm_config = worker.vllm_config
     runtime = read_layers.runtime_layers(read_layers.loaded_models(worker.model_runner), vllm_config)
     configs = model_configs(vllm_config)
+    spec = vllm_config.speculative_config
+    method = spec.method if spec is not None else None
     rows = []
     findings = []
     for model_role, layers in runtime.items():
@@ -27,7 +29,7 @@ def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: An
         if model_config is None or not layers:
             continue
         plans, model_findings = audit.audit_model_layout(
-            model_role, read_declared(model_config.model), config_to_dict(model_config.hf_config), layers
+            model_role, read_declared(model_config.model), config_to_dict(model_config.hf_config), layers, method=method
         )
         rows += [{"model_role": model_role, **plan.as_row(), "process": role} for plan in plans]
         findings += model_findings
