@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from spectrace.tracer import api_server, engine_core, frontend, runtime, verify, worker
+from spectrace.tracer import api_server, engine_core, frontend, runtime, verify, verify_v2, worker
 from spectrace.tracer.hooks import Hook
 
 
 def all_hooks() -> list[Hook]:
-    return [*frontend.HOOKS, *engine_core.HOOKS, *worker.HOOKS, *verify.HOOKS, *api_server.HOOKS]
+    return [*frontend.HOOKS, *engine_core.HOOKS, *worker.HOOKS, *verify.HOOKS, *verify_v2.HOOKS, *api_server.HOOKS]
 
 
 def start() -> runtime.Runtime:

@@ -154,14 +154,17 @@ class VerifyCapture:
     def _drain_worker(self, rt, steps: list[tuple]) -> None:
         per_key: dict[tuple[str, int | None], list[tuple[int, int, int]]] = defaultdict(list)
         for ts, run_id, rank, drafts, valid_lens, row_of in steps:
-            for req_id, draft_ids in drafts.items():
-                index = row_of.get(req_id)
-                if index is None or not draft_ids or index >= len(valid_lens):
-                    continue
-                generated = valid_lens[index]
-                if not generated:
-                    continue
-                per_key[(run_id, rank)].append((len(draft_ids), max(generated - 1, 0), -1))
+            if row_of is None:  # V2 model runner: drafts per row, aligned with the sampled rows
+                pairs = zip(drafts, valid_lens)
+            else:  # V1: request id -> draft token ids, and request id -> row
+                pairs = (
+                    (len(draft_ids), valid_lens[row_of[req_id]])
+                    for req_id, draft_ids in drafts.items()
+                    if row_of.get(req_id) is not None and row_of[req_id] < len(valid_lens)
+                )
+            for drafted, generated in pairs:
+                if drafted and generated:
+                    per_key[(run_id, rank)].append((int(drafted), max(generated - 1, 0), -1))
         for (run_id, rank), batch in per_key.items():
             self._count(rt, WORKER, run_id, rank, batch)
 
