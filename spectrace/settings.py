@@ -45,7 +45,8 @@ class Settings:
     collapse_window_tokens: int = 2000
     collapse_min_tokens: int = 200
     record_tokens: bool = False
-    inject_fault: str | None = None
+    # hooks (as in the `hooks` table) whose own work raises at once (SPECTRACE_INJECT_FAULT, comma-separated)
+    inject_fault: frozenset[str] = frozenset()
     prometheus_port: int = 9464
     prometheus_host: str = "0.0.0.0"
     metrics_dir: Path | None = None  # per-server exposition files (spectrace.exporters.exposition)
@@ -54,6 +55,13 @@ class Settings:
     lake: str | None = None  # DuckLake catalog, e.g. "postgres:dbname=spectrace host=db" (SPECTRACE_LAKE)
     lake_data: str | None = None  # where the lake's data files go (SPECTRACE_LAKE_DATA)
     extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # one hook name, a comma-separated list, or any iterable of names -> a frozenset (hot-path `in`)
+        value = self.inject_fault
+        if not isinstance(value, frozenset):
+            names = value.split(",") if isinstance(value, str) else (value or ())
+            object.__setattr__(self, "inject_fault", frozenset(n.strip() for n in names if n and n.strip()))
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
@@ -76,7 +84,7 @@ class Settings:
             collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", 2000, int),
             collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", 200, int),
             record_tokens=_flag(env, "SPECTRACE_RECORD_TOKENS"),
-            inject_fault=env.get("SPECTRACE_INJECT_FAULT") or None,
+            inject_fault=env.get("SPECTRACE_INJECT_FAULT") or "",
             prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", 9464, int),
             prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or "0.0.0.0",
             metrics_dir=Path(env["SPECTRACE_METRICS_DIR"]) if env.get("SPECTRACE_METRICS_DIR") else None,

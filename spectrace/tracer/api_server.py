@@ -67,9 +67,10 @@ def wrap_get_prometheus_registry(original, hook: str):
     def get_prometheus_registry(*args, **kwargs):
         registry = original(*args, **kwargs)
         global _api_server
-        with runtime.guard(hook):
-            _api_server = True
-            add_collector(registry)
+        _api_server = True  # a plain flag (this process serves /metrics), set even when the hook's work fails
+        with runtime.guard(hook) as rt:
+            if rt is not None:  # None: a fault injected into this hook, its work skipped
+                add_collector(registry)
         return registry
 
     return get_prometheus_registry
@@ -79,8 +80,9 @@ def wrap_multiprocess_collector_init(original, hook: str):
     def __init__(self, registry, *args, **kwargs):
         original(self, registry, *args, **kwargs)
         if _api_server:
-            with runtime.guard(hook):
-                add_collector(registry)
+            with runtime.guard(hook) as rt:
+                if rt is not None:
+                    add_collector(registry)
 
     return __init__
 
@@ -107,11 +109,12 @@ def _config_arg(args: tuple, kwargs: dict) -> Any:
 def wrap_stat_logger_init(original, hook: str):
     def __init__(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        with runtime.guard(hook):
-            _note(_config_arg(args, kwargs), engine=False)
-            indexes = kwargs.get("engine_indexes", args[1] if len(args) > 1 else None) or [0]
-            if len(indexes) == 1:  # one engine behind this API server: its index joins too
-                exposition.PROCESS_LABELS["engine"] = str(indexes[0])
+        with runtime.guard(hook) as rt:
+            if rt is not None:
+                _note(_config_arg(args, kwargs), engine=False)
+                indexes = kwargs.get("engine_indexes", args[1] if len(args) > 1 else None) or [0]
+                if len(indexes) == 1:  # one engine behind this API server: its index joins too
+                    exposition.PROCESS_LABELS["engine"] = str(indexes[0])
         return result
 
     return __init__
@@ -119,8 +122,9 @@ def wrap_stat_logger_init(original, hook: str):
 
 def wrap_engine_init(original, hook: str):
     def __init__(self, *args, **kwargs):
-        with runtime.guard(hook):
-            _note(_config_arg(args, kwargs), engine=True)
+        with runtime.guard(hook) as rt:
+            if rt is not None:
+                _note(_config_arg(args, kwargs), engine=True)
         return original(self, *args, **kwargs)
 
     return __init__
@@ -128,9 +132,8 @@ def wrap_engine_init(original, hook: str):
 
 def wrap_llm_init(original, hook: str):
     def __init__(self, *args, **kwargs):
-        with runtime.guard(hook):
-            rt = _enabled()
-            if rt is not None and not _api_server:
+        with runtime.guard(hook) as rt:
+            if rt is not None and "prometheus" in rt.settings.exporters and not _api_server:
                 exposition.serve_standalone(
                     exposition.server_dir(rt.settings.metrics_dir),
                     rt.settings.prometheus_host,

@@ -536,7 +536,7 @@ def guard(hook: str) -> Iterator[Runtime | None]:
     """
     try:
         rt = get()
-        if rt is not None and rt.settings.inject_fault == hook:
+        if rt is not None and hook in rt.settings.inject_fault:
             rt = None
             raise InjectedFault(hook)
     except Exception as exc:  # a forked child's runtime failed to build, or an injected fault

@@ -362,7 +362,7 @@ def wrap_update_from_output(original, hook: str):
             try:
                 rt = runtime._runtime or runtime.get()  # get(): only in a freshly forked child
                 if rt is not None:
-                    if rt.settings.inject_fault == hook:
+                    if hook in rt.settings.inject_fault:
                         raise runtime.InjectedFault(hook)
                     capture = rt.verify
                     sampled = model_runner_output.sampled_token_ids
@@ -395,7 +395,7 @@ def wrap_add_request(original, hook: str):
         try:
             rt = runtime._runtime or runtime.get()
             if rt is not None:
-                if rt.settings.inject_fault == hook:
+                if hook in rt.settings.inject_fault:
                     raise runtime.InjectedFault(hook)
                 capture = rt.verify
                 flags = capture.request_flags
@@ -427,7 +427,7 @@ def wrap_bookkeeping_sync(original, hook: str):
             try:
                 rt = runtime._runtime or runtime.get()
                 if rt is not None:
-                    if rt.settings.inject_fault == hook:
+                    if hook in rt.settings.inject_fault:
                         raise runtime.InjectedFault(hook)
                     valid, row_of = bookkeeping_sampled(result)
                     capture = rt.verify
