@@ -106,21 +106,39 @@ def seconds(duration: str) -> int:
 # --------------------------------------------------------------------------- values
 
 
+# The acceptance alerts read the recording rules' per-instance rates (``promql.RECORDED_*``, over the
+# profile's rate_window), as the acceptance panels do: the rule file's recording group must be loaded
+# wherever these expressions are evaluated (Prometheus, or the Prometheus behind Grafana-managed rules).
+
+
 def _volume_guard(p: Profile) -> str:
-    """Instances that drafted enough tokens in the window to judge their acceptance."""
-    drafted = promql.summed("increase", promql.DRAFTED, p.rate_window, promql.INSTANCE)
+    """Instances that drafted enough tokens in the window to judge their acceptance (rate x window = increase)."""
+    drafted = f"sum {promql.by(promql.INSTANCE)} ({promql.RECORDED_DRAFTED}) * {seconds(p.rate_window)}"
     return f"{drafted} >= {p.min_drafted_tokens}"
 
 
 def _collapse_value(p: Profile) -> str:
-    position_0 = promql.acceptance(p.rate_window, promql.INSTANCE, ['position="0"'])
-    overall = promql.acceptance(p.rate_window, promql.INSTANCE)
+    position_0 = promql.recorded_acceptance(promql.INSTANCE, ['position="0"'])
+    overall = promql.recorded_acceptance(promql.INSTANCE)
     return f"{promql.paren(promql.lower_of(position_0, overall))}\nand\n{_volume_guard(p)}"
 
 
+def _baseline(p: Profile) -> str:
+    """The deployment's acceptance over the baseline window, from the recorded rates.
+
+    Each recorded sample is a rate over rate_window, so every drafted token is counted in as many
+    samples as windows overlap it, the same number for accepted and drafted: summed over the baseline
+    window, their ratio is the acceptance over that window (up to its edges).
+    """
+    grouping = promql.by(promql.DEPLOYMENT)
+    accepted = f"sum {grouping} (sum_over_time({promql.RECORDED_ACCEPTED}[{p.baseline_window}]))"
+    drafted = f"sum {grouping} (sum_over_time({promql.RECORDED_DRAFTED}[{p.baseline_window}]))"
+    return f"{accepted}\n  / {drafted}"
+
+
 def _drop_value(p: Profile) -> str:
-    current = promql.acceptance(p.rate_window, promql.INSTANCE)
-    baseline = promql.acceptance(p.baseline_window, promql.DEPLOYMENT)
+    current = promql.recorded_acceptance(promql.INSTANCE)
+    baseline = _baseline(p)
     on = ", ".join(promql.DEPLOYMENT)
     return f"{promql.paren(current)}\n/ on ({on}) group_left ()\n{promql.paren(baseline)}\nand\n{_volume_guard(p)}"
 
