@@ -11,10 +11,13 @@ import spectrace.store
 from spectrace.testing.engine import method_specs, run_engines
 from spectrace.tracer import stages
 
-# every hook that fires in an engine, plus the two recording steps of worker.load_model that have
-# their own guard; the API server's own hooks (api_server.*) fire only under `vllm serve`
+# every hook that fires in an engine on CPU, plus the two recording steps of worker.load_model that
+# have their own guard. Elsewhere: the API server's own hooks (api_server.*) fire only under
+# `vllm serve` (tests/test_serve_metrics_live.py); the V2 model runner's (worker.verify_v2*) only on a
+# GPU (tests/test_verify_v2.py with vLLM's own output classes, and `make gpu-check`).
 ALL = [hook.name for hook in stages.all_hooks()]
-HOOKS = [name for name in ALL if not name.startswith("api_server.")] + ["worker.layout", "worker.taps"]
+ELSEWHERE = ("api_server.", "worker.verify_v2")
+HOOKS = [name for name in ALL if not name.startswith(ELSEWHERE)] + ["worker.layout", "worker.taps"]
 ASYNC_ONLY = {"frontend.async_llm_started"}  # AsyncLLM's start: `vllm serve`, not the offline LLM
 
 
@@ -34,7 +37,7 @@ def faulted(zoo, scratch, cache_root):
 def test_every_hook_is_covered():
     assert len(HOOKS) == len(set(HOOKS))
     assert {"engine_core.verify", "worker.verify", "frontend.get_config", "worker.load_model"} <= set(HOOKS)
-    assert set(ALL) - set(HOOKS) == {name for name in ALL if name.startswith("api_server.")}
+    assert set(ALL) - set(HOOKS) == {name for name in ALL if name.startswith(ELSEWHERE)}
 
 
 @pytest.mark.parametrize("hook", HOOKS)

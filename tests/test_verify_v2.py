@@ -97,3 +97,17 @@ def test_v2_hooks_never_raise_into_vllm(rt):
     odd = SimpleNamespace(execute_model_state=SimpleNamespace(input_batch=SimpleNamespace(num_draft_tokens="x")))
     assert sample_tokens(odd, None) == "vllm's output"
     assert rt.errors == {"worker.verify_v2.sample": 1}  # no batch: nothing to do; a malformed one: counted
+
+
+@pytest.mark.parametrize("hook", ["worker.verify_v2.sample", "worker.verify_v2"])
+def test_an_injected_fault_in_a_v2_hook_is_counted_and_vllms_output_unchanged(tmp_path, hook):
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), inject_fault=hook), hooks=[],
+                       make_capture=verify.VerifyCapture)
+    try:
+        output = _v2_step(rt)
+        assert [len(row) for row in output.sampled_token_ids] == NUM_SAMPLED.tolist()
+        rt.verify.drain(rt)
+        assert rt.errors == {hook: 1}
+        assert not any(source == verify.WORKER for source, _, _ in rt.verify.totals)  # that step was not counted
+    finally:
+        runtime.stop()

@@ -35,7 +35,7 @@ def wrap_sample_tokens(original, hook: str):
         try:
             rt = runtime._runtime or runtime.get()
             if rt is not None:
-                if rt.settings.inject_fault == hook:
+                if hook in rt.settings.inject_fault:
                     raise runtime.InjectedFault(hook)
                 state = self.execute_model_state
                 batch = state.input_batch if state is not None else None
@@ -63,7 +63,7 @@ def wrap_get_output(original, hook: str):
             try:
                 rt = runtime._runtime or runtime.get()
                 if rt is not None:
-                    if rt.settings.inject_fault == hook:
+                    if hook in rt.settings.inject_fault:
                         raise runtime.InjectedFault(hook)
                     sampled = output.sampled_token_ids
                     capture = rt.verify
