@@ -239,23 +239,38 @@ def position_cliff(
     return None
 
 
-def one_token_rows(draft_rows: "list[list[int]]") -> tuple[int, int, dict[int, int]]:
-    """(rows of two or more drafts, of them all one token id, count per such id).
+def one_token_rows(draft_rows: "list[list[int]]", accepted: "list[int] | None" = None) -> dict[str, Any]:
+    """How many draft rows (of two or more drafts) are one token id repeated.
 
-    Placeholder ids (negative: vLLM's async scheduling sends -1) are no drafts and
-    are skipped; single-draft rows say nothing about repetition.
+    Returns ``rows``, ``repeated`` (rows all one id), ``repeated_drafted`` and
+    ``repeated_accepted`` (tokens in those rows; ``accepted``: accepted count per row)
+    and ``by_token`` (repeated rows per id). Placeholder ids (negative: vLLM's async
+    scheduling sends -1) are no drafts and are skipped; single drafts say nothing.
     """
-    rows = repeated = 0
-    by_token: dict[int, int] = {}
-    for draft in draft_rows:
+    out: dict[str, Any] = {"rows": 0, "repeated": 0, "repeated_drafted": 0, "repeated_accepted": 0, "by_token": {}}
+    by_token = out["by_token"]
+    for i, draft in enumerate(draft_rows):
         if len(draft) < 2 or draft[0] < 0:
             continue
-        rows += 1
+        out["rows"] += 1
         first = draft[0]
         if draft.count(first) == len(draft):
-            repeated += 1
+            out["repeated"] += 1
+            out["repeated_drafted"] += len(draft)
+            out["repeated_accepted"] += accepted[i] if accepted is not None else 0
             by_token[first] = by_token.get(first, 0) + 1
-    return rows, repeated, by_token
+    return out
+
+
+def dummy_drafts(rows: int, repeated: int, repeated_drafted: int, repeated_accepted: int, *, min_rows: int = 50, share: float = 0.5, max_rate: float = 0.1) -> bool:
+    """Placeholder drafts: most rows one token repeated, and the target rejects them.
+
+    A drafter that follows a target which really repeats a token drafts one id too,
+    and those drafts are accepted: the acceptance of the repeated rows tells them apart.
+    """
+    if rows < min_rows or repeated < share * rows:
+        return False
+    return repeated_accepted < max_rate * max(repeated_drafted, 1)
 
 
 # -- does speculation pay? -------------------------------------------------------------------

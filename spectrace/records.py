@@ -151,8 +151,34 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("source", "VARCHAR"),  # engine_core | worker
         ("position", "INTEGER"),
         ("context_bucket", "VARCHAR"),
+        ("context_range", "VARCHAR"),  # the bucket split at the run's own boundaries (context_boundaries)
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
+    ],
+    # Context lengths where a model of the run changes behaviour, from its configs (engine core).
+    "context_boundaries": [
+        ("ts", "TIMESTAMP_NS"),
+        ("tokens", "BIGINT"),
+        ("model_role", "VARCHAR"),
+        ("field", "VARCHAR"),  # sliding_window, max_position_embeddings, ...
+    ],
+    # Per flush: draft rows (two or more drafts) and those that are one token id repeated.
+    "draft_shapes": [
+        ("ts", "TIMESTAMP_NS"),
+        ("rows", "BIGINT"),
+        ("repeated_rows", "BIGINT"),
+        ("repeated_drafted", "BIGINT"),
+        ("repeated_accepted", "BIGINT"),
+    ],
+    # Per flush and worker rank: host time of the steps that verified drafts, drafting's
+    # share, and the tokens they yielded (accepted + 1 per request-step).
+    "speculation_steps": [
+        ("ts", "TIMESTAMP_NS"),
+        ("steps", "BIGINT"),
+        ("step_ns", "BIGINT"),
+        ("draft_ns", "BIGINT"),
+        ("request_steps", "BIGINT"),
+        ("tokens", "BIGINT"),
     ],
     # Acceptance length (accepted + 1) histogram per flush, request-steps with drafts.
     "acceptance_lengths": [

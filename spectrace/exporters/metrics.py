@@ -11,6 +11,8 @@
 | gauge spectrace.attention.layer           | spectrace_attention_layer                           | model_role, layer_index, declared_type, runtime_type, runtime_window + common |
 | gauge spectrace.hidden_states.tap         | spectrace_hidden_states_tap                         | tap, expected_id, tapped_id + common |
 | gauge spectrace.run.info                  | spectrace_run_info                                  | vllm_version, spectrace_version, num_speculative_tokens, model_runner + common |
+| counters spectrace.speculation.{step_seconds,draft_seconds,request_steps,tokens} | spectrace_speculation_*_total | rank + common |
+| gauge spectrace.context.boundary          | spectrace_context_boundary (value: tokens)          | model_role, field + common |
 | counter spectrace.export.dropped          | spectrace_export_dropped_total                      | — |
 | counter spectrace.internal.errors         | spectrace_internal_errors_total                     | hook |
 
@@ -51,6 +53,13 @@ class Metrics:
         self.steps = meter.create_counter("spectrace.verify.steps", unit="", description="Request-steps with drafts")
         self.worker_drafted = meter.create_counter("spectrace.worker.verified_drafted_tokens", unit="", description="Draft tokens a worker rank verified")
         self.worker_accepted = meter.create_counter("spectrace.worker.verified_accepted_tokens", unit="", description="Draft tokens a worker rank accepted")
+        # does speculation pay? worker host time of steps that verified drafts, drafting's share,
+        # and what they yielded: speed-up = tokens/request_steps * (1 - draft_seconds/step_seconds)
+        self.spec_step_seconds = meter.create_counter("spectrace.speculation.step_seconds", unit="", description="Worker host seconds of steps that verified drafts")
+        self.spec_draft_seconds = meter.create_counter("spectrace.speculation.draft_seconds", unit="", description="Of those, seconds spent drafting")
+        self.spec_request_steps = meter.create_counter("spectrace.speculation.request_steps", unit="", description="Request-steps those steps verified")
+        self.spec_tokens = meter.create_counter("spectrace.speculation.tokens", unit="", description="Tokens those request-steps yielded (accepted + 1 each)")
+        self._boundaries: dict[tuple, dict[str, str]] = {}
         self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
         self._length_histogram: Any = None  # built at the first run (its buckets need k)
         self._findings: dict[tuple, dict[str, str]] = {}
@@ -61,6 +70,7 @@ class Metrics:
         meter.create_observable_gauge("spectrace.config.finding", [self._observe(self._findings)], unit="", description="1 while a finding is present")
         meter.create_observable_gauge("spectrace.attention.layer", [self._observe(self._layers)], unit="", description="Attention layout per layer (value 1)")
         meter.create_observable_gauge("spectrace.hidden_states.tap", [self._observe(self._taps)], unit="", description="Hidden-state taps (value 1)")
+        meter.create_observable_gauge("spectrace.context.boundary", [self._observe_boundaries], unit="", description="A context length where a model of the run changes behaviour (value: tokens)")
         meter.create_observable_gauge("spectrace.run.info", [self._observe(self._runs)], unit="", description="Run metadata (value 1)")
         meter.create_observable_counter("spectrace.internal.errors", [self._observe_errors], unit="", description="Exceptions inside spectrace hooks (vLLM unaffected)")
 
@@ -75,7 +85,25 @@ class Metrics:
         with self._lock:
             return [Observation(count, {"hook": hook}) for hook, count in self._errors.items()]
 
+    def _observe_boundaries(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(int(attrs["tokens"]), {k: v for k, v in attrs.items() if k != "tokens"}) for attrs in self._boundaries.values()]
+
     # -- fed from the background flush --------------------------------------------
+
+    def speculation(self, steps: int, step_ns: int, draft_ns: int, request_steps: int, tokens: int, rank: int | None, labels: dict[str, str]) -> None:
+        attrs = {**labels, "rank": str(rank if rank is not None else 0)}
+        self.spec_step_seconds.add(step_ns / 1e9, attrs)
+        self.spec_draft_seconds.add(draft_ns / 1e9, attrs)
+        self.spec_request_steps.add(request_steps, attrs)
+        self.spec_tokens.add(tokens, attrs)
+
+    def boundaries(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
+        with self._lock:
+            for row in rows:
+                key = (labels.get("run_id"), row["model_role"], row["field"])
+                self._boundaries[key] = {**labels, "model_role": str(row["model_role"]), "field": str(row["field"]), "tokens": str(row["tokens"])}
+
 
     def verify_counts(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
         for row in rows:

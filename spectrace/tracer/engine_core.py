@@ -21,6 +21,8 @@ def wrap_initialize_kv_caches(original, hook: str):
         with runtime.guard(hook) as rt:
             if rt is not None:
                 rt.note_vllm_config(vllm_config)
+                if rt.verify is not None and rt.run is not None:
+                    rt.verify.note_config(rt.run.run_id, vllm_config)  # the run's context boundaries
                 rt.enter_role(ROLE)
                 span = rt.start_span("spectrace.engine_core.init_kv_caches", role=ROLE)
         try:

@@ -17,8 +17,17 @@ Worker (V1 model runner, ``v1/worker/gpu_model_runner.py``)
     keeps its lengths. Dummy and profiling runs never pass through it; prefill
     steps have no drafts and are skipped.
 
-Everything else (per-request accepted counts, positions, context buckets,
-rows, spans, the collapse detector) happens in the store's background flush.
+Worker host times (V1 model runner): ``GPUModelRunner.execute_model`` (the
+target forward), ``sample_tokens`` (verification, drafting, bookkeeping) and
+``propose_draft_token_ids`` (drafting) are timed with the host clock around the
+call: one ``perf_counter_ns`` pair per call, no device synchronisation. On CPU
+the host clock is the compute time; on CUDA the V1 runner's bookkeeping copies
+to the host inside ``sample_tokens``, so a step's whole time is right while its
+drafting share reads as launch time.
+
+Everything else (per-request accepted counts, positions, context buckets and
+the run's own context ranges, one-token draft rows, rows, spans, the collapse,
+cliff and cost detectors) happens in the store's background flush.
 
 Counting rules follow vLLM's ``Scheduler.update_from_output`` /
 ``make_spec_decoding_stats``: accepted = max(sampled - num_sampled_per_step, 0),
@@ -39,6 +48,7 @@ from collections import defaultdict, deque
 import numpy as np
 
 from spectrace import acceptance
+from spectrace import audit
 from spectrace.audit import Finding
 from spectrace.read.steps import bookkeeping_sampled
 from spectrace.tracer import audit_live, runtime
@@ -74,6 +84,11 @@ class VerifyCapture:
         self._rng = random.Random(0)
         self._lock = threading.RLock()
         self._checked: set[str] = set()
+        self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
+        self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
+        self.worker_timings: deque[list] = deque()  # [has_drafts, execute ns, sample ns, draft ns] per worker step
+        self.open_timing: list | None = None  # the step being timed now (the drain leaves it)
+        self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
 
     # -- background ------------------------------------------------------------
 
@@ -86,8 +101,12 @@ class VerifyCapture:
                 self.dropped_steps = 0
             if engine:
                 self._drain_engine(rt, engine)
-            if worker:
-                self._drain_worker(rt, worker)
+            yielded = self._drain_worker(rt, worker) if worker else {}
+            timings = self._take_timings()
+            if timings:
+                self._drain_timings(rt, timings, yielded)
+            for run_id in list(self.curves):
+                self._judge_curve(rt, run_id)
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         settings = rt.settings
@@ -98,6 +117,9 @@ class VerifyCapture:
         run_col: list[str] = []
         kept: list[tuple] = []
         per_run: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (drafted, accepted, ctx)
+        marks: dict[str, list[acceptance.StepMark]] = defaultdict(list)
+        draft_rows: dict[str, list] = defaultdict(list)
+        draft_accepted: dict[str, list[int]] = defaultdict(list)
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
@@ -115,6 +137,8 @@ class VerifyCapture:
                 ctx = int(context.get(req_id, -1))
                 batch.append((drafted, accepted, ctx))
                 batch_ids.append(req_id)
+                draft_rows[run_id].append(draft_ids)
+                draft_accepted[run_id].append(accepted)
                 if sample_all or self._rng.random() < settings.step_sample:
                     # a tuple, not a dict per row; without token ids it holds only ints and a str,
                     # so the garbage collector stops tracking it (no full collections from the drain)
@@ -127,6 +151,7 @@ class VerifyCapture:
                 run_col.extend([run_id] * len(step_rows))
                 kept.extend(step_rows)
             per_run[run_id].extend(batch)
+            marks[run_id].append(_mark(step_no, ts, batch))
             self._maybe_step_span(rt, ts, step_no, run_id, batch, batch_ids)
         common = rt.common(ENGINE)
         if kept:
@@ -149,7 +174,16 @@ class VerifyCapture:
             }
             rt.writer.extend_columns("verify_steps", columns, len(kept))
         for run_id, batch in per_run.items():
-            self._count(rt, ENGINE, run_id, None, batch)
+            curve = self._curve(rt, run_id)
+            shapes = acceptance.one_token_rows(draft_rows[run_id], draft_accepted[run_id])
+            curve.add_shapes(shapes)
+            if shapes["rows"]:
+                rt.writer.append(
+                    "draft_shapes",
+                    {**common, "run_id": run_id, "ts": time.time_ns(), "rows": shapes["rows"], "repeated_rows": shapes["repeated"],
+                     "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
+                )
+            self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
 
     def _drain_worker(self, rt, steps: list[tuple]) -> None:
         per_key: dict[tuple[str, int | None], list[tuple[int, int, int]]] = defaultdict(list)
@@ -167,18 +201,28 @@ class VerifyCapture:
                     per_key[(run_id, rank)].append((int(drafted), max(generated - 1, 0), -1))
         for (run_id, rank), batch in per_key.items():
             self._count(rt, WORKER, run_id, rank, batch)
+        return {key: (len(batch), sum(a for _, a, _ in batch) + len(batch)) for key, batch in per_key.items()}
 
-    def _count(self, rt, source: str, run_id: str, rank: int | None, batch: list[tuple[int, int, int]]) -> None:
+    def _count(
+        self, rt, source: str, run_id: str, rank: int | None, batch: list[tuple[int, int, int]], marks: list | None = None
+    ) -> None:
         arr = np.asarray(batch, dtype=np.int64)
         drafted, accepted, ctx = arr[:, 0], arr[:, 1], arr[:, 2]
         k = int(drafted.max())
-        buckets = acceptance.bucket_indices(np.maximum(ctx, 0))
+        curve = self._curve(rt, run_id) if source == ENGINE else None
+        edges = curve.edges if curve is not None else acceptance.range_edges()
+        labels = acceptance.range_labels(edges)
+        bounds = acceptance.range_bounds(edges)
+        ranges = acceptance.range_indices(edges, np.maximum(ctx, 0))
         now = time.time_ns()
         common = rt.common(source, rank, run_id=run_id)
         rows = []
-        for b in np.unique(buckets):
-            mask = buckets == b
+        for r in np.unique(ranges):
+            mask = ranges == r
             d_at, a_at = acceptance.position_counts(drafted[mask], accepted[mask], k)
+            low = bounds[int(r)][0]
+            if curve is not None:
+                curve.add_range(bounds[int(r)], d_at, a_at)
             for position in range(k):
                 if d_at[position] == 0 and a_at[position] == 0:
                     continue
@@ -188,7 +232,8 @@ class VerifyCapture:
                         "ts": now,
                         "source": source,
                         "position": position,
-                        "context_bucket": acceptance.CONTEXT_BUCKETS[int(b)] if source == ENGINE else None,
+                        "context_bucket": acceptance.context_bucket(low) if source == ENGINE else None,
+                        "context_range": labels[int(r)] if source == ENGINE else None,
                         "drafted": int(d_at[position]),
                         "accepted": int(a_at[position]),
                     }
@@ -218,9 +263,10 @@ class VerifyCapture:
         totals[1] += int(accepted.sum())
         if source == ENGINE:
             d_all, a_all = acceptance.position_counts(drafted, accepted, k)
-            self._detect(rt, run_id, d_all, a_all)
+            curve.add_positions(d_all, a_all)
+            self._detect(rt, run_id, d_all, a_all, marks)
 
-    def _detect(self, rt, run_id: str, drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
+    def _detect(self, rt, run_id: str, drafted_at: np.ndarray, accepted_at: np.ndarray, marks: list | None = None) -> None:
         settings = rt.settings
         detector = self.detectors.get(run_id)
         if detector is None:
@@ -229,11 +275,16 @@ class VerifyCapture:
                 window=settings.collapse_window_tokens,
                 min_tokens=settings.collapse_min_tokens,
             )
-        event = detector.observe(drafted_at, accepted_at)
+        event = detector.observe(drafted_at, accepted_at, marks)
         if event is None:
             return
         collapse = event.code == "ACCEPTANCE_COLLAPSE"
         ev = event.evidence
+        onset = (
+            f"; it began at step {ev['onset_step']} (context {ev['onset_context_len']})" if collapse and "onset_step" in ev
+            else f" at step {ev['recovered_step']} (context {ev['recovered_context_len']})" if "recovered_step" in ev
+            else ""
+        )
         finding = Finding(
             code=event.code,
             severity="error" if collapse else "info",
@@ -242,7 +293,7 @@ class VerifyCapture:
             message=(
                 f"acceptance {'collapsed' if collapse else 'recovered'}: position 0 {ev['position_0_rate']:.1%}, "
                 f"overall {ev['overall_rate']:.1%} over the last {ev['window_drafted_tokens']} drafted tokens "
-                f"(threshold {ev['threshold']:.0%})"
+                f"(threshold {ev['threshold']:.0%}){onset}"
             ),
             evidence=ev,
             fix=(
@@ -304,6 +355,89 @@ class VerifyCapture:
         ):
             pass
 
+    # -- the run's acceptance curve: context ranges, cliffs, dummy drafts --------------
+
+    def note_config(self, run_id: str | None, vllm_config) -> None:
+        """Keep the run's VllmConfig (engine core): its boundaries are read in the drain."""
+        if run_id is None:
+            return
+        if len(self.run_configs) >= 16:
+            self.run_configs.pop(next(iter(self.run_configs)))
+        self.run_configs[run_id] = vllm_config
+
+    def _curve(self, rt, run_id: str) -> "RunCurve":
+        curve = self.curves.get(run_id)
+        if curve is None:
+            curve = self.curves[run_id] = RunCurve.from_config(self.run_configs.get(run_id))
+            if curve.boundaries:
+                rows = [b.as_dict() for b in curve.boundaries]
+                common = rt.common(ENGINE, run_id=run_id)
+                rt.writer.extend("context_boundaries", [{**common, "ts": time.time_ns(), **row} for row in rows])
+                if rt.metrics is not None and hasattr(rt.metrics, "boundaries"):
+                    rt.metrics.boundaries(rows, rt.labels(run_id))
+        return curve
+
+    def _judge_curve(self, rt, run_id: str) -> None:
+        """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS, each once per run (the rules: spectrace.acceptance)."""
+        curve = self.curves[run_id]
+        findings = []
+        if "CONTEXT_CLIFF" not in curve.emitted:
+            for boundary in curve.boundaries:
+                cliff = acceptance.context_cliff(curve.by_range_totals(), boundary.tokens)
+                if cliff is not None:
+                    findings.append(audit.context_cliff_finding(boundary, cliff, curve.roots, curve.rates_by_range()))
+                    curve.emitted.add("CONTEXT_CLIFF")
+                    break
+        if "POSITION_CLIFF" not in curve.emitted and curve.drafted_at is not None:
+            position = acceptance.position_cliff(curve.drafted_at, curve.accepted_at)
+            if position is not None:
+                findings.append(
+                    audit.position_cliff_finding(
+                        position, curve.drafted_at.tolist(), curve.accepted_at.tolist(), curve.method, curve.parallel
+                    )
+                )
+                curve.emitted.add("POSITION_CLIFF")
+        if "DUMMY_DRAFTS" not in curve.emitted and acceptance.dummy_drafts(
+            curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted
+        ):
+            findings.append(audit.dummy_drafts_finding(curve.draft_rows, curve.repeated_rows, curve.repeated_by_token))
+            curve.emitted.add("DUMMY_DRAFTS")
+        if findings:
+            audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
+
+    # -- does speculation pay? (worker host times) ------------------------------------
+
+    def _take_timings(self) -> list[list]:
+        queue = self.worker_timings
+        taken = []
+        while len(queue) > 1 or (queue and queue[0][6]):
+            taken.append(queue.popleft())
+        return taken
+
+    def _drain_timings(self, rt, timings: list[list], yielded: dict) -> None:
+        totals: dict[tuple, list[int]] = {}
+        for run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, _ in timings:
+            if not has_drafts:
+                continue
+            t = totals.setdefault((run_id, rank), [0, 0, 0])
+            t[0] += 1
+            t[1] += execute_ns + sample_ns
+            t[2] += draft_ns
+        now = time.time_ns()
+        for (run_id, rank), (steps, step_ns, draft_ns) in totals.items():
+            request_steps, tokens = yielded.get((run_id, rank), (0, 0))
+            rt.writer.append(
+                "speculation_steps",
+                {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "steps": steps, "step_ns": step_ns,
+                 "draft_ns": draft_ns, "request_steps": request_steps, "tokens": tokens},
+            )
+            if rt.metrics is not None and hasattr(rt.metrics, "speculation"):
+                rt.metrics.speculation(steps, step_ns, draft_ns, request_steps, tokens, rank, rt.labels(run_id))
+            detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
+            evidence = detector.observe(steps, draft_ns, step_ns, request_steps, tokens)
+            if evidence is not None and not rank:  # every rank times the same steps: rank 0 speaks
+                audit_live.emit_findings(rt, [audit.not_paying_finding(evidence)], role=WORKER, rank=rank, run=rt.run_by_id(run_id))
+
     # -- agreement ---------------------------------------------------------------
 
     def check_agreement(self, rt, *, exclude: str | None = None) -> None:
@@ -343,6 +477,102 @@ class VerifyCapture:
                 )
             )
         return findings
+
+
+def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptance.StepMark:
+    drafted = accepted = pos0_accepted = 0
+    context = -1
+    for d, a, c in batch:
+        drafted += d
+        accepted += a
+        pos0_accepted += a > 0
+        context = max(context, c)
+    return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted)
+
+
+class RunCurve:
+    """One run's acceptance shape so far (engine core), with the boundaries its configs set."""
+
+    def __init__(self, boundaries: list, roots: set[str], method: str | None, parallel: bool | None) -> None:
+        self.boundaries = boundaries
+        self.roots = roots
+        self.method = method
+        self.parallel = parallel
+        self.edges = acceptance.range_edges([b.tokens for b in boundaries])
+        self.by_range: dict[tuple[int, int | None], list[int]] = {}
+        self.by_range_position: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
+        self.drafted_at: np.ndarray | None = None
+        self.accepted_at: np.ndarray | None = None
+        self.draft_rows = self.repeated_rows = self.repeated_drafted = self.repeated_accepted = 0
+        self.repeated_by_token: dict[int, int] = {}
+        self.emitted: set[str] = set()
+
+    @classmethod
+    def from_config(cls, vllm_config) -> "RunCurve":
+        """Boundaries and root-cause codes from the run's configs (the audit's rules)."""
+        if vllm_config is None:
+            return cls([], set(), None, None)
+        try:
+            return cls(*_run_context(vllm_config))
+        except Exception as exc:  # a config this reader does not know: the fixed buckets only
+            log.debug("spectrace: no context boundaries for this run: %s", exc)
+            return cls([], set(), None, None)
+
+    def add_range(self, bounds: tuple[int, int | None], drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
+        total = self.by_range.setdefault(bounds, [0, 0])
+        total[0] += int(drafted_at.sum())
+        total[1] += int(accepted_at.sum())
+
+    def add_positions(self, drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
+        if self.drafted_at is None:
+            self.drafted_at = np.zeros(0, dtype=np.int64)
+            self.accepted_at = np.zeros(0, dtype=np.int64)
+        k = max(len(self.drafted_at), len(drafted_at))
+        self.drafted_at = np.pad(self.drafted_at, (0, k - len(self.drafted_at))) + np.pad(drafted_at, (0, k - len(drafted_at)))
+        self.accepted_at = np.pad(self.accepted_at, (0, k - len(self.accepted_at))) + np.pad(accepted_at, (0, k - len(accepted_at)))
+
+    def add_shapes(self, shapes: dict) -> None:
+        self.draft_rows += shapes["rows"]
+        self.repeated_rows += shapes["repeated"]
+        self.repeated_drafted += shapes["repeated_drafted"]
+        self.repeated_accepted += shapes["repeated_accepted"]
+        for token, n in shapes["by_token"].items():
+            self.repeated_by_token[token] = self.repeated_by_token.get(token, 0) + n
+
+    def by_range_totals(self) -> dict[tuple[int, int | None], tuple[int, int]]:
+        return {bounds: (d, a) for bounds, (d, a) in self.by_range.items()}
+
+    def rates_by_range(self) -> dict[str, float | None]:
+        labels = dict(zip(acceptance.range_bounds(self.edges), acceptance.range_labels(self.edges)))
+        return {labels.get(b, str(b)): round(a / d, 4) if d else None for b, (d, a) in sorted(self.by_range.items())}
+
+
+def _run_context(vllm_config) -> tuple[list, set[str], str | None, bool | None]:
+    """(boundaries, root-cause codes, method, parallel drafting) of one run's configs."""
+    from spectrace.read.configs import config_to_dict, model_configs, read_declared
+
+    configs = model_configs(vllm_config)
+    spec = vllm_config.speculative_config
+    method = getattr(spec, "method", None)
+    declared = {role: read_declared(c.model) for role, c in configs.items()}
+    resolved = {role: config_to_dict(c.hf_config) for role, c in configs.items()}
+    max_model_len = vllm_config.model_config.max_model_len
+    boundaries = audit.context_boundaries(
+        method=method,
+        target_declared=declared.get("target"),
+        target_resolved=resolved.get("target"),
+        draft_declared=declared.get("draft"),
+        draft_resolved=resolved.get("draft"),
+        max_model_len=max_model_len,
+    )
+    models = [{"model_role": r, "declared": declared[r], "transformers_resolved": resolved[r]} for r in configs]
+    _, by_role = audit.config_findings(models, method)
+    findings = [f for fs in by_role.values() for f in fs]
+    findings += audit.audit_pair(
+        method=method, method_given=True, draft_path=None, target=resolved.get("target"),
+        draft=declared.get("draft"), target_max_model_len=max_model_len,
+    )
+    return boundaries, audit.root_causes(findings), method, bool(getattr(spec, "parallel_drafting", False))
 
 
 def _take(queue: deque) -> list:
@@ -442,7 +672,56 @@ def wrap_bookkeeping_sync(original, hook: str):
     return _bookkeeping_sync
 
 
+def wrap_execute_model(original, hook: str):
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        started = time.perf_counter_ns()
+        result = original(self, scheduler_output, *args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
+        try:
+            rt = runtime._runtime or runtime.get()
+            if rt is not None:
+                if hook in rt.settings.inject_fault:
+                    raise runtime.InjectedFault(hook)
+                capture = rt.verify
+                # [run, rank, verifies drafts, execute ns, sample ns, draft ns, done]
+                step = [rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
+                        bool(scheduler_output.scheduled_spec_decode_tokens), elapsed, 0, 0, result is not None]
+                capture.open_timing = step
+                if len(capture.worker_timings) < MAX_BUFFERED_STEPS:
+                    capture.worker_timings.append(step)
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return result
+
+    return execute_model
+
+
+def _timed(slot: int, done: bool):
+    def wrap(original, hook: str):
+        def timed(self, *args, **kwargs):
+            started = time.perf_counter_ns()
+            result = original(self, *args, **kwargs)
+            elapsed = time.perf_counter_ns() - started
+            try:
+                rt = runtime._runtime
+                step = rt.verify.open_timing if rt is not None else None
+                if step is not None:
+                    step[slot] += elapsed
+                    if done:
+                        step[6] = True
+            except Exception as exc:
+                runtime.count_hook_error(hook, exc)
+            return result
+
+        return timed
+
+    return wrap
+
+
 HOOKS = [
+    Hook("worker.execute_model", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", wrap_execute_model),
+    Hook("worker.sample_tokens", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens", _timed(4, True)),
+    Hook("worker.propose_drafts", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids", _timed(5, False)),
     Hook("engine_core.verify", "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", wrap_update_from_output),
     Hook("engine_core.add_request", "vllm.v1.core.sched.scheduler:Scheduler.add_request", wrap_add_request),
     Hook("worker.verify", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", wrap_bookkeeping_sync),
