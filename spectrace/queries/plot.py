@@ -1,58 +1,78 @@
-"""Acceptance plots as PNG, drawn with Pillow (``pip install 'spectrace[plot]'``)."""
+"""Acceptance plots as PNG, drawn with matplotlib (``pip install 'spectrace[plot]'``).
+
+One figure per run: acceptance per draft position (bars), and a position × context
+heatmap over the run's context ranges (the fixed buckets split at the run's own
+boundaries), with each boundary from the run's configs marked.
+"""
 
 from __future__ import annotations
 
 from typing import Sequence
-
-_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
 
 
 class PlotError(Exception):
     pass
 
 
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: never a window, never a display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotError("--plot needs matplotlib: pip install 'spectrace[plot]'") from None
+    return plt
+
+
 def acceptance_png(
     path: str,
-    by_position: Sequence[tuple[int, int, int, float]],
-    by_bucket: dict[str, list[tuple[int, float]]],
+    by_position: Sequence[tuple[int, int, int, float | None]],
+    heatmap: dict[tuple[str, int], tuple[int, int]],
+    ranges: Sequence[tuple[str, int]],
+    boundaries: Sequence[tuple[int, str, str]] = (),
     *,
     title: str = "",
 ) -> None:
-    """Bars: acceptance rate per draft position; lines: the same per context bucket."""
-    try:
-        from PIL import Image, ImageDraw, ImageFont
-    except ImportError:
-        raise PlotError("--plot needs Pillow: pip install 'spectrace[plot]'") from None
-    width, height = 760, 420
-    left, right, top, bottom = 60, 170, 40, 50
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    font = ImageFont.load_default()
-    plot_w, plot_h = width - left - right, height - top - bottom
-    draw.text((left, 12), f"Acceptance rate by draft position  {title}", fill="black", font=font)
-    for i in range(6):
-        y = top + plot_h - i * plot_h / 5
-        draw.line([(left, y), (left + plot_w, y)], fill="#dddddd")
-        draw.text((left - 40, y - 6), f"{i * 20}%", fill="black", font=font)
-    n = max(len(by_position), 1)
-    slot = plot_w / n
-    for p, _, _, rate in by_position:
-        x0 = left + p * slot + slot * 0.15
-        x1 = left + (p + 1) * slot - slot * 0.15
-        y = top + plot_h - (rate or 0) * plot_h
-        draw.rectangle([x0, y, x1, top + plot_h], fill="#9ecae1", outline="#3182bd")
-        draw.text(((x0 + x1) / 2 - 10, top + plot_h + 8), str(p), fill="black", font=font)
-        draw.text(((x0 + x1) / 2 - 14, y - 14), f"{(rate or 0):.0%}", fill="black", font=font)
-    draw.text((left + plot_w / 2 - 40, height - 22), "draft position", fill="black", font=font)
-    for i, (bucket, points) in enumerate(sorted(by_bucket.items())):
-        colour = _COLOURS[i % len(_COLOURS)]
-        xy = [(left + (p + 0.5) * slot, top + plot_h - (r or 0) * plot_h) for p, r in points]
-        if len(xy) > 1:
-            draw.line(xy, fill=colour, width=2)
-        for x, y in xy:
-            draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colour)
-        ly = top + 10 + i * 16
-        draw.line([(left + plot_w + 15, ly + 6), (left + plot_w + 35, ly + 6)], fill=colour, width=2)
-        draw.text((left + plot_w + 40, ly), f"context {bucket}", fill="black", font=font)
-    draw.rectangle([left, top, left + plot_w, top + plot_h], outline="black")
-    img.save(path, "PNG")
+    """``by_position``: (position, drafted, accepted, rate); ``heatmap``: (context range,
+    position) -> (drafted, accepted); ``ranges``: (label, low) in context order;
+    ``boundaries``: (tokens, model role, config field) of the run."""
+    import numpy as np
+
+    plt = _pyplot()
+    positions = sorted({p for _, p in heatmap} | {row[0] for row in by_position})
+    labels = [label for label, _ in ranges]
+    rates = np.full((len(positions), len(labels)), np.nan)
+    for (label, position), (drafted, accepted) in heatmap.items():
+        if drafted and label in labels:
+            rates[positions.index(position), labels.index(label)] = accepted / drafted
+    fig, (bars, heat) = plt.subplots(
+        1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, max(1.6, 0.45 * len(labels))]}
+    )
+    fig.suptitle(f"Acceptance  {title}".strip())
+    bars.bar([row[0] for row in by_position], [row[3] or 0.0 for row in by_position], color="#4c72b0")
+    for position, _, _, rate in by_position:
+        bars.annotate(f"{(rate or 0):.0%}", (position, rate or 0), ha="center", va="bottom", fontsize=8)
+    bars.set(xlabel="draft position", ylabel="accepted / drafted", ylim=(0, 1.1), xticks=positions)
+    bars.set_title("by position", fontsize=10)
+    image = heat.imshow(rates, aspect="auto", origin="lower", vmin=0, vmax=1, cmap="viridis")
+    heat.set(xticks=range(len(labels)), yticks=range(len(positions)), yticklabels=positions)
+    heat.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    heat.set(xlabel="context length (tokens)", ylabel="draft position")
+    heat.set_title("by position and context", fontsize=10)
+    for row in range(rates.shape[0]):
+        for col in range(rates.shape[1]):
+            if not np.isnan(rates[row, col]):
+                heat.text(col, row, f"{rates[row, col]:.0%}", ha="center", va="center", fontsize=7,
+                          color="white" if rates[row, col] < 0.5 else "black")  # fmt: skip
+    lows = [low for _, low in ranges]
+    for tokens, role, field in boundaries:
+        if tokens in lows:  # a boundary is where a range starts: mark the edge between two columns
+            x = lows.index(tokens) - 0.5
+            heat.axvline(x, color="#d62728", linewidth=2)
+            heat.annotate(f"{role} {field} = {tokens}", (x, len(positions) - 0.5), xytext=(3, -2),
+                          textcoords="offset points", color="#d62728", fontsize=8, va="top")  # fmt: skip
+    fig.colorbar(image, ax=heat, label="accepted / drafted")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)

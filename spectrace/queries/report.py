@@ -173,14 +173,24 @@ def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
     ).fetchone()
     if lengths and lengths[1]:
         lines.append(f"  mean acceptance length {lengths[0]:.2f} tokens per step over {int(lengths[1])} request-steps")
-    buckets = con.execute(
-        "select context_bucket, sum(drafted), sum(accepted) from acceptance_by_context where run_id = ? "
-        "group by context_bucket order by min(position), context_bucket",
-        [run_id],
+    boundaries = con.execute(
+        "select distinct tokens, model_role, field from context_boundaries where run_id = ? order by tokens", [run_id]
     ).fetchall()
-    if buckets:
-        lines.append("By context length")
-        lines.append(_indent(format_table(["context", "drafted", "accepted", "rate"], [(b, d, a, f"{a / d:.1%}" if d else "-") for b, d, a in buckets])))
+    heatmap, ranges = context_heatmap(con, run_id)
+    if ranges:
+        starts = {tokens: f"{role} {field}" for tokens, role, field in boundaries}
+        positions = sorted({p for _, p in heatmap})
+        lines.append("By context length (ranges split at the run's boundaries, marked |)")
+        table = []
+        for label, low in ranges:
+            d = sum(heatmap.get((label, p), (0, 0))[0] for p in positions)
+            a = sum(heatmap.get((label, p), (0, 0))[1] for p in positions)
+            cells = [_rate(*heatmap[(label, p)]) if (label, p) in heatmap else "" for p in positions]
+            table.append(("|" if low in starts else "", label, d, a, _rate(d, a), *cells, starts.get(low, "")))
+        headers = ["", "context", "drafted", "accepted", "rate", *[f"pos {p}" for p in positions], "boundary"]
+        lines.append(_indent(format_table(headers, table)))
+    lines += _shapes(con, run_id)
+    lines += _cost(con, run_id)
     agreement = con.execute(
         "select source, rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? group by all order by source, rank",
         [run_id],
@@ -190,27 +200,89 @@ def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
             f"{s}{'' if r is None else ' rank ' + str(r)} {d}/{a}" for s, r, d, a in agreement
         ))
     episodes = con.execute(
-        "select ts, code, message from findings where run_id = ? and code in ('ACCEPTANCE_COLLAPSE', 'ACCEPTANCE_RECOVERED') order by ts",
+        "select ts, code, evidence from findings where run_id = ? and code in ('ACCEPTANCE_COLLAPSE', 'ACCEPTANCE_RECOVERED') order by ts",
         [run_id],
     ).fetchall()
-    lines.append("Collapse episodes: none" if not episodes else "Collapse episodes:")
-    lines += [f"  {ts} {code}: {message}" for ts, code, message in episodes]
+    lines.append("Collapse timeline: none" if not episodes else "Collapse timeline:")
+    lines += _timeline(episodes)
     if plot:
         from spectrace.queries import plot as plotting
 
         try:
-            plotting.acceptance_png(plot, rows, buckets_by_position(con, run_id), title=f"run {run_id}")
+            plotting.acceptance_png(plot, rows, heatmap, ranges, boundaries, title=f"run {run_id}")
         except (plotting.PlotError, OSError) as exc:
             raise ReportError(f"cannot write the plot: {exc}") from None
         lines.append(f"Plot written to {plot}")
     return lines
 
 
-def buckets_by_position(con, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    out: dict[str, list[tuple[int, float]]] = {}
-    for bucket, position, rate in con.execute(
-        "select context_bucket, position, rate from acceptance_by_context where run_id = ? order by context_bucket, position",
+def _rate(drafted: int, accepted: int) -> str:
+    return f"{accepted / drafted:.1%}" if drafted else "-"
+
+
+def context_heatmap(con, run_id: str) -> tuple[dict[tuple[str, int], tuple[int, int]], list[tuple[str, int]]]:
+    """(context range, position) -> (drafted, accepted), and the ranges (label, low) in order.
+
+    Runs recorded before per-run ranges existed fall back to the fixed buckets.
+    """
+    rows = con.execute(
+        "select coalesce(context_range, context_bucket), position, sum(drafted), sum(accepted) from verify_counts "
+        "where run_id = ? and source = 'engine_core' group by all",
         [run_id],
-    ).fetchall():
-        out.setdefault(bucket, []).append((position, rate))
-    return out
+    ).fetchall()
+    heatmap = {(label, int(p)): (int(d), int(a)) for label, p, d, a in rows if label is not None}
+    ranges = sorted({(label, _low(label)) for label, _ in heatmap}, key=lambda r: r[1])
+    return heatmap, ranges
+
+
+def _low(label: str) -> int:
+    text = label.split("-")[0].rstrip("+")
+    return int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+
+
+def _shapes(con, run_id: str) -> list[str]:
+    row = con.execute(
+        "select sum(rows), sum(repeated_rows), sum(repeated_accepted), sum(repeated_drafted) from draft_shapes where run_id = ?",
+        [run_id],
+    ).fetchone()
+    if not row or not row[0]:
+        return []
+    rows, repeated, accepted, drafted = row
+    return [f"  one-token draft rows: {repeated} of {rows} ({repeated / rows:.1%})"
+            + (f", {accepted} of their {drafted} tokens accepted" if repeated else "")]
+
+
+def _cost(con, run_id: str) -> list[str]:
+    rows = con.execute(
+        "select rank, steps, step_ms, draft_ms, verify_ms, mean_acceptance_length, speedup_estimate "
+        "from speculation_cost where run_id = ? order by rank nulls first",
+        [run_id],
+    ).fetchall()
+    if not rows:
+        return []
+    lines = ["Does speculation pay? (worker host clock, steps that verified drafts; model: README)"]
+    table = [
+        ("" if rank is None else rank, steps, f"{step:.2f}", f"{draft:.2f}", f"{verify:.2f}",
+         "-" if length is None else f"{length:.2f}", "-" if est is None else f"{est:.2f}x")
+        for rank, steps, step, draft, verify, length, est in rows
+    ]  # fmt: skip
+    lines.append(_indent(format_table(["rank", "steps", "step ms", "draft ms", "verify ms", "mean length", "speed-up"], table)))
+    return lines
+
+
+def _timeline(episodes: list[tuple]) -> list[str]:
+    import json
+
+    lines = []
+    for ts, code, evidence in episodes:
+        ev = json.loads(evidence) if isinstance(evidence, str) else (evidence or {})
+        if code == "ACCEPTANCE_COLLAPSE":
+            began = f"began at step {ev['onset_step']}, context {ev['onset_context_len']}" if "onset_step" in ev else "onset unknown"
+            lines.append(f"  {ts} collapsed ({began}): position 0 {ev.get('position_0_rate', 0):.1%}, "
+                         f"overall {ev.get('overall_rate', 0):.1%}")  # fmt: skip
+        else:
+            at = f" at step {ev['recovered_step']}, context {ev['recovered_context_len']}" if "recovered_step" in ev else ""
+            lines.append(f"  {ts} recovered{at}: position 0 {ev.get('position_0_rate', 0):.1%}, overall {ev.get('overall_rate', 0):.1%}")
+    if episodes and episodes[-1][1] == "ACCEPTANCE_COLLAPSE":
+        lines.append("  (not recovered)")
+    return lines
