@@ -57,6 +57,7 @@ class EngineResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
+    generate_seconds: float = 0.0  # wall time of the generate calls alone (no engine start)
     exporter: dict[str, Any] = field(default_factory=dict)  # spectrace's counters in the child after this engine
 
 
@@ -211,8 +212,10 @@ def _child(request: dict[str, Any]) -> None:
                 result.tokens = _generate_async(kwargs, spec, params)
             else:
                 llm = LLM(**kwargs)
+                generating = time.perf_counter()
                 for _ in range(max(spec.repeat, 1)):
                     outputs = llm.generate(spec.prompts, params, use_tqdm=False)
+                result.generate_seconds = round(time.perf_counter() - generating, 4)
                 result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
                 result.metrics = _spec_metrics(llm)
             result.ok = True

@@ -521,6 +521,38 @@ def build_mtp(
     )
 
 
+def derive_model(
+    out_dir: str | os.PathLike[str],
+    source_dir: str | os.PathLike[str],
+    *,
+    config: Mapping[str, Any] | None = None,
+    drop: Iterable[str] = (),
+    zero: Iterable[str] = (),
+) -> Path:
+    """A copy of the model in ``source_dir`` with ``config.json`` keys set (``config``) or
+    removed (``drop``) and the named tensors zeroed (``zero``); the weights are otherwise
+    the source's. For drafters that are the target itself but for one planted fault
+    (a shorter ``max_position_embeddings``, a zero final norm, a parallel-drafting token)."""
+    from safetensors.torch import load_file
+
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(source_dir, out)
+    declared = json.loads((out / "config.json").read_text())
+    for key in drop:
+        declared.pop(key, None)
+    declared.update(config or {})
+    (out / "config.json").write_text(json.dumps(declared, indent=2, sort_keys=True) + "\n")
+    zero = list(zero)
+    if zero:
+        tensors = load_file(str(out / "model.safetensors"))
+        for name in zero:
+            tensors[name].zero_()
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 # ------------------------------------------------------------------------------- zoo
 
 _ZOO_NAMES = (
