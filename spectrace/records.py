@@ -58,7 +58,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("ts", "TIMESTAMP_NS"),
         ("hook", "VARCHAR"),
         ("target", "VARCHAR"),
-        ("status", "VARCHAR"),  # installed | missing
+        ("status", "VARCHAR"),  # installed | missing | unsupported
         ("detail", "VARCHAR"),
         ("vllm_version", "VARCHAR"),
         ("supported_versions", "VARCHAR"),

@@ -1,9 +1,11 @@
 """Installing and removing wrappers around vLLM callables.
 
-A :class:`Hook` names its target as ``"module:Qualified.name"`` and says which
-vLLM versions it was written against. Installing checks that the target exists
-in the installed vLLM; a missing one is reported (log line + ``hooks`` row),
-never silently skipped. Every installed hook can be removed again, leaving the
+A :class:`Hook` names its target as ``"module:Qualified.name"``; which versions
+it fits is data in :mod:`spectrace.tracer.support`. Installing checks that the
+target exists in the installed vLLM (a missing one: ``missing``) and that the
+installed version and the site's source fit the hook (else ``unsupported``);
+either is reported (one log line + a ``hooks`` row), never silently skipped,
+and the other hooks go on. Every installed hook can be removed again, leaving the
 original object in place (tests check identity).
 
 Wrappers are built by a factory ``make(original, name) -> wrapper`` (``name`` is the
@@ -21,6 +23,8 @@ import importlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from spectrace.tracer import support
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -78,9 +82,10 @@ class HookSet:
     def __init__(self) -> None:
         self.installed: dict[str, Installed] = {}
         self.missing: dict[str, str] = {}
+        self.unsupported: dict[str, str] = {}
 
     def install(self, hook: Hook) -> str | None:
-        """Install ``hook``; return None on success, else why it is missing."""
+        """Install ``hook``; return None on success, else why it is missing or unsupported."""
         if hook.name in self.installed:
             return None
         try:
@@ -93,9 +98,22 @@ class HookSet:
                 "that part of the audit is unavailable",
                 hook.name,
                 reason,
-                hook.supported,
+                support.range_text(hook.name, hook.supported),
             )
             return reason
+        try:
+            unfit = support.check(hook.name, hook.target, current)
+        except Exception as exc:  # a check that cannot decide never installs blind
+            unfit = f"support check failed: {type(exc).__name__}: {exc}"
+        if unfit is not None:
+            self.unsupported[hook.name] = unfit
+            log.warning(
+                "spectrace: hook %s switched off: %s (supports %s); that part of the audit is unavailable",
+                hook.name,
+                unfit,
+                support.range_text(hook.name, hook.supported),
+            )
+            return unfit
         raw = owner.__dict__.get(attr) if isinstance(owner, type) else current
         had_own = isinstance(owner, type) and attr in owner.__dict__
         if isinstance(raw, staticmethod):

@@ -53,6 +53,7 @@ from spectrace.exporters.segments import SegmentWriter
 from spectrace.read.configs import run_info
 from spectrace.settings import Settings
 from spectrace.tracer.hooks import Hook, HookSet
+from spectrace.tracer import support
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -255,7 +256,7 @@ class Runtime:
                     "ts": time.time_ns(),
                     "hook": hook.name,
                     "target": hook.target,
-                    "status": "missing" if reason else "installed",
+                    "status": "unsupported" if hook.name in self.hooks.unsupported else "missing" if reason else "installed",
                     "detail": reason or "",
                     "vllm_version": vllm_version(),
                     "supported_versions": hook.supported,

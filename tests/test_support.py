@@ -1,0 +1,166 @@
+"""Declared version ranges and site shapes decide which hooks install (pure: stand-in modules written here).
+
+A hook outside its range, or whose site no longer has the shape it reads, is switched off with one
+log line; the original stays in place and the other hooks install. The README's table is generated.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import textwrap
+import types
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from spectrace.read.steps import BOOKKEEPING_FIELDS
+from spectrace.tracer import support
+from spectrace.tracer.hooks import Hook, HookSet
+from spectrace.tracer.stages import all_hooks
+from spectrace.tracer.support import Reads, Support
+
+SOURCE = '''
+from dataclasses import dataclass
+
+@dataclass
+class Output:
+    sampled: list
+    req_id_to_index: dict
+
+class Runner:
+    def __init__(self):
+        self.steps = 0
+
+    @property
+    def ready(self):
+        return True
+
+    def bookkeeping(self, scheduler_output, sampler_output):
+        if scheduler_output:
+            return (1, 2)
+        def inner():
+            return (3, 4)
+        return (num_nans, valid_sampled_token_ids, req_id_to_index_output_copy)
+'''
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A module ``spectrace_site`` written to disk and imported, so its source is there to read."""
+    (tmp_path / "spectrace_site.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "spectrace_site", raising=False)
+    import spectrace_site
+
+    yield spectrace_site
+    sys.modules.pop("spectrace_site", None)
+
+
+def _declare(monkeypatch, **entries: Support) -> None:
+    monkeypatch.setattr(support, "SUPPORT", {**support.SUPPORT, **entries})
+
+
+def _same(original, name):
+    return lambda *args, **kwargs: original(*args, **kwargs)
+
+
+PYTEST = version("pytest")
+
+
+@pytest.mark.parametrize(
+    ("installed", "spec", "fits"),
+    [
+        ("0.32.0", ">=0.30, <0.34", True),
+        ("0.30.0+cpu", ">=0.30, <0.34", True),
+        ("0.33.1rc1.dev4+gabc", ">=0.30, <0.34", True),
+        ("0.34.0", ">=0.30, <0.34", False),
+        ("0.29.9", ">=0.30, <0.34", False),
+        ("0.20.1", ">=0.30, <0.34", False),
+        ("0.26", ">=0.20, <0.27", True),
+        ("1.0", "==1", True),
+    ],
+)
+def test_version_ranges(installed, spec, fits):
+    assert support.in_range(installed, spec) is fits
+
+
+def test_hook_outside_its_range_is_switched_off_and_the_rest_install(site, monkeypatch, caplog):
+    _declare(
+        monkeypatch,
+        old=Support(package="pytest", versions="<1"),
+        fits=Support(package="pytest", versions=f">={PYTEST}"),
+    )
+    original = site.Runner.__dict__["bookkeeping"]
+    hooks = HookSet()
+    with caplog.at_level(logging.WARNING, logger="vllm.spectrace"):
+        reason = hooks.install(Hook("old", "spectrace_site:Runner.bookkeeping", _same))
+        assert hooks.install(Hook("fits", "spectrace_site:Runner.__init__", _same)) is None
+    assert reason == f"pytest {PYTEST} is outside <1"
+    assert hooks.unsupported == {"old": reason} and list(hooks.installed) == ["fits"]
+    assert site.Runner.__dict__["bookkeeping"] is original
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"spectrace: hook old switched off: {reason} (supports pytest <1); that part of the audit is unavailable"]
+
+
+def test_returned_tuple_is_read_from_the_installed_source(site, monkeypatch):
+    fields = ("num_nans", "valid_sampled_token_ids", "req_id_to_index_output_copy")
+    _declare(
+        monkeypatch,
+        same=Support(package="pytest", versions=">=0", params=("self", "scheduler_output"), returns=fields),
+        moved=Support(package="pytest", versions=">=0", returns=BOOKKEEPING_FIELDS),
+    )
+    hooks = HookSet()
+    assert hooks.install(Hook("same", "spectrace_site:Runner.bookkeeping", _same)) is None
+    hooks.uninstall_all()
+    reason = hooks.install(Hook("moved", "spectrace_site:Runner.bookkeeping", _same))
+    assert reason.startswith(f"pytest {PYTEST}: Runner.bookkeeping returns (num_nans, valid_sampled_token_ids, req_id_to_index_output_copy)")
+    assert "moved" in hooks.unsupported and not hooks.installed
+
+
+def test_parameters_and_fields_read(site, monkeypatch):
+    _declare(
+        monkeypatch,
+        params=Support(package="pytest", versions=">=0", params=("self", "model_runner_output")),
+        fields=Support(
+            package="pytest",
+            versions=">=0",
+            reads=(Reads("spectrace_site:Output", ("sampled", "req_id_to_index")), Reads("spectrace_site:Runner", ("steps", "ready", "gone"))),
+        ),
+    )
+    assert support.check("params", "spectrace_site:Runner.bookkeeping") == (
+        f"pytest {PYTEST}: Runner.bookkeeping takes (self, scheduler_output, sampler_output), "
+        "the hook expects (self, model_runner_output, ...)"
+    )
+    assert support.check("fields", "spectrace_site:Runner.bookkeeping") == f"pytest {PYTEST}: Runner has no gone"
+
+
+def test_hook_without_a_declaration_installs(site):
+    hooks = HookSet()
+    assert hooks.install(Hook("undeclared", "spectrace_site:Runner.bookkeeping", _same)) is None
+
+
+def test_static_check_reads_an_unimported_tree_and_follows_reexports(tmp_path):
+    pkg = tmp_path / "fakevllm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "impl.py").write_text(textwrap.dedent(SOURCE))
+    (pkg / "api.py").write_text("from .impl import Runner as Runner\n")
+    locate = support.tree_locate(tmp_path)
+    spec = Support(params=("self", "scheduler_output"), reads=(Reads("fakevllm.api:Runner", ("steps",)),))
+    assert support.shape_problems("fakevllm.api:Runner.bookkeeping", spec, locate) == []
+    assert support.shape_problems("fakevllm.api:Runner.gone", spec, locate) == ["fakevllm.impl:Runner.gone: no such function in the source"]
+    assert "fakevllm" not in sys.modules
+
+
+def test_every_hook_declares_its_range():
+    """A new hook says which vLLM it fits: add it to spectrace.tracer.support.SUPPORT."""
+    assert sorted({h.name for h in all_hooks()} - set(support.SUPPORT)) == []
+
+
+def test_readme_version_table_is_generated():
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "README.md").read_text()
+    expected = support.readme_block(all_hooks(), support.load_matrix(repo))
+    assert support.render_readme(text, expected) == text, "python -m spectrace.tracer.support_table readme"
