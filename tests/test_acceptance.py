@@ -55,3 +55,62 @@ def test_healthy_eagle_profile_never_fires():
         accepted = np.minimum(rng.geometric(0.35, size=64) - 1, 7)
         d, a = position_counts(np.full(64, 7), accepted, 7)
         assert detector.observe(d, a) is None
+
+
+# -- the shapes of a failing drafter (pure) ------------------------------------------------
+
+from spectrace import acceptance  # noqa: E402
+
+
+def test_run_boundaries_split_the_fixed_buckets():
+    edges = acceptance.range_edges([64, 4096, 0, -1])
+    assert acceptance.range_labels(edges)[:3] == ["0-64", "64-512", "512-1k"]
+    assert acceptance.range_labels(edges)[-1] == "16k+"
+    assert acceptance.range_indices(edges, np.array([63, 64, 600])).tolist() == [0, 1, 2]
+    assert acceptance.range_bounds(edges)[1] == (64, 512)
+
+
+def test_context_cliff_needs_a_healthy_rate_before_and_data_on_both_sides():
+    assert acceptance.context_cliff({(0, 64): (200, 190), (64, 512): (300, 30)}, 64).after_rate == 0.1
+    assert acceptance.context_cliff({(0, 64): (200, 190), (64, 512): (300, 150)}, 64) is None  # a gentle decline
+    assert acceptance.context_cliff({(0, 64): (50, 50), (64, 512): (300, 0)}, 64) is None  # too little before
+
+
+def test_position_cliff_is_conditional_on_the_previous_position():
+    # geometric decay (each position 60 % of the one before) is no cliff
+    assert acceptance.position_cliff(np.array([500] * 3), np.array([300, 180, 108])) is None
+    assert acceptance.position_cliff(np.array([500] * 4), np.array([400, 380, 3, 0])) == 1
+
+
+def test_one_token_rows_skip_placeholders_and_single_drafts():
+    shapes = acceptance.one_token_rows([[0, 0, 0], [5, 5, 5], [1, 2, 3], [-1, -1, -1], [7]], [0, 3, 1, 0, 0])
+    assert (shapes["rows"], shapes["repeated"], shapes["repeated_accepted"]) == (3, 2, 3)
+    assert shapes["by_token"] == {0: 1, 5: 1}
+    # repeated and rejected: placeholders; repeated and accepted: a target that repeats itself
+    assert acceptance.dummy_drafts(100, 90, 270, 0)
+    assert not acceptance.dummy_drafts(100, 90, 270, 270)
+    assert not acceptance.dummy_drafts(100, 10, 30, 0)
+
+
+def test_speedup_estimate_and_not_paying_detector():
+    assert acceptance.speedup_estimate(4.0, 15.0, 20.0) == pytest.approx(1.0)
+    assert acceptance.speedup_estimate(1.0, 5.0, 10.0) == pytest.approx(0.5)
+    detector = acceptance.PayingDetector(window_steps=100, min_steps=50)
+    assert detector.observe(40, 40 * 5_000_000, 40 * 10_000_000, 160, 160) is None  # too few steps
+    evidence = detector.observe(40, 40 * 5_000_000, 40 * 10_000_000, 160, 160)
+    assert evidence["speedup_estimate"] == 0.5 and evidence["window_steps"] == 80
+    assert detector.observe(40, 0, 40 * 10_000_000, 160, 160) is None  # once per run
+
+
+def test_collapse_names_its_onset_and_recovery():
+    detector = CollapseDetector(threshold=0.1, window=300, min_tokens=100)
+    mark = acceptance.StepMark
+    good = [mark(1, 10, 20, 30, 24, 10, 9)]
+    bad = [mark(2, 20, 30, 30, 0, 10, 0), mark(3, 30, 40, 30, 0, 10, 0)]
+    assert detector.observe(np.array([40, 40, 40]), np.array([35, 30, 25]), good) is None
+    event = detector.observe(np.array([300, 300, 300]), np.array([0, 0, 0]), bad)
+    assert event.code == "ACCEPTANCE_COLLAPSE"
+    assert (event.evidence["onset_step"], event.evidence["onset_ts_ns"], event.evidence["onset_context_len"]) == (2, 20, 30)
+    event = detector.observe(np.array([300, 300, 300]), np.array([290, 280, 270]), [mark(9, 90, 99, 30, 27, 10, 10)])
+    assert event.code == "ACCEPTANCE_RECOVERED"
+    assert (event.evidence["onset_step"], event.evidence["recovered_step"]) == (2, 9)

@@ -325,3 +325,63 @@ def test_hybrid_linear_attention_layers_are_their_own_type():
     # an MTP head on a hybrid target: the target's layer_types do not describe the MTP layer
     plans, findings = audit.audit_model_layout("draft", declared, declared, [{"runtime_type": "full"}], method="mtp")
     assert [(p.declared_type, p.resolved_type) for p in plans] == [("unspecified", "full")] and findings == []
+
+
+# -- DFlash causality, a re-applied window, context boundaries -----------------------------
+
+from spectrace import audit as _audit  # noqa: E402
+
+_DFLASH = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": 2,
+           "dflash_config": {"mask_token_id": 5}}  # fmt: skip
+
+
+def test_causal_inferred_follows_vllms_rule_unless_declared():
+    resolved = {**_DFLASH, "layer_types": ["sliding_attention", "full_attention"]}
+    [finding] = _audit.audit_causality("draft", _DFLASH, resolved)
+    assert (finding.code, finding.severity) == ("CAUSAL_INFERRED", "warning")
+    assert finding.evidence["causal_by_layer"] == [True, False] and finding.evidence["from"] == "rule"
+    declared = {**_DFLASH, "dflash_config": {"mask_token_id": 5, "causal": False}}
+    assert _audit.audit_causality("draft", declared, resolved) == []
+    assert _audit.audit_causality("draft", {**_DFLASH, "is_causal": True}, resolved) == []
+    assert _audit.audit_causality("target", _DFLASH, resolved) == []
+
+
+_TARGET_SLIDING = {"model_type": "qwen3", "num_hidden_layers": 2, "sliding_window": 32, "use_sliding_window": True,
+                   "layer_types": ["sliding_attention"] * 2}  # fmt: skip
+_DRAFT_WINDOW_ONLY = {"model_type": "qwen3", "num_hidden_layers": 2, "sliding_window": 32}
+_DRAFT_RESOLVED = {"model_type": "qwen3", "num_hidden_layers": 2, "sliding_window": None, "use_sliding_window": False,
+                   "layer_types": ["full_attention"] * 2}  # fmt: skip
+
+
+def test_draft_model_drafter_gets_the_targets_window_back():
+    models = [
+        {"model_role": "target", "declared": _TARGET_SLIDING, "transformers_resolved": _TARGET_SLIDING},
+        {"model_role": "draft", "declared": _DRAFT_WINDOW_ONLY, "transformers_resolved": _DRAFT_RESOLVED},
+    ]
+    _, by_role = _audit.config_findings(models, "draft_model")
+    swa = next(f for f in by_role["draft"] if f.code == "SWA_DROPPED")
+    assert swa.severity == "warning" and "comes from the target" in swa.message
+    _, by_role = _audit.config_findings(models, "eagle3")  # only draft_model gets the target's window
+    assert next(f for f in by_role["draft"] if f.code == "SWA_DROPPED").severity == "error"
+    runtime = [{"runtime_type": "sliding", "runtime_window": 32}] * 2
+    _, layout = _audit.audit_model_layout("draft", _DRAFT_WINDOW_ONLY, _DRAFT_RESOLVED, runtime)
+    assert [(f.code, f.severity, f.caused_by) for f in layout] == [("LAYOUT_MISMATCH", "info", "SWA_DROPPED")]
+    # a drafter that declares no window, forced onto the target's, stays an error
+    _, layout = _audit.audit_model_layout("draft", _DRAFT_RESOLVED, _DRAFT_RESOLVED, runtime)
+    assert [(f.code, f.severity, f.caused_by) for f in layout] == [("LAYOUT_MISMATCH", "error", None)]
+
+
+def test_context_boundaries_from_the_runs_configs():
+    bounds = _audit.context_boundaries(
+        method="draft_model", target_declared=_TARGET_SLIDING, target_resolved=_TARGET_SLIDING,
+        draft_declared={**_DRAFT_WINDOW_ONLY, "max_position_embeddings": 64,
+                        "rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 128}},
+        draft_resolved=_DRAFT_RESOLVED, max_model_len=4096,
+    )  # fmt: skip
+    assert [(b.tokens, b.model_role, b.field) for b in bounds] == [
+        (32, "target", "sliding_window (declared)"),
+        (32, "draft", "sliding_window (declared)"),
+        (64, "draft", "max_position_embeddings"),
+        (128, "draft", "rope original_max_position_embeddings"),
+    ]
+    assert "DRAFT_CONTEXT_SHORT" in bounds[2].explained_by

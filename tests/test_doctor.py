@@ -143,13 +143,14 @@ V2_EXPECTED = {
         ("SWA_DROPPED", "error", None),
     ],
     "window_only": [
+        ("CAUSAL_INFERRED", "warning", None),  # no layer_types declared: vLLM makes no layer causal
         ("FIELD_CHANGED", "info", "SWA_DROPPED"),
         ("LAYER_TYPES_DEFAULTED", "info", "SWA_DROPPED"),
         ("LAYOUT_MISMATCH", "info", "SWA_DROPPED"),
         ("SWA_DROPPED", "error", None),
     ],
-    "flagged": [],
-    "swa_window_size": [],
+    "flagged": [("CAUSAL_INFERRED", "warning", None)],  # no causality declared: vLLM infers it per layer
+    "swa_window_size": [("CAUSAL_INFERRED", "warning", None)],
 }
 
 
@@ -160,7 +161,7 @@ def test_dflash_shapes_on_the_v2_runner(capsys, models, shape):
     )
     assert report["runner"] == "v2"  # the default
     assert triples(report) == V2_EXPECTED[shape]
-    assert rc == (1 if V2_EXPECTED[shape] else 0)
+    assert rc == (1 if any(severity == "error" for _, severity, _ in V2_EXPECTED[shape]) else 0)
     draft = report["layout"]["draft"]
     assert len(draft) == 5
     assert set(draft[0]) >= {"layer_index", "declared_type", "declared_window", "resolved_type", "resolved_window",
@@ -228,9 +229,29 @@ def test_dflash_drafter_in_a_plain_directory_without_method_is_method_mismatch(c
     mismatch = finding(report, "METHOD_MISMATCH")
     assert mismatch["evidence"]["vllm_rule"] == doctor.RULE_SPEC
     assert '"method": "dflash"' in mismatch["fix"]
-    # given the method, the same directory is clean
+    # given the method, the same directory has only the causality vLLM had to infer
     rc, report = run_json(capsys, "--target", models["qwen3-8b"], "--draft", models["qwen3-8b-drafter"], "--method", "dflash")
-    assert (rc, report["findings"]) == (0, [])
+    assert (rc, triples(report)) == (0, [("CAUSAL_INFERRED", "warning", None)])
+
+
+def test_dflash_drafter_declaring_no_causality_is_causal_inferred(capsys, models, tmp_path):
+    rc, report = run_json(
+        capsys, "--target", models["qwen3-8b"], "--draft", models["qwen3-8b-dflash-flagged"], "--method", "dflash"
+    )
+    inferred = finding(report, "CAUSAL_INFERRED")
+    assert inferred["severity"] == "warning" and rc == 0
+    assert inferred["evidence"]["causal_by_layer"] == [True] * 4 + [False]  # sliding layers causal: vLLM's rule
+    assert inferred["evidence"]["from"] == "runtime"  # read off the layers doctor built
+    assert "layers [0, 1, 2, 3] causal" in inferred["message"]
+    assert inferred["evidence"]["vllm_rule"] == "vllm.model_executor.models.qwen3_dflash._dflash_layer_causal"
+    # declared: nothing to infer
+    declared = tmp_path / "qwen3-8b-dflash-causal"
+    declared.mkdir()
+    config = {**DFLASH, **SHAPES["flagged"], "dflash_config": {**DFLASH["dflash_config"], "causal": True}}
+    (declared / "config.json").write_text(json.dumps(config))
+    rc, report = run_json(capsys, "--target", models["qwen3-8b"], "--draft", str(declared), "--method", "dflash")
+    assert (rc, triples(report)) == (0, [])
+    assert [row["causal"] for row in report["layout"]["draft"]] == [True] * 5
 
 
 def test_draft_model_with_another_vocabulary_is_vocab_mismatch(capsys, models):
@@ -429,7 +450,10 @@ def test_query_stays_fast_without_vllm():
 # -- doctor and a live run agree ------------------------------------------------------------
 
 # Found only while vLLM runs (acceptance, verification): no config can predict them.
-LIVE_ONLY = {"ACCEPTANCE_COLLAPSE", "ACCEPTANCE_RECOVERED", "VERIFY_DISAGREEMENT"}
+LIVE_ONLY = {
+    "ACCEPTANCE_COLLAPSE", "ACCEPTANCE_RECOVERED", "VERIFY_DISAGREEMENT",  # measured while serving
+    "CONTEXT_CLIFF", "POSITION_CLIFF", "DUMMY_DRAFTS", "SPECULATION_NOT_PAYING",
+}  # fmt: skip
 LAYOUT_COLUMNS = ("declared_type", "declared_window", "resolved_type", "resolved_window",
                   "runtime_type", "runtime_window", "kv_cache_spec", "causal")  # fmt: skip
 
