@@ -33,3 +33,89 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class Server:
+    """``python -m spectrace.testing.serve`` in its own session, for live tests.
+
+    ``start()`` returns once ``/health`` answers; ``kill()`` SIGKILLs the whole session
+    (nothing cleans up: files stay where a killed server leaves them); ``stop()`` is SIGINT,
+    then SIGKILL.
+    """
+
+    def __init__(self, model: str, args: list[str], env: dict[str, str], log_path, port: int) -> None:
+        self.model, self.args, self.env, self.log_path, self.port = model, args, env, log_path, port
+        self.process = None
+
+    def start(self, timeout: float = 400.0) -> "Server":
+        import subprocess
+        import time
+        import urllib.request
+
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "spectrace.testing.serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args],
+            env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return self
+            except OSError:
+                time.sleep(1.0)
+        raise RuntimeError(f"vllm serve did not answer /health in {timeout:.0f} s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return open(self.log_path).read()
+
+    def pids(self) -> set[int]:
+        """Every live process of the server's session."""
+        import subprocess
+
+        out = subprocess.run(["pgrep", "-s", str(self.process.pid)], capture_output=True, text=True).stdout
+        return {int(p) for p in out.split()}
+
+    def complete(self, prompt: str, max_tokens: int = 16) -> dict:
+        import json
+        import urllib.request
+
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=60)
+
+    def stop(self) -> None:
+        import os
+        import signal
+        import subprocess
+
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGINT)
+                self.process.wait(timeout=60)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                self.kill()
+        if self.process is not None:
+            try:  # orphans of the session (a worker outliving its engine core)
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._log.close()

@@ -1,0 +1,214 @@
+"""vLLM's own /metrics with spectrace off and on, a server restarted on a killed server's metrics
+directory, an engine core killed under an API server that stays up, and faults injected into the API
+server's hooks: real `vllm serve` (CPU build), a seeded drafter, the same greedy requests.
+
+Three servers in all (each start is the cost here):
+- faulted: ``--api-server-count 2`` (prometheus_client's multiprocess mode) with both api_server hooks
+  made to raise (``SPECTRACE_INJECT_FAULT`` takes a list), then SIGKILLed: its exposition files stay in
+  the metrics directory, as a crashed server leaves them;
+- baseline: one API server, spectrace off;
+- traced: one API server, spectrace on, started on the faulted server's metrics directory (a restart),
+  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` (the baseline has it too): its engine core is SIGKILLed at the end
+  and the API server stays up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import spectrace.store
+from spectrace.exporters import exposition
+from spectrace.testing.engine import base_env
+from spectrace.testing.prometheus import free_port
+from spectrace.testing.serve import Server
+
+PROMPTS = ["the quick brown fox", "once upon a time there", "in a hole in the ground", "it was a bright cold day"]
+FAULTS = ["api_server.metrics_registry", "api_server.multiprocess_registry"]
+# vLLM's counters that the same greedy requests make equal (speculative decoding first)
+COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "vllm:prompt_tokens", "vllm:generation_tokens",
+            "vllm:request_success")
+
+
+def _families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _vllm_shape(families):
+    """Every family that is not spectrace's: name -> its label sets (values left out)."""
+    return {name: sorted({tuple(sorted(s.labels.items())) for s in f.samples}) for name, f in families.items()
+            if not name.startswith("spectrace")}
+
+
+def _counters(families):
+    return {(name, tuple(sorted(s.labels.items()))): s.value for name in COUNTERS if name in families
+            for s in families[name].samples if s.name.endswith("_total")}
+
+
+def _spectrace_pids(families):
+    return {s.labels["pid"] for name, f in families.items() if name.startswith("spectrace") for s in f.samples if "pid" in s.labels}
+
+
+def _file_pids(directory):
+    return {p.split(".")[0] for p in os.listdir(directory) if p.endswith(exposition.SUFFIX)}
+
+
+def _wait(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _args(zoo, api_servers):
+    return ["--api-server-count", str(api_servers), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
+            "--kv-cache-memory-bytes", str(64 << 20), "--speculative-config",
+            json.dumps({"method": "draft_model", "model": zoo["draft_seeded"], "num_speculative_tokens": 3})]
+
+
+def _requests_and_settled_scrape(server):
+    """The prompts one after another (greedy), then /metrics once vLLM's counters stopped moving."""
+    texts = [server.complete(p)["choices"][0]["text"] for p in PROMPTS]
+
+    def settled():
+        first = _families(server.metrics())
+        time.sleep(1.0)
+        second = _families(server.metrics())
+        done = sum(v for (n, _), v in _counters(second).items() if n == "vllm:request_success") == len(PROMPTS)
+        return second if done and _counters(first) == _counters(second) else None
+
+    return texts, _wait(settled, 60, "vLLM's counters to settle")
+
+
+@pytest.fixture(scope="module")
+def metrics_dir(scratch):
+    path = scratch / "serve-metrics-dir"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def faulted(zoo, scratch, cache_root, metrics_dir):
+    store = scratch / "serve-fault-store"
+    env = base_env(store, multiprocessing=True, cache_root=cache_root)
+    env.update(SPECTRACE_FLUSH_INTERVAL="0.5", SPECTRACE_METRICS_DIR=str(metrics_dir), SPECTRACE_INJECT_FAULT=",".join(FAULTS))
+    server = Server(zoo["target"], _args(zoo, 2), env, scratch / "serve-fault.log", free_port())
+    try:
+        server.start()
+        seen = {"texts": [server.complete(p)["choices"][0]["text"] for p in PROMPTS[:2]]}
+        seen["scrapes"] = [_families(server.metrics()) for _ in range(3)]  # each scrape builds a MultiProcessCollector
+        con = lambda: spectrace.store.open(store)  # noqa: E731  (read-only, while the server writes)
+
+        def counted():
+            rows = con().execute("select hook, sum(count), count(distinct pid) from internal_errors group by hook").fetchall()
+            return rows if {r[0] for r in rows} >= set(FAULTS) else None
+
+        seen["errors"] = {hook: (int(n), pids) for hook, n, pids in _wait(counted, 60, "the injected faults in internal_errors")}
+        _wait(lambda: _file_pids(metrics_dir), 30, "exposition files")
+        seen["pids"] = {str(p) for p in server.pids()}
+        seen["log"] = server.log()
+    finally:
+        server.kill()  # SIGKILL: no process removes its file, as after a crash
+        server.stop()
+    seen["left"] = _file_pids(metrics_dir)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def baseline(zoo, scratch, cache_root):
+    env = base_env(None, traced=False, multiprocessing=True, cache_root=cache_root)
+    env["VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"] = "1"
+    server = Server(zoo["target"], _args(zoo, 1), env, scratch / "serve-off.log", free_port())
+    try:
+        server.start()
+        server.metrics()  # the traced server is scraped once before its requests too
+        texts, families = _requests_and_settled_scrape(server)
+    finally:
+        server.stop()
+    return texts, families
+
+
+@pytest.fixture(scope="module")
+def traced(zoo, scratch, cache_root, metrics_dir, faulted):
+    env = base_env(scratch / "serve-on-store", multiprocessing=True, cache_root=cache_root)
+    env.update(SPECTRACE_FLUSH_INTERVAL="0.5", SPECTRACE_METRICS_DIR=str(metrics_dir), VLLM_KEEP_ALIVE_ON_ENGINE_DEATH="1")
+    server = Server(zoo["target"], _args(zoo, 1), env, scratch / "serve-on.log", free_port())
+    seen = {}
+    try:
+        server.start()
+        # the restart: the first scrape, before any request
+        seen["first"] = _families(server.metrics())
+        seen["first_files"] = _file_pids(metrics_dir)
+        seen["first_live"] = {str(p) for p in server.pids()}
+        seen["texts"], seen["families"] = _requests_and_settled_scrape(server)
+
+        # the engine core SIGKILLed; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps the API server up
+        [engine] = [p for p in server.pids() if b"EngineCore" in open(f"/proc/{p}/cmdline", "rb").read()]
+        seen["engine"] = str(engine)
+        _wait(lambda: seen["engine"] in _file_pids(metrics_dir), 30, "the engine core's exposition file")
+        seen["before_kill"] = _spectrace_pids(_families(server.metrics()))
+        os.kill(engine, signal.SIGKILL)
+        _wait(lambda: not exposition._alive(engine, None), 30, "the engine core to die")
+        seen["after_kill"] = _families(server.metrics())
+        seen["after_kill_files"] = _file_pids(metrics_dir)
+        seen["after_kill_live"] = {str(p) for p in server.pids()}
+        time.sleep(7.0)  # longer than the API server's 5 s engine watchdog (launcher.watchdog_loop)
+        seen["still_up"] = server.process.poll() is None
+        seen["later"] = _families(server.metrics()) if seen["still_up"] else {}
+    finally:
+        server.stop()
+    return seen
+
+
+def test_faults_in_the_api_server_hooks_leave_vllm_serving_and_are_counted(faulted):
+    assert all(faulted["texts"])  # the server answered
+    for families in faulted["scrapes"]:
+        assert "vllm:spec_decode_num_drafts" in families and "vllm:request_success" in families
+        assert not [n for n in families if n.startswith("spectrace")]  # the hooks' work (the collector) skipped
+    # each hook's faults counted in the API server processes only (two of them), nothing else raised
+    assert set(faulted["errors"]) == set(FAULTS), faulted["errors"]
+    assert faulted["errors"]["api_server.metrics_registry"][1] == 2
+    assert faulted["errors"]["api_server.multiprocess_registry"][0] >= 3
+    for hook in FAULTS:
+        assert f"hook {hook} raised InjectedFault" in faulted["log"]
+
+
+def test_a_server_restarted_on_a_killed_servers_directory_never_shows_the_dead_pids(faulted, traced):
+    dead = faulted["left"] & faulted["pids"]
+    assert len(dead) >= 4, faulted  # main process, two API servers, engine core (and worker): files left by SIGKILL
+    dead -= traced["first_live"]  # (a pid reused by the new server is the new server's)
+    assert not dead & _spectrace_pids(traced["first"])  # the very first scrape after the restart
+    assert not dead & traced["first_files"]  # ... removed their files
+    assert not dead & _spectrace_pids(traced["families"])
+    assert _spectrace_pids(traced["families"]) <= traced["first_live"] | {traced["engine"]}
+
+
+def test_vllm_series_are_the_same_with_spectrace_on(baseline, traced):
+    texts, families = baseline
+    assert traced["texts"] == texts  # same tokens
+    assert _vllm_shape(traced["families"]) == _vllm_shape(families)  # same names, same label sets
+    counters = _counters(families)
+    assert sum(v for (name, _), v in counters.items() if name == "vllm:spec_decode_num_draft_tokens") > 0
+    assert _counters(traced["families"]) == counters  # same values
+    assert [n for n in traced["families"] if n.startswith("spectrace")]  # and spectrace's series are there too
+
+
+def test_engine_core_killed_under_a_live_api_server_leaves_no_series_of_it(traced):
+    engine = traced["engine"]
+    assert engine in traced["before_kill"]
+    after = traced["after_kill"]
+    assert "vllm:request_success" in after  # the API server still serves vLLM's /metrics
+    assert engine not in _spectrace_pids(after)  # the first scrape after the kill
+    assert _spectrace_pids(after) <= traced["after_kill_live"]  # only live processes contribute
+    assert engine not in traced["after_kill_files"]
+    assert traced["still_up"]  # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: the API server outlives its engine
+    assert engine not in _spectrace_pids(traced["later"]) and "vllm:request_success" in traced["later"]
