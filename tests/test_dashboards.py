@@ -287,7 +287,7 @@ def test_export_writes_a_provisioning_tree(tmp_path, capsys):
     out = tmp_path / "provisioning"
     assert main(["dashboards", "export", str(out), "--datasource-uid", "my-prom", "--prometheus-url", "http://prom:9090"]) == 0
     printed = capsys.readouterr().out
-    assert "wrote 11 files" in printed and "production profile" in printed
+    assert "wrote 12 files" in printed and "production profile" in printed
     grafana = out / "grafana" / "provisioning"
     for name in build.DASHBOARDS:
         assert (grafana / "dashboards" / "spectrace" / name).read_text() == (build.GENERATED / name).read_text()
@@ -303,6 +303,9 @@ def test_export_writes_a_provisioning_tree(tmp_path, capsys):
     assert {r["data"][0]["datasourceUid"] for r in rules["groups"][0]["rules"]} == {"my-prom"}
     prometheus_rules = yaml.safe_load((out / "prometheus" / "spectrace-rules.yaml").read_text())
     assert prometheus_rules == alerts.prometheus_rules(alerts.PRODUCTION)
+    # the recording group alone, for the Prometheus behind Grafana-managed alerts (they read spectrace:*)
+    recording = yaml.safe_load((out / "prometheus" / "spectrace-recording-rules.yaml").read_text())
+    assert recording == {"groups": [prometheus_rules["groups"][1]]} and all("record" in r for r in recording["groups"][0]["rules"])
     route = yaml.safe_load((out / "alertmanager" / "alertmanager.example.yaml").read_text())["route"]
     assert {r["receiver"] for r in route["routes"]} == {"spectrace-page", "spectrace-ticket"}
     assert "mount" in (out / "README.md").read_text()
