@@ -126,11 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from spectrace import doctor
     from spectrace.dashboards import cli as dashboards_cli
-    from spectrace.queries import lake_cli
+    from spectrace.queries import lake_cli, store_cli
 
     doctor.add_parser(sub)
     dashboards_cli.add_parser(sub)
     lake_cli.add_parser(sub)
+    store_cli.add_parser(sub)
     return parser
 
 

@@ -67,8 +67,9 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "store_evictions": [
         ("ts", "TIMESTAMP_NS"),
         ("evicted_run_id", "VARCHAR"),
-        ("segments", "BIGINT"),
+        ("segments", "BIGINT"),  # files removed
         ("bytes", "BIGINT"),
+        ("reason", "VARCHAR"),  # max_mb (the run's files) | retention (its files older than SPECTRACE_RETENTION)
     ],
     # Exceptions raised inside spectrace's own hooks (vLLM went on).
     "internal_errors": [

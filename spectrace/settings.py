@@ -31,6 +31,21 @@ def _number(env: dict[str, str], name: str, default: float, cast=float):
         raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(env: dict[str, str], name: str, default: float) -> float:
+    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a bare number of seconds; ``0`` turns it off."""
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    unit = raw[-1] if raw[-1] in _UNITS else "s"
+    try:
+        return float(raw.rstrip("smhdw") if unit != "s" or raw[-1] == "s" else raw) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{name}={env.get(name)!r} is not a duration (e.g. 90s, 15m, 12h, 7d)") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     enabled: bool = False
@@ -51,6 +66,8 @@ class Settings:
     prometheus_host: str = "0.0.0.0"
     metrics_dir: Path | None = None  # per-server exposition files (spectrace.exporters.exposition)
     max_mb: float = 0.0
+    retention_s: float = 7 * 86400.0  # SPECTRACE_RETENTION; 0: keep everything
+    compact_interval_s: float = 60.0  # SPECTRACE_COMPACT_INTERVAL; 0: this process never compacts
     host: str = field(default_factory=socket.gethostname)  # every row's `host` (SPECTRACE_HOST)
     lake: str | None = None  # DuckLake catalog, e.g. "postgres:dbname=spectrace host=db" (SPECTRACE_LAKE)
     lake_data: str | None = None  # where the lake's data files go (SPECTRACE_LAKE_DATA)
@@ -89,6 +106,8 @@ class Settings:
             prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or "0.0.0.0",
             metrics_dir=Path(env["SPECTRACE_METRICS_DIR"]) if env.get("SPECTRACE_METRICS_DIR") else None,
             max_mb=_number(env, "SPECTRACE_MAX_MB", 0.0),
+            retention_s=_duration(env, "SPECTRACE_RETENTION", 7 * 86400.0),
+            compact_interval_s=_duration(env, "SPECTRACE_COMPACT_INTERVAL", 60.0),
             host=env.get("SPECTRACE_HOST", "").strip() or socket.gethostname(),
             lake=env.get("SPECTRACE_LAKE", "").strip() or None,
             lake_data=env.get("SPECTRACE_LAKE_DATA", "").strip() or None,

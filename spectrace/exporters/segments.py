@@ -12,6 +12,10 @@ every ``flush_interval_s``. The buffer is bounded: rows beyond
 Other table sinks (``sinks``: the lake) receive the same Arrow table per table and
 run from the flush (``add(table, arrow_table)``, then ``commit()`` once per flush);
 ``parquet = False`` leaves the segments unwritten when only such a sink is configured.
+
+Every ``compact_interval_s`` the same thread merges this process's older segments into
+few files per table and hour (``spectrace.exporters.compaction``) and applies the
+retention (``retention_s``) and the size cap (``max_bytes``) to the store.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spectrace.exporters import compaction
 from spectrace.records import SCHEMA_VERSION, columns
 
 log = logging.getLogger("vllm.spectrace")
@@ -142,6 +147,16 @@ class SegmentWriter:
         self._cap_checked = 0.0
         self._over_cap = False
         self._cap_logged = False
+        self.compact_interval_s = 0.0  # 0: this process never compacts (SPECTRACE_COMPACT_INTERVAL)
+        self.retention_s = 0.0  # 0: keep everything (SPECTRACE_RETENTION)
+        self.clock = time.time_ns  # names segments; a benchmark replays a week with its own
+        self.start_ns = self.clock()
+        self._last_t = 0  # the newest segment time this writer named (strictly increasing)
+        self._maintained = time.monotonic()
+        self._store_bytes = -1  # at the last scan of the store plus what this process wrote since; -1: not scanned
+        self.compactions = 0
+        self.compaction_cpu_s = 0.0
+        self.compaction_errors = 0
 
     # -- hot side -------------------------------------------------------------
 
@@ -200,6 +215,48 @@ class SegmentWriter:
     def _loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
             self.flush()
+            if self.compact_interval_s and time.monotonic() - self._maintained >= self.compact_interval_s:
+                self.maintain()
+
+    def maintain(self) -> None:
+        """One compaction cycle of this process's own segments, then retention and the cap.
+
+        Runs on the flush thread between flushes; never raises (errors are logged once
+        and counted). Holds the write lock only to read the newest segment time.
+        """
+        self._maintained = time.monotonic()
+        if not (self.enabled and self.parquet):
+            return
+        cpu = time.thread_time()
+        try:
+            with self._io_lock:  # every segment named so far is on disk; later ones are named after `now`
+                newest, now = self._last_t, self.clock()
+            key, start = f"{self.host}-{os.getpid()}", self.start_ns
+            compactor = compaction.Compactor(
+                self.root,
+                lambda seg: seg.writer == key and start <= seg.lo and seg.hi <= newest,
+                closed=lambda hour, _: (hour + 1) * compaction.HOUR_NS <= now,
+                clock=self.clock,
+            )
+            if self.retention_s:  # before merging: nothing is merged only to be removed
+                expired = compaction.expire(self.root, self.clock() - int(self.retention_s * 1e9))
+                for record in expired:
+                    log.warning(
+                        "spectrace: SPECTRACE_RETENTION: removed %d files (%.1f MB) of run %s older than %.0f s",
+                        record["segments"], record["bytes"] / 1e6, record["evicted_run_id"], self.retention_s,
+                    )
+                    self.evictions.append({"ts": time.time_ns(), "reason": "retention", **record})
+            compactor.cycle()
+            self.compactions += 1
+            if self.max_bytes:
+                self._cap_checked = time.time()
+                self.enforce_cap()
+        except Exception:
+            self.compaction_errors += 1
+            if self.compaction_errors == 1:
+                log.exception("spectrace: compacting the store at %s failed (vLLM is unaffected)", self.root)
+        finally:
+            self.compaction_cpu_s += time.thread_time() - cpu
 
     def close(self) -> None:
         self._stop.set()
@@ -228,15 +285,25 @@ class SegmentWriter:
             written = 0
             if not self.enabled:
                 return 0
-            if self.max_bytes and self.parquet and time.time() - self._cap_checked >= 5 * self.flush_interval_s:
+            if (
+                self.max_bytes
+                and self.parquet
+                and time.time() - self._cap_checked >= 5 * self.flush_interval_s
+                # the store is scanned at each compaction cycle; in between only when this process's own
+                # writes may have crossed the cap (or once a minute, for what other processes wrote)
+                and (
+                    not 0 <= self._store_bytes <= self.max_bytes
+                    or time.time() - self._cap_checked >= 60 * self.flush_interval_s
+                )
+            ):
                 self._cap_checked = time.time()
                 try:
                     self.enforce_cap()
                 except Exception:
                     log.exception("spectrace: enforcing SPECTRACE_MAX_MB failed")
-                if self.evictions:
-                    evicted, self.evictions = self.evictions, []
-                    pending["store_evictions"].extend(evicted)
+            if self.evictions:  # from the cap, and from the compaction cycle's retention
+                evicted, self.evictions = self.evictions, []
+                pending["store_evictions"].extend(evicted)
             for table in {**pending, **pending_columns}:
                 rows = pending.get(table, [])
                 run_ids = [row.get("run_id") or "none" for row in rows]
@@ -283,6 +350,7 @@ class SegmentWriter:
                         continue
                     total += stat.st_size
                     runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
+        self._store_bytes = total
         if total <= self.max_bytes:
             self._over_cap = False
             return
@@ -308,7 +376,10 @@ class SegmentWriter:
                 "spectrace: store over SPECTRACE_MAX_MB (%.1f MB): removed %d segments (%.1f MB) of finished run %s",
                 self.max_bytes / 1e6, removed, freed / 1e6, run_id,
             )
-            self.evictions.append({"ts": time.time_ns(), "evicted_run_id": run_id, "segments": removed, "bytes": freed})
+            self.evictions.append(
+                {"ts": time.time_ns(), "evicted_run_id": run_id, "segments": removed, "bytes": freed, "reason": "max_mb"}
+            )
+        self._store_bytes = total
         self._over_cap = total > self.max_bytes
         if self._over_cap and not self._cap_logged:
             self._cap_logged = True
@@ -345,12 +416,16 @@ class SegmentWriter:
             return False
         folder = self.root / table / f"run={run_id}"
         self._seq += 1
-        name = f"{self.host}-{os.getpid()}-{time.time_ns()}-{self._seq:06d}.parquet"
+        # the name's time orders this writer's segments for compaction: strictly increasing
+        self._last_t = max(self.clock(), self._last_t + 1)
+        name = f"{self.host}-{os.getpid()}-{self._last_t}-{self._seq:06d}.parquet"
         tmp = folder / f".{name}.tmp"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             pq.write_table(arrow if self.sinks else self._arrow(table, rows, column_sets), tmp)
             os.replace(tmp, folder / name)
+            if self.max_bytes and self._store_bytes >= 0:
+                self._store_bytes += (folder / name).stat().st_size
         except Exception as exc:
             self.write_errors += 1
             self.dropped += count

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 
+from spectrace.exporters.compaction import READY_S
 from spectrace.records import TABLES, columns
 
 
@@ -37,15 +38,47 @@ def _projection(table: str) -> str:
 
 
 def table_sql(root: Path, table: str) -> str:
-    """SELECT for ``table``: its segments (any schema version) with every documented column."""
+    """SELECT for ``table``: its segments (any schema version) with every documented column.
+
+    Raw segments, and the part and hour files compaction merges them into
+    (``spectrace.exporters.compaction``), are read by one rule on their names and the
+    query's start time, so a row counts once while files are merged and removed: ready
+    hour files through a file filter DuckDB applies before opening anything, the other
+    files when no ready compacted file of their writer covers them.
+    """
     folder = root / table
     if not any(folder.glob("*/*.parquet")):
         return f"SELECT {_projection(table)} FROM ({_empty(table)})"
     pattern = _sql_str(str(folder / "*" / "*.parquet"))
+    now = "epoch_ns(get_current_timestamp())"
+    ready_ns = int(READY_S * 1e9)
+    hour_made = r"CAST(regexp_extract(filename, '-(\d+)\.hour\.parquet$', 1) AS BIGINT)"
+    keep = (
+        f"WITH f AS (SELECT file, regexp_replace(file, '/[^/]*$', '') AS folder, "
+        rf"regexp_extract(regexp_extract(file, '[^/]*$'), '^(.+-\d+)-(\d+)-(\d+)-(\d+)\.(part|hour)\.parquet$', "
+        f"['writer', 'lo', 'hi', 'made', 'kind']) AS c, "
+        rf"regexp_extract(regexp_extract(file, '[^/]*$'), '^(.+-\d+)-(\d+)-\d+\.parquet$', ['writer', 't']) AS r "
+        f"FROM glob({pattern})), "
+        f"s AS (SELECT file, folder, "
+        f"CASE WHEN c.kind <> '' THEN c.kind WHEN r.writer <> '' THEN 'raw' ELSE 'other' END AS kind, "
+        f"CASE WHEN c.kind <> '' THEN c.writer ELSE r.writer END AS writer, "
+        f"CAST(CASE WHEN c.kind <> '' THEN c.lo WHEN r.t <> '' THEN r.t ELSE '0' END AS BIGINT) AS lo, "
+        f"CAST(CASE WHEN c.kind <> '' THEN c.hi WHEN r.t <> '' THEN r.t ELSE '0' END AS BIGINT) AS hi, "
+        f"CAST(CASE WHEN c.kind <> '' THEN c.made ELSE '0' END AS BIGINT) AS made, "
+        f"CASE c.kind WHEN 'hour' THEN 2 WHEN 'part' THEN 1 ELSE 0 END AS rank FROM f), "
+        f"cover AS (SELECT * FROM s WHERE kind IN ('part', 'hour') AND made <= {now} - {ready_ns}) "
+        f"SELECT file FROM s WHERE kind <> 'hour' AND (kind IN ('raw', 'other') OR made <= {now} - {ready_ns}) "
+        f"AND NOT EXISTS (SELECT 1 FROM cover WHERE cover.folder = s.folder AND cover.writer = s.writer "
+        f"AND cover.lo <= s.lo AND s.hi <= cover.hi AND (cover.lo <> s.lo OR cover.hi <> s.hi "
+        f"OR (cover.rank, cover.made, cover.file) > (s.rank, s.made, s.file)))"
+    )
+    scan = f"SELECT * EXCLUDE (filename) FROM read_parquet({pattern}, union_by_name = true, filename = true)"
     return (
         f"SELECT {_projection(table)} FROM ("
         f"{_empty(table)} UNION ALL BY NAME "
-        f"SELECT * FROM read_parquet({pattern}, union_by_name = true))"
+        f"{scan} WHERE filename LIKE '%.hour.parquet' AND {hour_made} <= {now} - {ready_ns} "
+        f"UNION ALL BY NAME "
+        f"{scan} WHERE filename NOT LIKE '%.hour.parquet' AND filename IN ({keep}))"
     )
 
 

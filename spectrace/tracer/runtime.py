@@ -127,6 +127,8 @@ class Runtime:
             max_buffer_rows=settings.max_buffer_rows,
         )
         self.writer.max_bytes = int(settings.max_mb * 1e6)
+        self.writer.retention_s = settings.retention_s
+        self.writer.compact_interval_s = settings.compact_interval_s
         self.writer.on_flush(self._flush_error_counts)
         self.provider: TracerProvider | None = None
         self._tracer = None

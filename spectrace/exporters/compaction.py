@@ -1,0 +1,312 @@
+"""Compaction of the segment store: few large files per writer, table and hour.
+
+Every flush writes one raw segment per table and run (``segments.py``):
+``<table>/run=<run>/<host>-<pid>-<t>-<seq>.parquet``, ``t`` the writer's clock in ns
+(strictly increasing per writer). Compaction merges a writer's raw segments into
+
+- *part* files, ``<host>-<pid>-<lo>-<hi>-<made>.part.parquet``: the writer's raw segments
+  with ``lo <= t <= hi`` of one hour, one per compaction cycle;
+- *hour* files, ``<host>-<pid>-<lo>-<hi>-<made>.hour.parquet``: everything of the writer
+  in that hour (its parts and raw segments), once the hour is over. Never merged again.
+
+``made`` is the time the file was written. The files it merged stay on disk until it
+has been *ready* (``made`` older than ``READY_S``) for another ``READY_S``; then the
+compactor deletes them.
+
+Why a reader never counts a row twice or misses one (``spectrace.queries.store``): a
+query keeps a file when it is an hour file that is ready, or a raw or part file that is
+ready (raw files always are) and covered by no other ready compacted file of the same
+writer in the same folder (``covers``). Rows live in one raw segment and, later, in
+compacted files whose ranges nest, so for any ``now`` exactly one kept file holds a
+row: the widest ready file covering it, else its raw segment. The rule reads only file
+names and ``now`` (fixed for a query), and a file it keeps exists while the query lists
+it: a file is deleted only ``READY_S`` after a file covering it became ready, when no
+rule keeps it any more. The only assumption is that a query lists its files within
+``READY_S`` of its start. Each step of a compaction is one ``os.replace`` or one
+``unlink``, so a process killed anywhere inside one leaves a state the rule reads
+correctly; the next cycle (or ``spectrace store compact``) finishes the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger("vllm.spectrace")
+
+READY_S = 10.0  # a compacted file counts READY_S after it was written; its inputs go READY_S later
+HOUR_NS = 3600 * 10**9
+
+RAW = re.compile(r"^(?P<writer>.+-\d+)-(?P<t>\d+)-\d+\.parquet$")
+COMPACTED = re.compile(r"^(?P<writer>.+-\d+)-(?P<lo>\d+)-(?P<hi>\d+)-(?P<made>\d+)\.(?P<kind>part|hour)\.parquet$")
+TMP = re.compile(r"^\.(?P<name>.+)\.tmp$")
+_RANK = {"raw": 0, "part": 1, "hour": 2}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One file of the store, as its name describes it."""
+
+    path: Path
+    writer: str  # "<host>-<pid>"
+    kind: str  # raw | part | hour
+    lo: int  # raw: t; compacted: the range of raw t it holds
+    hi: int
+    made: int  # raw: t; compacted: when it was written
+
+    @property
+    def hour(self) -> int:
+        return self.lo // HOUR_NS
+
+    def covers(self, other: "Segment") -> bool:
+        """Holds every row of ``other``: a wider range, or the same one from a later step
+        (an hour file over the part it copies); never two files each other."""
+        return (
+            self.kind != "raw"
+            and self.writer == other.writer
+            and self.path.parent == other.path.parent
+            and self.lo <= other.lo
+            and other.hi <= self.hi
+            and (
+                (self.lo, self.hi) != (other.lo, other.hi)
+                or (_RANK[self.kind], self.made, self.path.name) > (_RANK[other.kind], other.made, other.path.name)
+            )
+        )
+
+
+def parse(path: Path) -> Segment | None:
+    name = path.name
+    match = COMPACTED.match(name)
+    if match:
+        return Segment(path, match["writer"], match["kind"], int(match["lo"]), int(match["hi"]), int(match["made"]))
+    match = RAW.match(name)
+    if match:
+        t = int(match["t"])
+        return Segment(path, match["writer"], "raw", t, t, t)
+    return None
+
+
+def ready(seg: Segment, now_ns: int, ready_s: float = READY_S) -> bool:
+    return seg.kind == "raw" or seg.made <= now_ns - ready_s * 1e9
+
+
+def visible(segments: list[Segment], now_ns: int, ready_s: float = READY_S) -> list[Segment]:
+    """The files a query at ``now_ns`` reads (the same rule as the store's views, in Python)."""
+    covering = [s for s in segments if s.kind != "raw" and ready(s, now_ns, ready_s)]
+    by_key: dict[tuple, list[Segment]] = defaultdict(list)
+    for s in covering:
+        by_key[(s.path.parent, s.writer)].append(s)
+    return [
+        s
+        for s in segments
+        if ready(s, now_ns, ready_s) and not any(c.covers(s) for c in by_key.get((s.path.parent, s.writer), ()))
+    ]
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def run_folders(root: Path):
+    """Every ``<table>/run=<run>`` folder of the store."""
+    for table in _entries(root):
+        if table.is_dir() and not table.name.startswith("."):
+            for run in _entries(Path(table.path)):
+                if run.is_dir() and not run.name.startswith("."):
+                    yield Path(run.path)
+
+
+def _read(seg: Segment) -> pa.Table:
+    return pq.read_table(seg.path)
+
+
+def _write(folder: Path, name: str, parts: list[pa.Table]) -> Path:
+    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
+    if "ts" in table.column_names:  # time order: row-group statistics on ts prune well
+        table = table.sort_by("ts")
+    tmp = folder / f".{name}.tmp"
+    try:
+        pq.write_table(table, tmp, row_group_size=256 * 1024)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return folder / name
+
+
+@dataclass
+class CycleResult:
+    files_written: int = 0
+    files_merged: int = 0
+    files_deleted: int = 0
+    bytes_deleted: int = 0
+    cpu_s: float = 0.0
+    evictions: list[dict] = field(default_factory=list)
+
+
+class Compactor:
+    """Merges one writer's (or every dead writer's) segments; deletes what is merged.
+
+    ``owns(segment)`` says which files this compactor may merge and delete: a process's
+    own files (the engine's flush thread), or the files of writers that are gone
+    (``spectrace store compact``). ``closed(hour, now)`` says whether an hour can get no
+    more segments from those writers.
+    """
+
+    def __init__(self, root: Path, owns, *, closed=None, ready_s: float = READY_S, clock=time.time_ns) -> None:
+        self.root = Path(root)
+        self.clock = clock  # ns; names the files (``made``) and is "now" for a cycle
+        self.owns = owns
+        self.closed = closed or (lambda hour, now_ns: (hour + 1) * HOUR_NS <= now_ns)
+        self.ready_s = ready_s
+
+    def cycle(self, now_ns: int | None = None) -> CycleResult:
+        result = CycleResult()
+        cpu = time.thread_time()
+        for folder in run_folders(self.root):
+            self._folder(folder, now_ns or self.clock(), result)
+        result.cpu_s = time.thread_time() - cpu
+        return result
+
+    def _folder(self, folder: Path, now_ns: int, result: CycleResult) -> None:
+        segments = []
+        for entry in _entries(folder):
+            tmp = TMP.match(entry.name)
+            if tmp:  # a write cut short (kill -9): never visible, removed once it is old
+                seg = parse(Path(entry.path).with_name(tmp["name"]))
+                if seg is not None and self.owns(seg):
+                    try:
+                        if entry.stat().st_mtime < now_ns / 1e9 - 3600:
+                            os.unlink(entry.path)
+                    except OSError:
+                        pass
+                continue
+            seg = parse(Path(entry.path))
+            if seg is not None and self.owns(seg):
+                segments.append(seg)
+        if not segments:
+            return
+        # 1. delete what a compacted file has held (and been ready) for READY_S
+        # (readers decide readiness by their own clock, so the wall clock decides here too)
+        settled = [s for s in segments if s.kind != "raw" and s.made <= time.time_ns() - 2 * self.ready_s * 1e9]
+        live = []
+        for seg in segments:
+            if any(c.covers(seg) for c in settled):
+                try:
+                    size = seg.path.stat().st_size
+                    seg.path.unlink()
+                    result.files_deleted += 1
+                    result.bytes_deleted += size
+                except FileNotFoundError:
+                    pass
+            else:
+                live.append(seg)
+        # 2. merge: per writer and hour, raw segments no compacted file holds into a part;
+        #    a closed hour's parts and raw segments into its hour file
+        compacted = [s for s in live if s.kind != "raw"]
+        groups: dict[tuple[str, int], list[Segment]] = defaultdict(list)
+        for seg in live:
+            if not any(c.covers(seg) for c in compacted):
+                groups[(seg.writer, seg.hour)].append(seg)
+        for (writer, hour), members in sorted(groups.items()):
+            if any(s.kind == "hour" for s in members):
+                continue  # an hour file covers the hour already
+            closed = self.closed(hour, now_ns)
+            raws = [s for s in members if s.kind == "raw"]
+            if closed:
+                inputs = members
+                kind = "hour"
+            elif raws:
+                inputs = raws
+                kind = "part"
+            else:
+                continue
+            inputs = sorted(inputs, key=lambda s: s.lo)
+            try:
+                tables = [_read(s) for s in inputs]
+            except FileNotFoundError:
+                continue  # removed meanwhile (retention, cap): next cycle
+            lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)
+            made = self.clock()
+            _write(folder, f"{writer}-{lo}-{hi}-{made}.{kind}.parquet", tables)
+            result.files_written += 1
+            result.files_merged += len(inputs)
+
+
+def expire(root: Path, older_than_ns: int, *, keep_runs: set[str] = frozenset()) -> list[dict]:
+    """Retention: delete every file whose newest segment time is before ``older_than_ns``.
+
+    Raw and part files go before the hour file covering them, so a reader never sees a
+    merged file's inputs come back. One eviction record per run touched.
+    """
+    evicted: dict[str, dict] = {}
+    for folder in run_folders(root):
+        run_id = folder.name.removeprefix("run=")
+        if run_id in keep_runs:
+            continue
+        old = [s for s in (parse(Path(e.path)) for e in _entries(folder)) if s is not None and s.hi < older_than_ns]
+        for seg in sorted(old, key=lambda s: {"raw": 0, "part": 1, "hour": 2}[s.kind]):
+            try:
+                size = seg.path.stat().st_size
+                seg.path.unlink()
+            except FileNotFoundError:
+                continue
+            record = evicted.setdefault(run_id, {"evicted_run_id": run_id, "segments": 0, "bytes": 0})
+            record["segments"] += 1
+            record["bytes"] += size
+    return list(evicted.values())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def writer_pid(writer: str) -> tuple[str, int]:
+    host, _, pid = writer.rpartition("-")
+    return host, int(pid)
+
+
+@dataclass
+class TableStats:
+    table: str
+    files: int = 0
+    raw: int = 0
+    compacted: int = 0
+    bytes: int = 0
+
+
+def file_stats(root: Path) -> dict[str, TableStats]:
+    """Files and bytes per table (every file on disk, visible or waiting for deletion)."""
+    stats: dict[str, TableStats] = {}
+    for folder in run_folders(root):
+        table = folder.parent.name
+        entry_stats = stats.setdefault(table, TableStats(table))
+        for entry in _entries(folder):
+            seg = parse(Path(entry.path))
+            if seg is None:
+                continue
+            entry_stats.files += 1
+            entry_stats.raw += seg.kind == "raw"
+            entry_stats.compacted += seg.kind != "raw"
+            try:
+                entry_stats.bytes += entry.stat().st_size
+            except OSError:
+                pass
+    return stats

@@ -1,0 +1,241 @@
+"""Compaction of the segment store, without vLLM (pure I/O and SQL): readers count every
+flushed row exactly once before, during and after a compaction, and after a compaction
+cut short at any step; retention and the cap; `spectrace store`; the current release's
+layout reads unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import spectrace.store
+from spectrace.cli import main
+from spectrace.exporters import compaction
+from spectrace.exporters.segments import SegmentWriter
+
+HOUR = compaction.HOUR_NS
+SEC = 10**9
+
+
+class Clock:
+    def __init__(self, start_ns: int) -> None:
+        self.now = start_ns
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _writer(root, clock, host="testhost"):
+    writer = SegmentWriter(root, host=host)
+    writer.clock = clock
+    writer.start_ns = clock()
+    return writer
+
+
+def _flush(writer, clock, run_id, n_flushes, *, step_s=1.0, drafted=1):
+    """n flushes of one verify_counts row and one spans row each; returns rows written."""
+    for _ in range(n_flushes):
+        writer.extend_columns(
+            "verify_counts",
+            {"ts": clock.now, "run_id": run_id, "source": "engine_core", "position": 0,
+             "context_bucket": "0-512", "drafted": drafted, "accepted": 1},
+            1,
+        )
+        writer.append("spans", {"run_id": run_id, "name": "x", "start_time": clock.now})
+        writer.flush()
+        clock.now += int(step_s * SEC)
+    return n_flushes
+
+
+def _count(root) -> tuple[int, int]:
+    con = spectrace.store.open(root)
+    drafted = con.execute("select coalesce(sum(drafted), 0) from verify_counts").fetchone()[0]
+    spans = con.execute("select count(*) from spans").fetchone()[0]
+    con.close()
+    return drafted, spans
+
+
+def _files(root, table="verify_counts"):
+    return sorted(p.name for p in (Path(root) / table).glob("*/*.parquet"))
+
+
+def test_raw_segments_merge_into_parts_then_one_hour_file(tmp_path):
+    clock = Clock(1000 * HOUR + 10 * SEC)
+    writer = _writer(tmp_path, clock)
+    _flush(writer, clock, "r1", 120)
+    assert len(_files(tmp_path)) == 120
+    owns = lambda seg: True  # noqa: E731
+    # made 30 s in the past: ready at once, the merged segments deletable at the next cycle
+    made = lambda: time.time_ns() - 30 * SEC  # noqa: E731
+    result = compaction.Compactor(tmp_path, owns, closed=lambda h, now: False, clock=made).cycle()
+    assert result.files_written == 2 and result.files_merged == 240  # verify_counts and spans
+    assert _count(tmp_path) == (120, 120)
+    compaction.Compactor(tmp_path, owns, closed=lambda h, now: False, clock=made).cycle()
+    assert [n.split(".")[-2] for n in _files(tmp_path)] == ["part"]
+    _flush(writer, clock, "r1", 30)
+    compaction.Compactor(tmp_path, owns, closed=lambda h, now: False, clock=made).cycle()
+    assert _count(tmp_path) == (150, 150)
+    # the hour ends: its parts and raw segments become one hour file
+    compaction.Compactor(tmp_path, owns, closed=lambda h, now: True, clock=made).cycle()
+    compaction.Compactor(tmp_path, owns, closed=lambda h, now: True, clock=made).cycle()
+    assert [n.split(".")[-2] for n in _files(tmp_path)] == ["hour"]
+    assert _count(tmp_path) == (150, 150)
+    table = pq.read_table(tmp_path / "verify_counts" / "run=r1" / _files(tmp_path)[0])
+    assert table.column("ts").to_pylist() == sorted(table.column("ts").to_pylist())
+
+
+@pytest.mark.parametrize("age_s", [0, 15, 30], ids=["not-ready", "ready", "inputs-deletable"])
+def test_every_intermediate_state_of_a_compaction_counts_each_row_once(tmp_path_factory, monkeypatch, age_s):
+    """A reader between any two file operations of a compaction, and after one cut short at
+    any of them (kill -9), then finished by the next cycle, sees each flushed row once."""
+    tmp_path = tmp_path_factory.mktemp("store")
+    clock = Clock(2000 * HOUR + 3000 * SEC)
+    writer = _writer(tmp_path, clock)
+    _flush(writer, clock, "r1", 8, step_s=150)  # crosses an hour boundary: parts of two hours
+    _flush(writer, clock, "r2", 3, drafted=10)
+    expected = (8 + 30, 11)
+    made = lambda: time.time_ns() - age_s * SEC  # noqa: E731
+    seen: list[tuple[int, int]] = []
+    real_replace, real_unlink = os.replace, Path.unlink
+
+    def checked_replace(src, dst):
+        real_replace(src, dst)
+        seen.append(_count(tmp_path))
+
+    def checked_unlink(self, *args, **kwargs):
+        real_unlink(self, *args, **kwargs)
+        if self.suffix == ".parquet":
+            seen.append(_count(tmp_path))
+
+    monkeypatch.setattr(compaction.os, "replace", checked_replace)
+    monkeypatch.setattr(Path, "unlink", checked_unlink)
+    for cycle in range(4):
+        compaction.Compactor(tmp_path, lambda s: True, closed=lambda h, now: cycle >= 2, clock=made).cycle()
+    assert len(seen) > 8 and set(seen) == {expected}
+    monkeypatch.setattr(compaction.os, "replace", real_replace)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+
+    # cut short after the k-th file operation (kill -9), read, then let later cycles finish
+    stop_after, finished = 0, False
+    while not finished:
+        stop_after += 1
+        root = tmp_path_factory.mktemp(f"cut{stop_after}")
+        clock = Clock(2000 * HOUR + 3000 * SEC)
+        writer = _writer(root, clock)
+        _flush(writer, clock, "r1", 8, step_s=150)
+        ops = {"n": 0}
+
+        def dying(real):
+            def op(*args, **kwargs):
+                ops["n"] += 1
+                if ops["n"] > stop_after:
+                    raise KeyboardInterrupt  # as good as a kill: nothing after this step runs
+                return real(*args, **kwargs)
+            return op
+
+        monkeypatch.setattr(compaction.os, "replace", dying(real_replace))
+        monkeypatch.setattr(Path, "unlink", dying(real_unlink))
+        try:
+            for cycle in range(4):
+                compaction.Compactor(root, lambda s: True, closed=lambda h, now: cycle >= 2, clock=made).cycle()
+            finished = True
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(compaction.os, "replace", real_replace)
+        monkeypatch.setattr(Path, "unlink", real_unlink)
+        assert _count(root) == (8, 8), stop_after
+        for _ in range(3):
+            compaction.Compactor(root, lambda s: True, closed=lambda h, now: True, clock=made).cycle()
+        assert _count(root) == (8, 8), stop_after
+    assert stop_after > 4
+
+
+def test_writer_compacts_its_own_segments_only(tmp_path):
+    clock = Clock(3000 * HOUR)
+    mine, other = _writer(tmp_path, clock, "a"), _writer(tmp_path, clock, "b")
+    _flush(mine, clock, "r1", 20)
+    _flush(other, clock, "r1", 20)
+    mine.maintain()
+    names = _files(tmp_path)
+    assert sum(n.startswith("b-") and n.endswith(".part.parquet") for n in names) == 0
+    assert sum(n.startswith("a-") and n.endswith(".part.parquet") for n in names) == 1
+    assert sum(n.startswith("b-") for n in names) == 20
+    assert mine.compaction_errors == 0 and mine.compactions == 1
+
+
+def test_retention_removes_old_hours_and_records_them(tmp_path, caplog):
+    clock = Clock(4000 * HOUR)
+    writer = _writer(tmp_path, clock)
+    _flush(writer, clock, "old", 10)
+    clock.now += 10 * HOUR
+    _flush(writer, clock, "new", 10)
+    writer.retention_s = 5 * 3600
+    writer.maintain()
+    writer.flush()
+    assert _count(tmp_path) == (10, 10)
+    con = spectrace.store.open(tmp_path)
+    rows = con.execute("select evicted_run_id, reason, segments from store_evictions where reason = 'retention'").fetchall()
+    assert ("old", "retention", 20) in rows
+    assert "SPECTRACE_RETENTION" in caplog.text
+
+
+def test_cap_is_checked_at_the_cycle_and_when_own_writes_may_cross_it(tmp_path):
+    clock = Clock(5000 * HOUR)
+    writer = _writer(tmp_path, clock)
+    writer.max_bytes = 10**9
+    calls = []
+    original = writer.enforce_cap
+    writer.enforce_cap = lambda **kw: (calls.append(1), original(**kw))
+    _flush(writer, clock, "r1", 3)
+    assert len(calls) == 1  # the first flush scans once; under the cap, the next flushes do not list the store
+    writer._cap_checked = time.time() - 6  # past the 5-flush spacing, not the once-a-minute rescan
+    _flush(writer, clock, "r1", 3)
+    assert len(calls) == 1
+    writer._store_bytes = 2 * 10**9  # own writes crossed the cap: scan
+    writer._cap_checked = time.time() - 6
+    _flush(writer, clock, "r1", 1)
+    assert len(calls) == 2
+
+
+def test_store_written_by_the_current_release_reads_unchanged(tmp_path):
+    """Segments named and shaped as the release before compaction wrote them."""
+    folder = tmp_path / "verify_counts" / "run=rel"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        pq.write_table(
+            pa.table({"ts": pa.array([i], pa.timestamp("ns")), "run_id": ["rel"], "source": ["engine_core"],
+                      "position": pa.array([0], pa.int32()), "context_bucket": ["0-512"],
+                      "drafted": [5], "accepted": [2], "schema_version": pa.array([1], pa.int32())}),
+            folder / f"myhost-4242-{1_700_000_000_000_000_000 + i}-{i + 1:06d}.parquet",
+        )
+    con = spectrace.store.open(tmp_path)
+    assert con.execute("select drafted, accepted from acceptance_by_position").fetchall() == [(15, 6)]
+    assert main(["store", "compact", "--dir", str(tmp_path), "--no-wait"]) == 0
+    con = spectrace.store.open(tmp_path)
+    assert con.execute("select drafted, accepted from acceptance_by_position").fetchall() == [(15, 6)]
+    assert [n.split(".")[-2] for n in _files(tmp_path)].count("hour") == 1
+
+
+def test_store_stats_and_compact_cli(tmp_path, capsys):
+    clock = Clock(6000 * HOUR)
+    writer = _writer(tmp_path, clock, host="gone")
+    _flush(writer, clock, "r1", 30)
+    assert main(["store", "stats", "--dir", str(tmp_path), "--format", "json"]) == 0
+    stats = {row["table"]: row for row in json.loads(capsys.readouterr().out)}
+    assert stats["verify_counts"]["files"] == 30 and stats["verify_counts"]["rows"] == 30
+    assert stats["spans"]["rows"] == 30
+    assert stats["verify_counts"]["oldest"] < stats["verify_counts"]["newest"]
+    # the writer's pid is this test's, alive: compact leaves it alone unless its host differs (gone)
+    assert main(["store", "compact", "--dir", str(tmp_path), "--no-wait"]) == 0
+    capsys.readouterr()
+    assert main(["store", "stats", "--dir", str(tmp_path), "--format", "json"]) == 0
+    stats = {row["table"]: row for row in json.loads(capsys.readouterr().out)}
+    assert stats["verify_counts"]["rows"] == 30
+    assert stats["verify_counts"]["compacted"] == 1
+    assert _count(tmp_path) == (30, 30)
