@@ -164,3 +164,23 @@ def test_readme_version_table_is_generated():
     text = (repo / "README.md").read_text()
     expected = support.readme_block(all_hooks(), support.load_matrix(repo))
     assert support.render_readme(text, expected) == text, "python -m spectrace.tracer.support_table readme"
+
+
+def test_switched_off_hook_is_a_hooks_row(site, monkeypatch, tmp_path):
+    import spectrace.store
+    from spectrace.settings import Settings
+    from spectrace.tracer import runtime, verify
+
+    _declare(monkeypatch, old=Support(package="pytest", versions="<1"), fits=Support(package="pytest", versions=">=1"))
+    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",))
+    hooks = [Hook("old", "spectrace_site:Runner.bookkeeping", _same), Hook("fits", "spectrace_site:Runner.__init__", _same)]
+    rt = runtime.start(settings, hooks=hooks, make_capture=verify.VerifyCapture)
+    try:
+        rt.flush()
+    finally:
+        runtime.stop()
+    rows = spectrace.store.open(tmp_path).execute("select hook, status, detail, supported_versions from hooks order by hook").fetchall()
+    assert rows == [
+        ("fits", "installed", "", "pytest >=1"),
+        ("old", "unsupported", f"pytest {PYTEST} is outside <1", "pytest <1"),
+    ]

@@ -397,11 +397,11 @@ def load_matrix(repo: Path) -> dict | None:
     for check in sorted(results.glob("vllm-*-check.json")):
         data = json.loads(check.read_text())
         fit = [name for name, problems in data["hooks"].items() if not problems]
-        doctor = "; ".join(
-            f"doctor --runner {d['runner']}: exit {d['exit_code']}"
-            + (f" ({'; '.join(d['findings'])})" if d.get("findings") else "")
-            for d in data.get("doctor", [])
-        )
+        outcomes: dict[str, list[str]] = {}  # the same outcome on both runners is said once
+        for d in data.get("doctor", []):
+            said = f"exit {d['exit_code']}" + (f", {'; '.join(d['findings'])}" if d.get("findings") else "")
+            outcomes.setdefault(said, []).append(d["runner"])
+        doctor = "; ".join(f"doctor --runner {'/'.join(runners)}: {said}" for said, runners in outcomes.items())
         unfit = [f"`{name}`: {'; '.join(problems)}" for name, problems in data["hooks"].items() if problems]
         rows.append(
             {
