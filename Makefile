@@ -65,9 +65,10 @@ MATRIX_VENVS    := $(foreach v,$(MATRIX_VERSIONS),.venv-vllm-$(v)/.spectrace-ins
 
 matrix-venvs: $(MATRIX_VENVS)
 
-# Each version's run takes minutes on 2 cores; they run one after another.
+# Each version's run takes minutes on 2 cores; they run one after another. MATRIX_ARGS="--source DIR"
+# runs the tests and spectrace of another checkout (a git worktree of HEAD: no half-edited files).
 test-matrix: $(STAMP) $(MATRIX_VENVS)
-	$(BIN)/python -m bench.test_matrix --versions $(MATRIX_VERSIONS)
+	$(BIN)/python -m bench.test_matrix --versions $(MATRIX_VERSIONS) $(MATRIX_ARGS)
 
 # vLLM 0.33.0 has no CPU build: its wheel is downloaded (not installed) and every hook site checked
 # statically; doctor is tried against it. Result: bench/results/vllm-0.33.0-check.json.
@@ -78,3 +79,11 @@ check-vllm-0.33: $(STAMP)
 # Rewrite the README's generated version table (spectrace/tracer/support.py + bench/results).
 versions-table: $(STAMP)
 	$(BIN)/python -m spectrace.tracer.support_table readme
+
+# The hooks on the CUDA build (V1 and V2 model runners, async scheduling off and on, device syncs
+# counted), on a machine with a GPU: GPU_PYTHON is a Python with spectrace and the CUDA `vllm`
+# installed (`pip install -e '.[test]' vllm`). Fails (exit 2) without a GPU, never skips.
+GPU_PYTHON ?= $(BIN)/python
+.PHONY: gpu-check
+gpu-check:
+	$(GPU_PYTHON) -m spectrace.testing.gpu_check

