@@ -14,6 +14,7 @@ Used by the tests, ``make demo`` and the benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -44,6 +45,7 @@ class EngineSpec:
     linger_s: float = 0.0  # keep the engine alive this long after generating (scrapes)
     inject_fault: str | None = None  # SPECTRACE_INJECT_FAULT for this engine only (one child, many hooks)
     async_engine: bool = False  # serve through vLLM's AsyncLLM (as `vllm serve` does) instead of LLM
+    count_syncs: bool = False  # CUDA only: count device synchronisations while generating (EngineResult.syncs)
     wait_for_file: str | None = None  # start this engine only once the file exists (`<file>.waiting` says we wait)
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -59,6 +61,7 @@ class EngineResult:
     seconds: float = 0.0
     generate_seconds: float = 0.0  # wall time of the generate calls alone (no engine start)
     exporter: dict[str, Any] = field(default_factory=dict)  # spectrace's counters in the child after this engine
+    syncs: int | None = None  # device synchronisations while generating (EngineSpec.count_syncs)
 
 
 K = 3  # draft tokens per step in the standard runs
@@ -213,8 +216,10 @@ def _child(request: dict[str, Any]) -> None:
             else:
                 llm = LLM(**kwargs)
                 generating = time.perf_counter()
-                for _ in range(max(spec.repeat, 1)):
-                    outputs = llm.generate(spec.prompts, params, use_tqdm=False)
+                with _sync_counter(spec.count_syncs) as syncs:
+                    for _ in range(max(spec.repeat, 1)):
+                        outputs = llm.generate(spec.prompts, params, use_tqdm=False)
+                result.syncs = syncs[0] if spec.count_syncs else None
                 result.generate_seconds = round(time.perf_counter() - generating, 4)
                 result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
                 result.metrics = _spec_metrics(llm)
@@ -232,6 +237,27 @@ def _child(request: dict[str, Any]) -> None:
         _flush_spectrace()
         results[-1]["exporter"] = _exporter_stats()
     out.write_text(json.dumps(results))
+
+
+@contextlib.contextmanager
+def _sync_counter(enabled: bool):
+    """Count CUDA synchronisations (``torch.cuda.set_sync_debug_mode("warn")``) inside the block."""
+    count = [0]
+    if not enabled:
+        yield count
+        return
+    import warnings
+
+    import torch
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield count
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    count[0] = sum("synchroniz" in str(w.message).lower() for w in caught)
 
 
 def _inject_fault(hook: str | None) -> None:
