@@ -87,11 +87,3 @@ GPU_PYTHON ?= $(BIN)/python
 .PHONY: gpu-check
 gpu-check:
 	$(GPU_PYTHON) -m spectrace.testing.gpu_check
-
-# The hooks on the CUDA build (V1 and V2 model runners, async scheduling off and on, device syncs
-# counted), on a machine with a GPU: GPU_PYTHON is a Python with spectrace and the CUDA `vllm`
-# installed (`pip install -e '.[test]' vllm`). Fails (exit 2) without a GPU, never skips.
-GPU_PYTHON ?= $(BIN)/python
-.PHONY: gpu-check
-gpu-check:
-	$(GPU_PYTHON) -m spectrace.testing.gpu_check
