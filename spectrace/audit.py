@@ -935,6 +935,8 @@ def audit_causality(
         return []
     source = "runtime"
     chosen = [p.causal for p in plans or [] if p.causal is not None]
+    if plans and not chosen and any(p.runtime_type is not None for p in plans):
+        return []  # built, and no layer is a DFlash layer: vLLM runs it as another method (METHOD_MISMATCH)
     if not chosen:
         source = "rule"
         types = _get(resolved, "layer_types", None)
@@ -1096,17 +1098,39 @@ def position_cliff_finding(position: int, drafted_at: list[int], accepted_at: li
     )
 
 
-def dummy_drafts_finding(rows: int, repeated: int, by_token: dict[int, int]) -> Finding:
+def dummy_drafts_finding(
+    rows: int, repeated: int, by_token: dict[int, int], *, length_gate: ContextBoundary | None = None, roots: set[str] = frozenset()
+) -> Finding:
+    """``DUMMY_DRAFTS``; ``length_gate``: the drafter's own length, when it is shorter than the run's.
+
+    vLLM 0.32 (``GPUModelRunner._input_fits_in_drafter``) skips the drafter for the whole
+    batch once the batch's longest context + k passes the drafter's max_model_len (its
+    ``max_position_embeddings``) and sends token-0 drafts instead: then the short context
+    (``DRAFT_CONTEXT_SHORT``) is the cause.
+    """
     token, count = max(by_token.items(), key=lambda item: item[1])
+    gated = length_gate is not None and token == 0
+    caused = "DRAFT_CONTEXT_SHORT" if gated and "DRAFT_CONTEXT_SHORT" in roots else None
+    reason = (
+        f"; vLLM sends token-0 drafts for a whole batch once its longest context + k passes the drafter's "
+        f"max_model_len ({length_gate.tokens}, its {length_gate.field})"
+        if gated
+        else "; the drafter emits placeholders, not predictions"
+    )
     return Finding(
         code="DUMMY_DRAFTS",
-        severity="error",
+        severity="warning" if caused else "error",
         component="verification",
         model_role="draft",
         message=f"{repeated / rows:.1%} of draft rows ({repeated} of {rows}) are one token id repeated "
-        f"(most often {token}: {count} rows); the drafter emits placeholders, not predictions",
-        evidence={"rows": rows, "repeated_rows": repeated, "share": round(repeated / rows, 4), "by_token": {str(k): v for k, v in sorted(by_token.items())}},
-        fix="check the drafter's final norm and lm_head weights, and vLLM's drafter length gate (drafts past it are zeros)",
+        f"(most often {token}: {count} rows) and the target rejects them{reason}",
+        evidence={"rows": rows, "repeated_rows": repeated, "share": round(repeated / rows, 4),
+                  "by_token": {str(k): v for k, v in sorted(by_token.items())},
+                  "length_gate": length_gate.as_dict() if gated else None,
+                  "vllm_rule": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._input_fits_in_drafter" if gated else None},
+        fix="give the drafter the target's context length, or cap --max-model-len at it" if gated
+        else "check the drafter's final norm and lm_head weights (a zero norm drafts token 0 everywhere)",
+        caused_by=caused,
     )
 
 

@@ -400,7 +400,12 @@ class VerifyCapture:
         if "DUMMY_DRAFTS" not in curve.emitted and acceptance.dummy_drafts(
             curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted
         ):
-            findings.append(audit.dummy_drafts_finding(curve.draft_rows, curve.repeated_rows, curve.repeated_by_token))
+            gate = next((b for b in curve.boundaries if b.model_role == "draft" and b.field == "max_position_embeddings"), None)
+            findings.append(
+                audit.dummy_drafts_finding(
+                    curve.draft_rows, curve.repeated_rows, curve.repeated_by_token, length_gate=gate, roots=curve.roots
+                )
+            )
             curve.emitted.add("DUMMY_DRAFTS")
         if findings:
             audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
