@@ -72,7 +72,8 @@ def test_otlp_receiver_gets_spans_and_metrics(zoo, scratch, cache_root, protocol
 def test_prometheus_scrape_reproduces_acceptance(zoo, scratch, cache_root):
     store = scratch / "prom-store"
     base = free_port()
-    with PrometheusServer(scratch / "prom", targets=[f"127.0.0.1:{base + i}" for i in range(3)]) as prom:
+    # an offline engine: one endpoint (SPECTRACE_PROMETHEUS_PORT) for all its processes
+    with PrometheusServer(scratch / "prom", targets=[f"127.0.0.1:{base}"]) as prom:
         result = run_engines(
             [_seeded(zoo, linger_s=7.0, repeat=2)],
             store=store,
