@@ -385,3 +385,17 @@ def test_context_boundaries_from_the_runs_configs():
         (128, "draft", "rope original_max_position_embeddings"),
     ]
     assert "DRAFT_CONTEXT_SHORT" in bounds[2].explained_by
+
+
+def test_ranks_that_agree_raise_nothing_and_each_disagreement_is_one_finding():
+    layer = ("target", 0, "sliding", 512, None)
+    layouts = {0: [layer, ("target", 1, "full", None, None)], 1: [("target", 1, "full", None, None), layer]}
+    assert audit.rank_disagreements(layouts, {0: [2, 4], 1: [2, 4]}, {0: (72, 60), 1: (72, 60)}) == []
+    assert audit.rank_disagreements({0: [layer]}, {0: [1]}, {0: (1, 1)}) == []  # one rank: nothing to compare
+    layouts[1] = [("target", 0, "full", None, None), ("target", 1, "full", None, None)]  # rank 1 lost the window
+    found = audit.rank_disagreements(layouts, {0: [2, 4], 1: [2, 5]}, {0: (72, 60), 1: (72, 61)})
+    assert [(f.code, f.severity, f.evidence["aspect"], f.evidence["differing_ranks"]) for f in found] == [
+        ("RANK_DISAGREEMENT", "error", aspect, [1]) for aspect in ("layout", "taps", "counts")
+    ]
+    assert found[0].evidence["layers"] == {"1": [("target", 0, "full", None, None)]}
+    assert found[0].evidence["reference_layers"] == [layer]

@@ -61,6 +61,10 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
     if taps:
         out.append("")
         out += taps
+    ranks = _ranks(con, rid)
+    if ranks:
+        out.append("")
+        out += ranks
     out.append("")
     out += _acceptance(con, rid, plot)
     return "\n".join(out) + "\n"
@@ -93,8 +97,9 @@ def _layout(con, run_id: str, role: str) -> list[str]:
     rows = con.execute(
         "select layer_index, layer_name, declared_type, declared_window, resolved_type, resolved_window, "
         "runtime_type, runtime_window, kv_cache_spec, causal, rank from attention_layout "
-        "where run_id = ? and model_role = ? order by rank nulls first, layer_index",
-        [run_id, role],
+        "where run_id = ? and model_role = ? and rank is not distinct from (select min(rank) from attention_layout "
+        "where run_id = ? and model_role = ?) order by layer_index",  # one rank; the ranks are compared below
+        [run_id, role, run_id, role],
     ).fetchall()
     if not rows:
         return [f"Attention layout ({role}): not recorded"]
@@ -105,17 +110,14 @@ def _layout(con, run_id: str, role: str) -> list[str]:
         )
         for idx, _, dt, dw, rt_, rw, run_t, run_w, *_ in rows
     ]
-    # the audit's own rule (LAYOUT_MISMATCH), judged per rank: each rank built its own model
-    flagged: set[tuple[Any, int]] = set()
-    for rank in {row[-1] for row in rows}:
-        ranked = [plan for plan, row in zip(plans, rows) if row[-1] == rank]
-        vs_resolved, vs_declared = audit.mismatched_layers(ranked)
-        flagged |= {(rank, plan.layer_index) for plan in vs_resolved + vs_declared}
+    # the audit's own rule (LAYOUT_MISMATCH)
+    vs_resolved, vs_declared = audit.mismatched_layers(plans)
+    flagged = {plan.layer_index for plan in vs_resolved + vs_declared}
     table = []
     for idx, name, dt, dw, rt_, rw, run_t, run_w, spec, causal, rank in rows:
         table.append(
             (
-                "!" if (rank, idx) in flagged else "",
+                "!" if idx in flagged else "",
                 idx,
                 _type(dt, dw),
                 _type(rt_, rw),
@@ -128,6 +130,20 @@ def _layout(con, run_id: str, role: str) -> list[str]:
     mismatches = len(flagged)
     header = f"Attention layout ({role}): {len(rows)} layers" + (f", {mismatches} mismatched (!)" if mismatches else "")
     return [header, _indent(format_table(["", "layer", "declared", "resolved", "runtime", "kv spec", "causal", "vLLM layer"], table))]
+
+
+def _ranks(con, run_id: str) -> list[str]:
+    """Tensor-parallel ranks compared (RANK_DISAGREEMENT); nothing for a one-rank engine."""
+    from spectrace.queries.ranks import rank_findings
+
+    ranks, findings = rank_findings(con, run_id)
+    if len(ranks) < 2:
+        return []
+    if not findings:
+        return [f"Ranks: {len(ranks)} ({', '.join(map(str, ranks))}) agree on layout, taps and verified counts"]
+    lines = [f"Ranks: {len(ranks)} ({', '.join(map(str, ranks))}), {len(findings)} disagreement(s)"]
+    lines += [f"  ERROR   {f.code} {f.message}" for f in findings]
+    return lines
 
 
 def _taps(con, run_id: str) -> list[str]:
