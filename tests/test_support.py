@@ -184,3 +184,9 @@ def test_switched_off_hook_is_a_hooks_row(site, monkeypatch, tmp_path):
         ("fits", "installed", "", "pytest >=1"),
         ("old", "unsupported", f"pytest {PYTEST} is outside <1", "pytest <1"),
     ]
+
+
+def test_a_hook_on_another_package_also_needs_the_vllm_range(site, monkeypatch):
+    _declare(monkeypatch, served=Support(package="pytest", versions=">=1", also=(("pytest", "<1"),)))
+    assert support.check("served", "spectrace_site:Runner.bookkeeping") == f"pytest {PYTEST} is outside <1"
+    assert support.range_text("served", "") == "pytest >=1, pytest <1"

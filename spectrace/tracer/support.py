@@ -57,6 +57,7 @@ class Support:
     returns: tuple[str, ...] = ()  # the names in the tuple the site returns (its last ``return (...)``)
     reads: tuple[Reads, ...] = ()
     site: str = ""  # what the hook reads there, for the README table
+    also: tuple[tuple[str, str], ...] = ()  # further (package, range) the hook needs, e.g. the vLLM it serves
 
 
 _SCHEDULER_OUTPUT = "vllm.v1.core.sched.output:SchedulerOutput"
@@ -97,12 +98,16 @@ SUPPORT: dict[str, Support] = {
     "worker.verify_v2": Support(params=("self",), site="… the step's output"),
     "api_server.metrics_registry": Support(site="series on vLLM's own /metrics"),
     "api_server.multiprocess_registry": Support(
-        versions=">=0.20, <0.27", package="prometheus_client", params=("self",), site="… in multiprocess mode"
+        versions=">=0.20, <0.27",
+        package="prometheus_client",
+        also=(("vllm", VLLM_RANGE),),
+        params=("self",),
+        site="… in multiprocess mode",
     ),
     "labels.frontend": Support(params=("self",), site="model_name / engine labels"),
     "labels.engine_core": Support(params=("self",), site="… in the engine core"),
     "labels.worker": Support(params=("self",), site="… in the worker"),
-    "offline.prometheus_endpoint": Support(params=("self",), site="offline engine's /metrics endpoint"),
+    "offline.prometheus_endpoint": Support(params=("cls",), site="offline engine's /metrics endpoint"),
 }
 
 
@@ -323,11 +328,13 @@ def check(hook_name: str, target: str, site_obj: object = None, locate: Locate =
     support = SUPPORT.get(hook_name)
     if support is None:
         return None
+    for package, versions in ((support.package, support.versions), *support.also):
+        have = installed_version(package)
+        if have is None:
+            return f"{package} version unknown (the hook supports {package} {versions})"
+        if not in_range(have, versions):
+            return f"{package} {have} is outside {versions}"
     version = installed_version(support.package)
-    if version is None:
-        return f"{support.package} version unknown (the hook supports {support.package} {support.versions})"
-    if not in_range(version, support.versions):
-        return f"{support.package} {version} is outside {support.versions}"
     problems = shape_problems(target, support, locate, site_obj)
     if problems:
         return f"{support.package} {version}: " + "; ".join(problems)
@@ -336,7 +343,9 @@ def check(hook_name: str, target: str, site_obj: object = None, locate: Locate =
 
 def range_text(hook_name: str, default: str) -> str:
     support = SUPPORT.get(hook_name)
-    return f"{support.package} {support.versions}" if support is not None else default
+    if support is None:
+        return default
+    return ", ".join(f"{package} {versions}" for package, versions in ((support.package, support.versions), *support.also))
 
 
 # -- static check of an unpacked vLLM and the README table ------------------------------
@@ -377,7 +386,9 @@ def readme_block(hooks: Iterable, matrix: dict | None) -> str:
             lines.append(f"| `{hook.name}` | `{hook.target}` | | undeclared | |")
             continue
         lines.append(
-            f"| `{hook.name}` | `{hook.target}` | {support.site} | {support.package} `{support.versions}` | {_checked(support)} |"
+            f"| `{hook.name}` | `{hook.target}` | {support.site} | "
+            + ", ".join(f"{package} `{versions}`" for package, versions in ((support.package, support.versions), *support.also))
+            + f" | {_checked(support)} |"
         )
     if matrix:
         lines += ["", "| vLLM | how | result |", "|---|---|---|"]
