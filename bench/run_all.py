@@ -22,6 +22,7 @@ STEPS = [
     ("disabled", "bench.disabled"),
     ("hotpath", "bench.hotpath"),
     ("store", "bench.store"),
+    ("week", "bench.week"),
     ("e2e", "bench.e2e"),
 ]
 
