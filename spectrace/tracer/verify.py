@@ -709,6 +709,8 @@ def _timed(slot: int, done: bool):
             elapsed = time.perf_counter_ns() - started
             try:
                 rt = runtime._runtime
+                if rt is not None and hook in rt.settings.inject_fault:
+                    raise runtime.InjectedFault(hook)
                 step = rt.verify.open_timing if rt is not None else None
                 if step is not None:
                     step[slot] += elapsed
