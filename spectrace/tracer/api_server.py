@@ -20,7 +20,7 @@ is the DP engine index (``parallel_config.data_parallel_index``), read in the
 engine core (``Scheduler.__init__``, after vLLM loaded the plugin there) and in
 each worker (``Worker.__init__``).
 
-Offline engines (the ``LLM`` class) have no API server: ``LLM.__init__`` starts
+Offline engines (the ``LLM`` class) have no API server: ``LLMEngine.from_engine_args`` starts
 the standalone endpoint on ``SPECTRACE_PROMETHEUS_PORT``.
 """
 
@@ -130,8 +130,12 @@ def wrap_engine_init(original, hook: str):
     return __init__
 
 
-def wrap_llm_init(original, hook: str):
-    def __init__(self, *args, **kwargs):
+def wrap_llm_engine_from_engine_args(original, hook: str):
+    """The offline engine's standalone endpoint. Not ``LLM.__init__``: vLLM loads the plugin from
+    inside it (``EngineArgs.__post_init__``), so a wrapper there misses a process's first engine;
+    ``LLMEngine.from_engine_args`` runs right after, for every offline engine."""
+
+    def from_engine_args(cls, *args, **kwargs):
         with runtime.guard(hook) as rt:
             if rt is not None and "prometheus" in rt.settings.exporters and not _api_server:
                 exposition.serve_standalone(
@@ -140,9 +144,9 @@ def wrap_llm_init(original, hook: str):
                     rt.settings.prometheus_port,
                     on_error=_count("offline.collect"),
                 )
-        return original(self, *args, **kwargs)
+        return original(cls, *args, **kwargs)
 
-    return __init__
+    return from_engine_args
 
 
 HOOKS = [
@@ -156,5 +160,5 @@ HOOKS = [
     Hook("labels.frontend", "vllm.v1.metrics.loggers:PrometheusStatLogger.__init__", wrap_stat_logger_init),
     Hook("labels.engine_core", "vllm.v1.core.sched.scheduler:Scheduler.__init__", wrap_engine_init),
     Hook("labels.worker", "vllm.v1.worker.gpu_worker:Worker.__init__", wrap_engine_init),
-    Hook("offline.prometheus_endpoint", "vllm.entrypoints.llm:LLM.__init__", wrap_llm_init),
+    Hook("offline.prometheus_endpoint", "vllm.v1.engine.llm_engine:LLMEngine.from_engine_args", wrap_llm_engine_from_engine_args),
 ]

@@ -422,6 +422,26 @@ def load_matrix(repo: Path) -> dict | None:
                 + (f"; {doctor}" if doctor else ""),
             }
         )
+    for old in sorted(results.glob("vllm-*-old.json")):
+        data = json.loads(old.read_text())
+        statuses: dict[str, int] = {}
+        for hook in data["hooks"]:
+            statuses[hook["status"]] = statuses.get(hook["status"], 0) + 1
+        engines = "; ".join(
+            f"{name}: " + ("same tokens" if e["traced"]["ok"] else f"both fail inside vLLM ({' '.join(e['untraced']['error'])})")
+            if e["traced"] == e["untraced"]
+            else f"{name}: DIFFERENT traced {e['traced']} / untraced {e['untraced']}"
+            for name, e in data["engines"].items()
+        )
+        rows.append(
+            {
+                "version": data["vllm_version"],
+                "how": "live, older than the range (`bench.old_vllm`): the same engines with SPECTRACE=1 and unset",
+                "result": ("same outcome traced and untraced" if data["same_outcome_traced_and_untraced"] else "DIFFERENT traced and untraced")
+                + f" — {engines}; hooks: "
+                + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())),
+            }
+        )
     return {"versions": rows} if rows else None
 
 
