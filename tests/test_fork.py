@@ -83,3 +83,22 @@ def test_guard_never_raises_and_counts_what_it_catches(tmp_path):
         assert rt.errors == {"some.hook": 1, "other.hook": 1}
     finally:
         runtime.stop()
+
+
+def test_pause_switches_every_hook_off_and_resume_back_on(tmp_path):
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",)), hooks=[], make_capture=verify.VerifyCapture)
+    try:
+        rt.record("runs", {"run_id": "before", "started_at": 1}, role="frontend")
+        runtime.pause()
+        with runtime.guard("some.hook") as got:
+            assert got is None  # the hooks find no runtime: they return at once
+        assert runtime.get() is None and rt.writer.paused
+        runtime.resume()
+        with runtime.guard("some.hook") as got:
+            assert got is rt
+        assert not rt.writer.paused
+        rt.flush()
+    finally:
+        runtime.stop()
+    # nothing buffered before the pause was lost
+    assert spectrace.store.open(tmp_path).execute("select run_id from runs").fetchall() == [("before",)]

@@ -141,6 +141,7 @@ class SegmentWriter:
         self._thread: threading.Thread | None = None
         self._error_logged = False
         self._before_flush: list = []
+        self.paused = False
         self.max_bytes = 0  # 0: no cap (SPECTRACE_MAX_MB)
         self.active_runs: set[str] = set()  # runs this process still writes: never evicted
         self.evictions: list[dict[str, Any]] = []
@@ -214,6 +215,8 @@ class SegmentWriter:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            if self.paused:  # tracing switched off at run time (spectrace.tracer.runtime.pause)
+                continue
             self.flush()
             if self.compact_interval_s and time.monotonic() - self._maintained >= self.compact_interval_s:
                 self.maintain()

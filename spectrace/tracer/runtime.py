@@ -521,6 +521,29 @@ def stop() -> None:
         rt.shutdown()
 
 
+_paused: Runtime | None = None  # tracing switched off at run time (pause / resume)
+
+
+def pause() -> None:
+    """Switch tracing off at run time, hooks installed: every hook returns at once (it finds no
+    runtime) and the flush thread idles. For measuring what tracing costs in one engine
+    (bench/ab_windows.py); ``resume()`` switches it back on. Nothing is lost: rows buffered
+    before the pause are flushed after it."""
+    global _runtime, _paused
+    with _start_lock:
+        if _runtime is not None:
+            _paused, _runtime = _runtime, None
+            _paused.writer.paused = True
+
+
+def resume() -> None:
+    global _runtime, _paused
+    with _start_lock:
+        if _paused is not None:
+            _paused.writer.paused = False
+            _runtime, _paused = _paused, None
+
+
 class InjectedFault(RuntimeError):
     """What a hook named by ``SPECTRACE_INJECT_FAULT`` raises (tests of the error boundary)."""
 

@@ -1,0 +1,169 @@
+"""What tracing costs the engine, resolved: one engine, tracing switched off and on in short windows.
+
+    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64, ~4 minutes each
+    .venv/bin/python -m bench.ab_windows --quick             # a smoke run
+
+Method. One engine (a tiny Qwen3 target with itself as draft_model drafter, k 3, so every step
+verifies a full batch of drafts) with spectrace's hooks installed, in one process (frontend,
+engine core and worker: the flush thread competes with the engine thread for the GIL, the
+worst case). The engine is kept full (requests topped up every step, ``ignore_eos``) and stepped
+without pause. Every ``--window`` seconds tracing is switched with ``runtime.pause()`` (every hook
+returns at once, the flush thread idles) and ``runtime.resume()``, in pairs ordered on/off,
+off/on, ... (ABBA), so a slow drift of the machine hits both conditions alike. Each pair gives
+one ratio, tokens/s traced over tokens/s untraced; the result is the geometric mean of the
+ratios with a 95 % confidence interval (t distribution over the log ratios). The store, its
+compaction (``SPECTRACE_COMPACT_INTERVAL``, short here) and the Prometheus exposition run as in
+production. What the paused state still costs (the wrappers' call, ~0.2 µs a step) is measured
+apart in bench/hotpath.py and bench/disabled.py; it is not in this ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import REPO, SCRATCH, loadavg, write_result
+
+T95 = {5: 2.571, 10: 2.228, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t95(df: int) -> float:
+    for n in sorted(T95):
+        if df <= n:
+            return T95[n]
+    return 1.96
+
+
+def summary(ratios: list[float]) -> dict:
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
+    return {
+        "pairs": len(ratios),
+        "ratio": math.exp(mean),
+        "ci95": [math.exp(mean - half), math.exp(mean + half)],
+        "half_width": (math.exp(mean + half) - math.exp(mean - half)) / 2,
+        "median": statistics.median(ratios),
+    }
+
+
+def child(request: dict) -> None:
+    from vllm import LLM, SamplingParams
+
+    from spectrace.tracer import runtime
+
+    batch, window, pairs = request["batch"], request["window_s"], request["pairs"]
+    llm = LLM(
+        model=request["target"], tokenizer=request["target"], dtype="float32", enforce_eager=True,
+        max_model_len=512, kv_cache_memory_bytes=256 << 20, disable_log_stats=False, seed=0,
+        speculative_config={"method": "draft_model", "model": request["target"], "num_speculative_tokens": 3},
+        max_num_seqs=batch,
+    )
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
+    prompts = ["the quick brown fox", "hello world speculative decoding", "a b c d e f g", "once upon a time"]
+    seen: dict[str, int] = {}
+    next_id = [0]
+
+    def step_tokens() -> int:
+        while engine.get_num_unfinished_requests() < batch:
+            request_id = str(next_id[0])
+            engine.add_request(request_id, prompts[next_id[0] % len(prompts)], params)
+            next_id[0] += 1
+        new = 0
+        for out in engine.step():
+            n = len(out.outputs[0].token_ids)
+            new += n - seen.get(out.request_id, 0)
+            if out.finished:
+                seen.pop(out.request_id, None)
+            else:
+                seen[out.request_id] = n
+        return new
+
+    def run_window(traced: bool) -> dict:
+        (runtime.resume if traced else runtime.pause)()
+        tokens = steps = 0
+        cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
+        end = t0 + window
+        while time.perf_counter() < end:
+            tokens += step_tokens()
+            steps += 1
+        wall = time.perf_counter() - t0
+        cpu, main = time.process_time() - cpu0, time.thread_time() - main0
+        return {"traced": traced, "tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
+                "engine_thread_cpu_s": main, "background_cpu_s": cpu - main, "tokens_per_s": tokens / wall}
+
+    warm_end = time.perf_counter() + request["warmup_s"]
+    while time.perf_counter() < warm_end:
+        step_tokens()
+    windows = []
+    for i in range(pairs):
+        order = (True, False) if i % 2 == 0 else (False, True)
+        windows += [dict(run_window(traced), pair=i) for traced in order]
+    runtime.resume()
+    rt = runtime.get()
+    out = {"windows": windows, "compactions": getattr(rt.writer, "compactions", None) if rt else None,
+           "dropped": rt.writer.dropped if rt else None, "errors": dict(rt.errors) if rt else None}
+    Path(request["out"]).write_text(json.dumps(out))
+
+
+def run(batch: int, *, pairs: int, window: float, quick: bool) -> dict:
+    from spectrace.testing.models import build_zoo
+
+    zoo = build_zoo(SCRATCH / "zoo")
+    store = SCRATCH / f"ab-store-{batch}"
+    subprocess.run(["rm", "-rf", str(store)], check=False)
+    out = SCRATCH / f"ab-{batch}.json"
+    request = {"batch": batch, "window_s": window, "pairs": pairs, "target": str(zoo["target"]), "max_tokens": 200,
+               "warmup_s": 5 if quick else 15, "out": str(out)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
+           "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": "10", "SPECTRACE_PROMETHEUS_PORT": "0",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_CACHE_ROOT": str(SCRATCH / "vllm-cache"), "PYTHONPATH": str(REPO)}
+    load = loadavg()
+    proc = subprocess.run([sys.executable, "-m", "bench.ab_windows", "--child", json.dumps(request)], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=3600)
+    if proc.returncode or not out.exists():
+        raise SystemExit(f"batch {batch}: child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    by_pair: dict[int, dict[bool, float]] = {}
+    for w in result["windows"]:
+        by_pair.setdefault(w["pair"], {})[w["traced"]] = w["tokens_per_s"]
+    ratios = [p[True] / p[False] for p in by_pair.values() if True in p and False in p and p[False] > 0]
+    return {"batch": batch, "k": 3, "window_s": window, "load_before": load, "load_after": loadavg(),
+            **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
+            "windows": result["windows"]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--batches", type=int, nargs="*", default=[16, 64])
+    parser.add_argument("--pairs", type=int, default=40)
+    parser.add_argument("--window", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return 0
+    pairs = 6 if args.quick else args.pairs
+    results = []
+    for batch in args.batches:
+        r = run(batch, pairs=pairs, window=args.window, quick=args.quick)
+        print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
+              f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {args.window:.0f} s windows), "
+              f"load {r['load_before']} -> {r['load_after']}", flush=True)
+        results.append(r)
+    write_result("ab_windows", {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
