@@ -24,6 +24,7 @@ STEPS = [
     ("store", "bench.store"),
     ("week", "bench.week"),
     ("e2e", "bench.e2e"),
+    ("ab_windows", "bench.ab_windows"),
 ]
 
 
