@@ -276,19 +276,38 @@ def dummy_drafts(rows: int, repeated: int, repeated_drafted: int, repeated_accep
 # -- does speculation pay? -------------------------------------------------------------------
 
 
-def speedup_estimate(mean_acceptance_length: float, draft_ns: float, step_ns: float) -> float | None:
-    """Speed-up over decoding without drafts, from one step's host times.
+def no_draft_step_ns(n: int, sum_t: float, sum_t2: float, sum_tv: float, sum_v: float, sum_r: float) -> float:
+    """Host time the same ``n`` steps would take without drafts (total ns).
 
-    A speculative step takes ``step_ns`` (drafting ``draft_ns`` of it) and yields
-    ``mean_acceptance_length`` tokens per request. Without drafts a step is the same
-    step minus drafting (the target forward over k + 1 tokens per request costs about
-    what it costs over one: tiny models on CPU, memory-bound decoding on GPU) and
-    yields one token. So the estimate is ``L * (step - draft) / step``.
+    A step's verification time (its whole time minus drafting) is fitted as affine in
+    the tokens it scheduled, ``v = a + b * tokens`` (least squares over the steps, from
+    the sums ``sum_t``, ``sum_t2``, ``sum_tv``, ``sum_v``); without drafts each step
+    schedules one token per request, so it would take ``a + b * requests``
+    (``sum_r``: requests summed over the steps). Without spread in the token counts (or
+    a negative slope) there is nothing to fit: the verification time itself is taken.
+    """
+    if n <= 0:
+        return 0.0
+    spread = n * sum_t2 - sum_t * sum_t
+    if spread <= 1e-9 * max(n * sum_t2, 1.0):
+        return float(sum_v)
+    b = (n * sum_tv - sum_t * sum_v) / spread
+    if b < 0:
+        return float(sum_v)
+    a = (sum_v - b * sum_t) / n
+    return max(n * a + b * sum_r, 0.0)
+
+
+def speedup_estimate(mean_acceptance_length: float, no_draft_ns: float, step_ns: float) -> float | None:
+    """Speed-up over decoding without drafts: ``L * no_draft / step``.
+
+    The steps took ``step_ns`` and yielded ``L`` (``mean_acceptance_length``) tokens per
+    request each; the same steps without drafts (:func:`no_draft_step_ns`) would take
+    ``no_draft_ns`` and yield one token per request, so ``L`` times as many are needed.
     """
     if step_ns <= 0 or mean_acceptance_length <= 0:
         return None
-    verify_ns = max(step_ns - draft_ns, 0.0)
-    return mean_acceptance_length * verify_ns / step_ns
+    return mean_acceptance_length * no_draft_ns / step_ns
 
 
 @dataclass
@@ -301,26 +320,37 @@ class PayingDetector:
     flagged: bool = False
     _chunks: deque = field(default_factory=deque)
 
-    def observe(self, steps: int, draft_ns: int, step_ns: int, request_steps: int, tokens: int) -> dict[str, Any] | None:
-        """One flush's totals: worker steps with drafts, their draft and whole host times,
-        request-steps and tokens they yielded (accepted + 1 each)."""
-        if steps <= 0:
+    def observe(self, totals: dict[str, float]) -> dict[str, Any] | None:
+        """One flush's sums over worker steps with drafts: ``steps``, ``step_ns``, ``draft_ns``,
+        ``scheduled_tokens``, ``scheduled_tokens_sq``, ``tokens_x_verify_ns``, ``requests`` and
+        the ``request_steps`` and ``tokens`` (accepted + 1 each) they yielded."""
+        if totals.get("steps", 0) <= 0:
             return None
-        self._chunks.append((steps, draft_ns, step_ns, request_steps, tokens))
-        while len(self._chunks) > 1 and sum(c[0] for c in self._chunks) - self._chunks[0][0] >= self.window_steps:
+        self._chunks.append(dict(totals))
+        while len(self._chunks) > 1 and sum(c["steps"] for c in self._chunks) - self._chunks[0]["steps"] >= self.window_steps:
             self._chunks.popleft()
-        s, d, t, r, n = (sum(c[i] for c in self._chunks) for i in range(5))
-        if s < self.min_steps or not r:
-            return None
-        length = n / r
-        estimate = speedup_estimate(length, d / s, t / s)
-        if estimate is None or estimate >= 1.0 or self.flagged:
+        evidence = self.window()
+        if evidence is None or evidence["window_steps"] < self.min_steps or evidence["speedup_estimate"] >= 1.0 or self.flagged:
             return None
         self.flagged = True
+        return evidence
+
+    def window(self) -> dict[str, Any] | None:
+        """The estimate over the last ``window_steps`` steps (None before any yielded a token)."""
+        keys = {key for c in self._chunks for key in c}
+        s = {key: sum(c.get(key, 0) for c in self._chunks) for key in keys}
+        if not s or not s.get("request_steps") or not s.get("step_ns"):
+            return None
+        length = s["tokens"] / s["request_steps"]
+        no_draft = no_draft_step_ns(s["steps"], s["scheduled_tokens"], s["scheduled_tokens_sq"], s["tokens_x_verify_ns"],
+                                    s["step_ns"] - s["draft_ns"], s["requests"])  # fmt: skip
+        estimate = speedup_estimate(length, no_draft, s["step_ns"])
+        n = s["steps"]
         return {
-            "window_steps": s,
+            "window_steps": n,
             "mean_acceptance_length": round(length, 4),
-            "draft_ms_per_step": round(d / s / 1e6, 4),
-            "verify_ms_per_step": round((t - d) / s / 1e6, 4),
+            "draft_ms_per_step": round(s["draft_ns"] / n / 1e6, 4),
+            "verify_ms_per_step": round((s["step_ns"] - s["draft_ns"]) / n / 1e6, 4),
+            "no_draft_ms_per_step": round(no_draft / n / 1e6, 4),
             "speedup_estimate": round(estimate, 4),
         }

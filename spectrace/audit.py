@@ -1142,7 +1142,8 @@ def not_paying_finding(evidence: dict[str, Any]) -> Finding:
         model_role="draft",
         message=f"speculation costs more than it saves: estimated speed-up {evidence['speedup_estimate']:.2f}x over "
         f"{evidence['window_steps']} steps (mean acceptance length {evidence['mean_acceptance_length']:.2f}, "
-        f"drafting {evidence['draft_ms_per_step']:.2f} ms and verifying {evidence['verify_ms_per_step']:.2f} ms per step)",
+        f"drafting {evidence['draft_ms_per_step']:.2f} ms and verifying {evidence['verify_ms_per_step']:.2f} ms per step, "
+        f"{evidence.get('no_draft_ms_per_step', 0):.2f} ms without drafts)",
         evidence=evidence,
         fix="turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
     )

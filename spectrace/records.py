@@ -180,6 +180,11 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("draft_ns", "BIGINT"),
         ("request_steps", "BIGINT"),
         ("tokens", "BIGINT"),
+        # the sums that fit verification time as affine in scheduled tokens (acceptance.no_draft_step_ns)
+        ("scheduled_tokens", "BIGINT"),
+        ("scheduled_tokens_sq", "DOUBLE"),
+        ("tokens_x_verify_ns", "DOUBLE"),
+        ("requests", "BIGINT"),
     ],
     # Acceptance length (accepted + 1) histogram per flush, request-steps with drafts.
     "acceptance_lengths": [

@@ -92,14 +92,28 @@ def test_one_token_rows_skip_placeholders_and_single_drafts():
     assert not acceptance.dummy_drafts(100, 10, 30, 0)
 
 
+def test_no_draft_step_time_is_fitted_affine_in_scheduled_tokens():
+    # verification takes 5 ms + 0.25 ms per scheduled token; steps of 4 requests x 4 tokens and 2 x 4
+    steps = [(16, 4, 9.0), (16, 4, 9.0), (8, 2, 7.0), (8, 2, 7.0)]
+    sums = dict(n=4, sum_t=48, sum_t2=640, sum_tv=sum(t * v for t, _, v in steps), sum_v=32.0, sum_r=12)
+    # without drafts: 5 + 0.25 * 4 and 5 + 0.25 * 2 ms
+    assert acceptance.no_draft_step_ns(**sums) == pytest.approx(2 * 6.0 + 2 * 5.5)
+    # one batch shape only: nothing to fit, the verification time itself
+    assert acceptance.no_draft_step_ns(n=2, sum_t=32, sum_t2=512, sum_tv=288.0, sum_v=18.0, sum_r=8) == 18.0
+
+
 def test_speedup_estimate_and_not_paying_detector():
-    assert acceptance.speedup_estimate(4.0, 15.0, 20.0) == pytest.approx(1.0)
+    assert acceptance.speedup_estimate(4.0, 5.0, 20.0) == pytest.approx(1.0)
     assert acceptance.speedup_estimate(1.0, 5.0, 10.0) == pytest.approx(0.5)
     detector = acceptance.PayingDetector(window_steps=100, min_steps=50)
-    assert detector.observe(40, 40 * 5_000_000, 40 * 10_000_000, 160, 160) is None  # too few steps
-    evidence = detector.observe(40, 40 * 5_000_000, 40 * 10_000_000, 160, 160)
+    flush = {"steps": 40, "step_ns": 40 * 10_000_000, "draft_ns": 40 * 5_000_000, "scheduled_tokens": 40 * 16,
+             "scheduled_tokens_sq": 40 * 256, "tokens_x_verify_ns": 40 * 16 * 5_000_000, "requests": 160,
+             "request_steps": 160, "tokens": 160}  # fmt: skip
+    assert detector.observe(flush) is None  # too few steps
+    evidence = detector.observe(flush)
     assert evidence["speedup_estimate"] == 0.5 and evidence["window_steps"] == 80
-    assert detector.observe(40, 0, 40 * 10_000_000, 160, 160) is None  # once per run
+    assert evidence["no_draft_ms_per_step"] == 5.0
+    assert detector.observe(flush) is None  # once per run
 
 
 def test_collapse_names_its_onset_and_recovery():

@@ -196,6 +196,7 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
     # does speculation pay: 100 steps of 20 ms (5 drafting) per interval, 400 request-steps, 1000 tokens
     for family, slope in (("step_seconds", 2.0), ("draft_seconds", 0.5), ("request_steps", 400), ("tokens", 1000)):
         add(f"spectrace_speculation_{family}", "counter", {"rank": "0"}, 0, slope)
+    add("spectrace_speculation_speedup_estimate", "gauge", {"rank": "0"}, 1.4)
     add("spectrace_context_boundary", "gauge", {"model_role": "draft", "field": "max_position_embeddings"}, 4096)
     for code, severity, role in (("SWA_DROPPED", "error", "draft"), ("TAP_MISMATCH", "error", "draft"),
                                  ("METHOD_INFERRED", "info", "draft"), ("DRAFT_CONTEXT_SHORT", "warning", "draft")):

@@ -326,12 +326,12 @@ def acceptance_dashboard() -> Any:
     d = d.with_row(k.row("Does speculation pay?"))
     d = d.with_panel(
         k.timeseries_panel("Speed-up estimate", "Estimated speed-up over decoding without drafts: mean acceptance "
-                           "length × (1 − drafting's share of the step time), from the worker's host clock on the "
-                           "steps that verified drafts (model: README). Below 1 speculation costs more than it saves "
+                           "length × the steps' time without drafts (verification fitted against scheduled tokens) / their "
+                           "time, from the worker's host clock over the last 200 steps that verified drafts (model: README). Below 1 speculation costs more than it saves "
                            "(SPECULATION_NOT_PAYING).", "suffix: ×", span=24)
         .min(0).decimals(2)
         .thresholds(k.steps((None, "red"), (1, "green")))
-        .with_target(k.query(promql.speedup_estimate(W, ["rank"], MATCHERS), "rank {{rank}}"))
+        .with_target(k.query(promql.series(promql.SPEEDUP_ESTIMATE, MATCHERS), "rank {{rank}}"))
     )
 
     # -- breakdown

@@ -92,18 +92,7 @@ def mean_acceptance_length(window: str, labels: Sequence[str] = (), matchers: It
     return ratio(f"{ACCEPTANCE_LENGTH}_sum", f"{ACCEPTANCE_LENGTH}_count", window, labels, matchers, fn)
 
 
-SPEC_STEP_SECONDS = "spectrace_speculation_step_seconds_total"
-SPEC_DRAFT_SECONDS = "spectrace_speculation_draft_seconds_total"
-SPEC_REQUEST_STEPS = "spectrace_speculation_request_steps_total"
-SPEC_TOKENS = "spectrace_speculation_tokens_total"
-
-
-def speedup_estimate(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
-    """Speed-up over decoding without drafts (README, "Does speculation pay?"):
-    mean acceptance length x (1 - drafting's share of the step time), worker host clock."""
-    length = ratio(SPEC_TOKENS, SPEC_REQUEST_STEPS, window, labels, matchers, fn)
-    share = ratio(SPEC_DRAFT_SECONDS, SPEC_STEP_SECONDS, window, labels, matchers, fn)
-    return f"{paren(length)}\n* {paren(f'1 - {paren(share)}')}"
+SPEEDUP_ESTIMATE = "spectrace_speculation_speedup_estimate"  # gauge, per rank (README, "Does speculation pay?")
 
 
 def paren(expr: str) -> str:

@@ -12,6 +12,7 @@
 | gauge spectrace.hidden_states.tap         | spectrace_hidden_states_tap                         | tap, expected_id, tapped_id + common |
 | gauge spectrace.run.info                  | spectrace_run_info                                  | vllm_version, spectrace_version, num_speculative_tokens, model_runner + common |
 | counters spectrace.speculation.{step_seconds,draft_seconds,request_steps,tokens} | spectrace_speculation_*_total | rank + common |
+| gauge spectrace.speculation.speedup_estimate | spectrace_speculation_speedup_estimate           | rank + common |
 | gauge spectrace.context.boundary          | spectrace_context_boundary (value: tokens)          | model_role, field + common |
 | counter spectrace.export.dropped          | spectrace_export_dropped_total                      | — |
 | counter spectrace.internal.errors         | spectrace_internal_errors_total                     | hook |
@@ -60,6 +61,8 @@ class Metrics:
         self.spec_request_steps = meter.create_counter("spectrace.speculation.request_steps", unit="", description="Request-steps those steps verified")
         self.spec_tokens = meter.create_counter("spectrace.speculation.tokens", unit="", description="Tokens those request-steps yielded (accepted + 1 each)")
         self._boundaries: dict[tuple, dict[str, str]] = {}
+        self._speedups: dict[tuple, tuple[float, dict[str, str]]] = {}
+        meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_speedups], unit="", description="Estimated speed-up over decoding without drafts, last 200 worker steps (README)")
         self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
         self._length_histogram: Any = None  # built at the first run (its buckets need k)
         self._findings: dict[tuple, dict[str, str]] = {}
@@ -91,8 +94,16 @@ class Metrics:
 
     # -- fed from the background flush --------------------------------------------
 
-    def speculation(self, steps: int, step_ns: int, draft_ns: int, request_steps: int, tokens: int, rank: int | None, labels: dict[str, str]) -> None:
+    def _observe_speedups(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(value, dict(attrs)) for value, attrs in self._speedups.values()]
+
+    def speculation(self, steps: int, step_ns: int, draft_ns: int, request_steps: int, tokens: int, rank: int | None,
+                    labels: dict[str, str], speedup: float | None = None) -> None:
         attrs = {**labels, "rank": str(rank if rank is not None else 0)}
+        if speedup is not None:
+            with self._lock:
+                self._speedups[(labels.get("run_id"), attrs["rank"])] = (float(speedup), attrs)
         self.spec_step_seconds.add(step_ns / 1e9, attrs)
         self.spec_draft_seconds.add(draft_ns / 1e9, attrs)
         self.spec_request_steps.add(request_steps, attrs)

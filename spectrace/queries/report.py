@@ -270,7 +270,7 @@ def _shapes(con, run_id: str) -> list[str]:
 
 def _cost(con, run_id: str) -> list[str]:
     rows = con.execute(
-        "select rank, steps, step_ms, draft_ms, verify_ms, mean_acceptance_length, speedup_estimate "
+        "select rank, steps, step_ms, draft_ms, verify_ms, no_draft_ms, mean_acceptance_length, speedup_estimate "
         "from speculation_cost where run_id = ? order by rank nulls first",
         [run_id],
     ).fetchall()
@@ -278,11 +278,12 @@ def _cost(con, run_id: str) -> list[str]:
         return []
     lines = ["Does speculation pay? (worker host clock, steps that verified drafts; model: README)"]
     table = [
-        ("" if rank is None else rank, steps, f"{step:.2f}", f"{draft:.2f}", f"{verify:.2f}",
+        ("" if rank is None else rank, steps, f"{step:.2f}", f"{draft:.2f}", f"{verify:.2f}", f"{no_draft:.2f}",
          "-" if length is None else f"{length:.2f}", "-" if est is None else f"{est:.2f}x")
-        for rank, steps, step, draft, verify, length, est in rows
+        for rank, steps, step, draft, verify, no_draft, length, est in rows
     ]  # fmt: skip
-    lines.append(_indent(format_table(["rank", "steps", "step ms", "draft ms", "verify ms", "mean length", "speed-up"], table)))
+    headers = ["rank", "steps", "step ms", "draft ms", "verify ms", "no-draft ms", "mean length", "speed-up"]
+    lines.append(_indent(format_table(headers, table)))
     return lines
 
 

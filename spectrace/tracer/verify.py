@@ -420,26 +420,32 @@ class VerifyCapture:
         return taken
 
     def _drain_timings(self, rt, timings: list[list], yielded: dict) -> None:
-        totals: dict[tuple, list[int]] = {}
-        for run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, _ in timings:
+        keys = ("steps", "step_ns", "draft_ns", "scheduled_tokens", "scheduled_tokens_sq", "tokens_x_verify_ns", "requests")
+        totals: dict[tuple, dict[str, int]] = {}
+        for run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, _, tokens, requests in timings:
             if not has_drafts:
                 continue
-            t = totals.setdefault((run_id, rank), [0, 0, 0])
-            t[0] += 1
-            t[1] += execute_ns + sample_ns
-            t[2] += draft_ns
+            t = totals.setdefault((run_id, rank), dict.fromkeys(keys, 0))
+            step_ns = execute_ns + sample_ns
+            t["steps"] += 1
+            t["step_ns"] += step_ns
+            t["draft_ns"] += draft_ns
+            t["scheduled_tokens"] += tokens
+            t["scheduled_tokens_sq"] += tokens * tokens
+            t["tokens_x_verify_ns"] += tokens * (step_ns - draft_ns)
+            t["requests"] += requests
         now = time.time_ns()
-        for (run_id, rank), (steps, step_ns, draft_ns) in totals.items():
-            request_steps, tokens = yielded.get((run_id, rank), (0, 0))
-            rt.writer.append(
-                "speculation_steps",
-                {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "steps": steps, "step_ns": step_ns,
-                 "draft_ns": draft_ns, "request_steps": request_steps, "tokens": tokens},
-            )
-            if rt.metrics is not None and hasattr(rt.metrics, "speculation"):
-                rt.metrics.speculation(steps, step_ns, draft_ns, request_steps, tokens, rank, rt.labels(run_id))
+        for (run_id, rank), t in totals.items():
+            t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
+            rt.writer.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
             detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
-            evidence = detector.observe(steps, draft_ns, step_ns, request_steps, tokens)
+            evidence = detector.observe(t)
+            if rt.metrics is not None and hasattr(rt.metrics, "speculation"):
+                window = detector.window()
+                rt.metrics.speculation(
+                    t["steps"], t["step_ns"], t["draft_ns"], t["request_steps"], t["tokens"], rank, rt.labels(run_id),
+                    window["speedup_estimate"] if window else None,
+                )
             if evidence is not None and not rank:  # every rank times the same steps: rank 0 speaks
                 audit_live.emit_findings(rt, [audit.not_paying_finding(evidence)], role=WORKER, rank=rank, run=rt.run_by_id(run_id))
 
@@ -688,9 +694,10 @@ def wrap_execute_model(original, hook: str):
                 if hook in rt.settings.inject_fault:
                     raise runtime.InjectedFault(hook)
                 capture = rt.verify
-                # [run, rank, verifies drafts, execute ns, sample ns, draft ns, done]
+                # [run, rank, verifies drafts, execute ns, sample ns, draft ns, done, scheduled tokens, requests]
                 step = [rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                        bool(scheduler_output.scheduled_spec_decode_tokens), elapsed, 0, 0, result is not None]
+                        bool(scheduler_output.scheduled_spec_decode_tokens), elapsed, 0, 0, result is not None,
+                        scheduler_output.total_num_scheduled_tokens, len(scheduler_output.num_scheduled_tokens)]
                 capture.open_timing = step
                 if len(capture.worker_timings) < MAX_BUFFERED_STEPS:
                     capture.worker_timings.append(step)
