@@ -551,6 +551,18 @@ class InjectedFault(RuntimeError):
         super().__init__(f"fault injected into {hook} (SPECTRACE_INJECT_FAULT)")
 
 
+def active(hook: str) -> Runtime | None:
+    """The runtime a per-step hook records into, or None (tracing off or paused).
+
+    Raises ``InjectedFault`` for a hook named in ``SPECTRACE_INJECT_FAULT``: a per-step hook
+    calls it first inside its own ``try`` (a ``with guard()`` per step costs too much there).
+    """
+    rt = _runtime or get()  # get(): only in a freshly forked child
+    if rt is not None and hook in rt.settings.inject_fault:
+        raise InjectedFault(hook)
+    return rt
+
+
 @contextlib.contextmanager
 def guard(hook: str) -> Iterator[Runtime | None]:
     """Run spectrace's own work for ``hook``: any exception is caught, counted and logged once.

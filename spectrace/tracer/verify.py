@@ -601,10 +601,8 @@ def wrap_update_from_output(original, hook: str):
         drafts = scheduler_output.scheduled_spec_decode_tokens
         if drafts:
             try:
-                rt = runtime._runtime or runtime.get()  # get(): only in a freshly forked child
+                rt = runtime.active(hook)
                 if rt is not None:
-                    if hook in rt.settings.inject_fault:
-                        raise runtime.InjectedFault(hook)
                     capture = rt.verify
                     sampled = model_runner_output.sampled_token_ids
                     capture.engine_step_no += 1
@@ -634,10 +632,8 @@ def wrap_update_from_output(original, hook: str):
 def wrap_add_request(original, hook: str):
     def add_request(self, request, *args, **kwargs):
         try:
-            rt = runtime._runtime or runtime.get()
+            rt = runtime.active(hook)
             if rt is not None:
-                if hook in rt.settings.inject_fault:
-                    raise runtime.InjectedFault(hook)
                 capture = rt.verify
                 flags = capture.request_flags
                 if len(flags) >= _MAX_REQUEST_FLAGS:
@@ -666,10 +662,8 @@ def wrap_bookkeeping_sync(original, hook: str):
         drafts = scheduler_output.scheduled_spec_decode_tokens
         if drafts:
             try:
-                rt = runtime._runtime or runtime.get()
+                rt = runtime.active(hook)
                 if rt is not None:
-                    if hook in rt.settings.inject_fault:
-                        raise runtime.InjectedFault(hook)
                     valid, row_of = bookkeeping_sampled(result)
                     capture = rt.verify
                     if valid and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
@@ -689,10 +683,8 @@ def wrap_execute_model(original, hook: str):
         result = original(self, scheduler_output, *args, **kwargs)
         elapsed = time.perf_counter_ns() - started
         try:
-            rt = runtime._runtime or runtime.get()
+            rt = runtime.active(hook)
             if rt is not None:
-                if hook in rt.settings.inject_fault:
-                    raise runtime.InjectedFault(hook)
                 capture = rt.verify
                 # [run, rank, verifies drafts, execute ns, sample ns, draft ns, done, scheduled tokens, requests]
                 step = [rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
@@ -715,9 +707,7 @@ def _timed(slot: int, done: bool):
             result = original(self, *args, **kwargs)
             elapsed = time.perf_counter_ns() - started
             try:
-                rt = runtime._runtime
-                if rt is not None and hook in rt.settings.inject_fault:
-                    raise runtime.InjectedFault(hook)
+                rt = runtime.active(hook)
                 step = rt.verify.open_timing if rt is not None else None
                 if step is not None:
                     step[slot] += elapsed

@@ -33,10 +33,8 @@ def wrap_sample_tokens(original, hook: str):
     def sample_tokens(self, *args, **kwargs):
         drafts = None
         try:
-            rt = runtime._runtime or runtime.get()
+            rt = runtime.active(hook)
             if rt is not None:
-                if hook in rt.settings.inject_fault:
-                    raise runtime.InjectedFault(hook)
                 state = self.execute_model_state
                 batch = state.input_batch if state is not None else None
                 if batch is not None and batch.num_draft_tokens:
@@ -61,10 +59,8 @@ def wrap_get_output(original, hook: str):
         drafts = self.__dict__.pop(_DRAFTS, None)
         if drafts is not None:
             try:
-                rt = runtime._runtime or runtime.get()
+                rt = runtime.active(hook)
                 if rt is not None:
-                    if hook in rt.settings.inject_fault:
-                        raise runtime.InjectedFault(hook)
                     sampled = output.sampled_token_ids
                     capture = rt.verify
                     if sampled and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
