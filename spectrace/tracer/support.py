@@ -69,7 +69,11 @@ SUPPORT: dict[str, Support] = {
     "frontend.async_llm_started": Support(params=("self",), site="engine started (server)"),
     "engine_core.kv_caches": Support(params=("self", "vllm_config"), site="engine core joins the run"),
     "worker.load_model": Support(params=("self",), site="model load: runtime layout, hidden-state taps"),
-    "worker.execute_model": Support(params=("self", "scheduler_output"), site="worker step timing: target forward"),
+    "worker.execute_model": Support(
+        params=("self", "scheduler_output"),
+        reads=(Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens", "total_num_scheduled_tokens", "num_scheduled_tokens")),),
+        site="worker step timing: target forward",
+    ),
     "worker.sample_tokens": Support(params=("self",), site="… verification, drafting, bookkeeping"),
     "worker.propose_drafts": Support(params=("self",), site="… drafting"),
     "engine_core.verify": Support(
@@ -94,8 +98,19 @@ SUPPORT: dict[str, Support] = {
         site="verification, worker (V1 model runner)",
     ),
     # V2 model runner (vLLM's CUDA default; GPU only): the worker-side count
-    "worker.verify_v2.sample": Support(params=("self",), site="verification, worker (V2 model runner): sampling"),
-    "worker.verify_v2": Support(params=("self",), site="… the step's output"),
+    "worker.verify_v2.sample": Support(
+        params=("self",),
+        reads=(
+            Reads("vllm.v1.worker.gpu.model_runner:ExecuteModelState", ("input_batch",)),
+            Reads("vllm.v1.worker.gpu.input_batch:InputBatch", ("num_draft_tokens", "num_draft_tokens_per_req")),
+        ),
+        site="verification, worker (V2 model runner): sampling",
+    ),
+    "worker.verify_v2": Support(
+        params=("self",),
+        reads=(Reads("vllm.v1.outputs:ModelRunnerOutput", ("sampled_token_ids",)),),
+        site="… the step's output",
+    ),
     "api_server.metrics_registry": Support(site="series on vLLM's own /metrics"),
     "api_server.multiprocess_registry": Support(
         versions=">=0.20, <0.27",
