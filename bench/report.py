@@ -94,9 +94,16 @@ def render() -> str:
         if direct >= 0.99 and accounted:
             e2e_mark = "met"
         elif accounted and direct >= ab["null"]["throughput_ratio"]["min"]:
-            e2e_mark = "not met: accounted ≥ 0.993 (this run), but bench/ab_windows.py resolves 0.977 (0.963–0.991) at batch 64 with compaction and exposition on"
+            e2e_mark = "unresolved by this A/B (accounted ≥ 0.993)"
         else:
             e2e_mark = "**missed**"
+        windows = (_load("ab_windows") or {}).get("results") or []
+        if windows:  # the paired run-time windows resolve it better than the A/B above
+            worst = min(windows, key=lambda r: r["ci95"][1])
+            met = all(r["ci95"][0] >= 0.99 and r["half_width"] <= 0.005 for r in windows)
+            e2e_mark = ("met" if met else "not met") + (
+                f" (bench/ab_windows.py, batch {worst['batch']}: {worst['ratio']:.3f}, "
+                f"95 % CI {worst['ci95'][0]:.3f}–{worst['ci95'][1]:.3f})")
         out.append(f"| decode throughput traced / off ≥ 0.99 | in-process A/B median: duckdb {g['in_process_ab_duckdb_ratio']:.3f}, "
                    f"otlp {g['in_process_ab_otlp_ratio']:.3f} (null run {g['null_ratio']:.3f}); accounted: duckdb "
                    f"{g['accounted_ratio_duckdb']:.4f}, otlp {g['accounted_ratio_otlp']:.4f}; process A/B: duckdb "
