@@ -34,6 +34,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
+from spectrace.exporters.compaction import pid_alive
+
 log = logging.getLogger("vllm.spectrace")
 
 DIR_ENV = "SPECTRACE_METRICS_DIR"
@@ -117,13 +119,7 @@ def _alive(pid: int, start: str | None) -> bool:
     if os.path.isdir("/proc/self"):
         now = _start_time(pid)
         return now is not None and (start in (None, "0") or now == start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)  # no /proc: the pid exists, whenever it started
 
 
 # -- writing (every traced process) -------------------------------------------
