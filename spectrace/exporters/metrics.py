@@ -24,12 +24,16 @@ instrument: counters are added to once per flush from aggregated counts.
 
 from __future__ import annotations
 
+import logging
 import threading
+from bisect import bisect_left
 from typing import Any, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
+
+log = logging.getLogger("vllm.spectrace")
 
 COMMON = ("model", "draft_model", "method", "run_id")
 
@@ -140,8 +144,7 @@ class Metrics:
             )
         total = 0
         for length, count in zip(lengths, counts):
-            for _ in range(int(count)):
-                histogram.record(length, labels)
+            record_many(histogram, length, int(count), labels)
             total += int(count)
         if total:
             self.steps.add(total, labels)
@@ -193,3 +196,81 @@ class Metrics:
 
     def shutdown(self, timeout_millis: int = 3000) -> None:
         self.provider.shutdown(timeout_millis=timeout_millis)
+
+
+# -- a histogram fed with counts ------------------------------------------------
+
+_bulk_supported = True  # False once the installed SDK's internals were found to differ
+
+
+def record_many(histogram: Any, value: float, count: int, attributes: dict[str, str]) -> None:
+    """``histogram.record(value, attributes)`` ``count`` times, in one update per stream.
+
+    The metrics API has no weighted record, and the flush aggregates request-steps into
+    counts per acceptance length; recording them one by one took most of the flush
+    thread's time at batch 64 (bench/ab_windows.py, BENCHMARKS.md). So: one real
+    ``record`` (validation, exemplars, the stream created in every reader), then the
+    other ``count - 1`` added to each reader's bucket aggregation of those attributes,
+    under the same locks, in the same order, as the SDK's own ``record`` and ``collect``
+    take them. On an SDK whose internals differ (checked before anything is changed) it
+    falls back to calling ``record`` ``count`` times; tests/test_metrics.py compares the
+    two on the installed SDK.
+    """
+    global _bulk_supported
+    if count <= 0:
+        return
+    histogram.record(value, attributes)
+    if count == 1:
+        return
+    streams = _histogram_streams(histogram) if _bulk_supported else None
+    if streams is None:
+        if _bulk_supported:
+            _bulk_supported = False
+            log.info("spectrace: this opentelemetry-sdk has no known histogram layout; acceptance lengths are recorded one by one")
+        for _ in range(count - 1):
+            histogram.record(value, attributes)
+        return
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
+
+    extra = count - 1
+    for match in streams:
+        keys = match._view._attribute_keys
+        attrs = dict(attributes) if keys is None else {k: v for k, v in attributes.items() if k in keys}
+        with match._lock:  # as consume_measurement with reset_on_collect: a delta collect cannot drop it
+            aggregation = match._get_or_create_aggregation(_hash_attributes(attrs), attrs)
+            with aggregation._lock:
+                if aggregation._value is None:
+                    aggregation._value = aggregation._get_empty_bucket_counts()
+                aggregation._sum += value * extra
+                if aggregation._record_min_max:
+                    aggregation._min = min(aggregation._min, value)
+                    aggregation._max = max(aggregation._max, value)
+                aggregation._value[bisect_left(aggregation._boundaries, value)] += extra
+
+
+def _histogram_streams(histogram: Any) -> list | None:
+    """The SDK's per-reader streams of ``histogram`` with every part ``record_many`` uses, or None."""
+    try:
+        from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
+
+        streams = []
+        for storage in histogram._measurement_consumer._reader_storages.values():
+            for match in storage._instrument_view_instrument_matches[histogram]:
+                if not (
+                    hasattr(match, "_lock") and hasattr(match, "_get_or_create_aggregation")
+                    and hasattr(match._view, "_attribute_keys")
+                    # the aggregation a new stream gets (a View may choose another kind)
+                    and isinstance(match._aggregation, _ExplicitBucketHistogramAggregation)
+                ):
+                    return None
+                for aggregation in match._attributes_aggregation.values():
+                    if not isinstance(aggregation, _ExplicitBucketHistogramAggregation) or not all(
+                        hasattr(aggregation, name)
+                        for name in ("_lock", "_value", "_sum", "_min", "_max", "_record_min_max", "_boundaries",
+                                     "_get_empty_bucket_counts")
+                    ):
+                        return None
+                streams.append(match)
+        return streams
+    except (AttributeError, ImportError, KeyError, TypeError):
+        return None

@@ -1,0 +1,63 @@
+"""The acceptance-length histogram fed with counts (``metrics.record_many``) on the installed
+OpenTelemetry SDK: every reader sees exactly what ``count`` calls of ``record`` give it."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.metrics import Histogram, MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+
+from spectrace.exporters import metrics
+
+LABELS = {"model": "t", "draft_model": "d", "method": "eagle3", "run_id": "r1"}
+# a flush's acceptance lengths, then a second flush with another run's labels
+FLUSHES = [({1: 40, 2: 7, 4: 1000}, LABELS), ({3: 2, 5: 1}, {**LABELS, "run_id": "r2"}), ({1: 1, 4: 3}, LABELS)]
+
+
+def _points(temporality):
+    readers = [
+        InMemoryMetricReader(preferred_temporality={Histogram: temporality}),
+        InMemoryMetricReader(),  # a second reader, cumulative, as Prometheus beside OTLP
+    ]
+    provider = MeterProvider(metric_readers=readers)
+    return provider, readers
+
+
+def _collect(reader):
+    data = reader.get_metrics_data()
+    out = {}
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for p in metric.data.data_points:
+                    out[tuple(sorted(p.attributes.items()))] = (
+                        tuple(p.bucket_counts), p.sum, p.count, p.min, p.max
+                    )
+    return out
+
+
+@pytest.mark.parametrize("temporality", [AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA])
+def test_counts_recorded_at_once_equal_one_record_per_request_step(temporality):
+    results = []
+    for bulk in (False, True):
+        provider, readers = _points(temporality)
+        histogram = provider.get_meter("spectrace").create_histogram(
+            "spectrace.verify.acceptance_length", explicit_bucket_boundaries_advisory=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        )
+        collected = []
+        for counts, labels in FLUSHES:
+            for length, count in counts.items():
+                if bulk:
+                    metrics.record_many(histogram, length, count, labels)
+                else:
+                    for _ in range(count):
+                        histogram.record(length, labels)
+            collected.append([_collect(reader) for reader in readers])  # a collect between flushes
+        results.append(collected)
+        provider.shutdown()
+    assert metrics._bulk_supported, "record_many fell back to the loop on the installed SDK"
+    loop, bulk = results
+    assert bulk == loop
+    # and the numbers are the flushes' own: r1 after the first flush, cumulative reader
+    first = loop[0][1][tuple(sorted(LABELS.items()))]
+    assert first[2] == 1047 and first[1] == 40 + 14 + 4000 and first[0][:5] == (40, 7, 0, 1000, 0)
