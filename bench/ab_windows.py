@@ -1,20 +1,23 @@
 """What tracing costs the engine, resolved: one engine, tracing switched off and on in short windows.
 
-    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64, ~4 minutes each
+    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64
     .venv/bin/python -m bench.ab_windows --quick             # a smoke run
 
 Method. One engine (a tiny Qwen3 target with itself as draft_model drafter, k 3, so every step
 verifies a full batch of drafts) with spectrace's hooks installed, in one process (frontend,
 engine core and worker: the flush thread competes with the engine thread for the GIL, the
 worst case). The engine is kept full (requests topped up every step, ``ignore_eos``) and stepped
-without pause. Every ``--window`` seconds tracing is switched with ``runtime.pause()`` (every hook
-returns at once, the flush thread idles) and ``runtime.resume()``, in pairs ordered on/off,
-off/on, ... (ABBA), so a slow drift of the machine hits both conditions alike. Each pair gives
-one ratio, tokens/s traced over tokens/s untraced; the result is the geometric mean of the
-ratios with a 95 % confidence interval (t distribution over the log ratios). The store, its
-compaction (``SPECTRACE_COMPACT_INTERVAL``, short here) and the Prometheus exposition run as in
-production. What the paused state still costs (the wrappers' call, ~0.2 µs a step) is measured
-apart in bench/hotpath.py and bench/disabled.py; it is not in this ratio.
+without pause. A window is a whole number of request lifetimes (``--cycles``: the requests
+start and finish together, so a window of whole lifetimes holds the same prefills and the same
+tokens whatever its phase; a window of fixed seconds did not, and that alone moved a pair by a
+few per cent). Every window tracing is switched with ``runtime.pause()`` (every hook returns at
+once, the flush thread idles) and ``runtime.resume()``, in pairs ordered on/off, off/on, ...
+(ABBA), so a slow drift of the machine hits both conditions alike. Each pair gives one ratio,
+tokens/s traced over tokens/s untraced; the result is the geometric mean of the ratios with a
+95 % confidence interval (t distribution over the log ratios). The store, its compaction
+(``SPECTRACE_COMPACT_INTERVAL``, short here) and the Prometheus exposition run as in production.
+What the paused state still costs (the wrappers' call, ~0.2 µs a step) is measured apart in
+bench/hotpath.py and bench/disabled.py; it is not in this ratio.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def child(request: dict) -> None:
 
     from spectrace.tracer import runtime
 
-    batch, window, pairs = request["batch"], request["window_s"], request["pairs"]
+    batch, cycles, pairs = request["batch"], request["cycles"], request["pairs"]
     llm = LLM(
         model=request["target"], tokenizer=request["target"], dtype="float32", enforce_eager=True,
         max_model_len=512, kv_cache_memory_bytes=256 << 20, disable_log_stats=False, seed=0,
@@ -72,7 +75,8 @@ def child(request: dict) -> None:
     seen: dict[str, int] = {}
     next_id = [0]
 
-    def step_tokens() -> int:
+    def step_tokens() -> tuple[int, bool]:
+        refilled = engine.get_num_unfinished_requests() < batch
         while engine.get_num_unfinished_requests() < batch:
             request_id = str(next_id[0])
             engine.add_request(request_id, prompts[next_id[0] % len(prompts)], params)
@@ -85,43 +89,49 @@ def child(request: dict) -> None:
                 seen.pop(out.request_id, None)
             else:
                 seen[out.request_id] = n
-        return new
+        return new, refilled
 
-    def run_window(traced: bool) -> dict:
+    def run_window(traced: bool, steps: int) -> dict:
         (runtime.resume if traced else runtime.pause)()
-        tokens = steps = 0
+        tokens = 0
         cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
-        end = t0 + window
-        while time.perf_counter() < end:
-            tokens += step_tokens()
-            steps += 1
+        for _ in range(steps):
+            tokens += step_tokens()[0]
         wall = time.perf_counter() - t0
         cpu, main = time.process_time() - cpu0, time.thread_time() - main0
         return {"traced": traced, "tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
                 "engine_thread_cpu_s": main, "background_cpu_s": cpu - main, "tokens_per_s": tokens / wall}
 
+    # warm up, and learn a request's lifetime in steps (the distance between refills)
+    refills, step_no = [], 0
     warm_end = time.perf_counter() + request["warmup_s"]
-    while time.perf_counter() < warm_end:
-        step_tokens()
+    while time.perf_counter() < warm_end or len(refills) < 4:
+        if step_tokens()[1]:
+            refills.append(step_no)
+        step_no += 1
+    gaps = [b - a for a, b in zip(refills[1:], refills[2:])]
+    lifetime = max(set(gaps), key=gaps.count)
+    while not step_tokens()[1]:  # start on a refill
+        pass
     windows = []
     for i in range(pairs):
         order = (True, False) if i % 2 == 0 else (False, True)
-        windows += [dict(run_window(traced), pair=i) for traced in order]
+        windows += [dict(run_window(traced, cycles * lifetime), pair=i) for traced in order]
     runtime.resume()
     rt = runtime.get()
-    out = {"windows": windows, "compactions": getattr(rt.writer, "compactions", None) if rt else None,
+    out = {"windows": windows, "lifetime_steps": lifetime, "compactions": getattr(rt.writer, "compactions", None) if rt else None,
            "dropped": rt.writer.dropped if rt else None, "errors": dict(rt.errors) if rt else None}
     Path(request["out"]).write_text(json.dumps(out))
 
 
-def run(batch: int, *, pairs: int, window: float, quick: bool) -> dict:
+def run(batch: int, *, pairs: int, cycles: int, quick: bool) -> dict:
     from spectrace.testing.models import build_zoo
 
     zoo = build_zoo(SCRATCH / "zoo")
     store = SCRATCH / f"ab-store-{batch}"
     subprocess.run(["rm", "-rf", str(store)], check=False)
     out = SCRATCH / f"ab-{batch}.json"
-    request = {"batch": batch, "window_s": window, "pairs": pairs, "target": str(zoo["target"]), "max_tokens": 200,
+    request = {"batch": batch, "cycles": cycles, "pairs": pairs, "target": str(zoo["target"]), "max_tokens": 200,
                "warmup_s": 5 if quick else 15, "out": str(out)}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
            "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": "10", "SPECTRACE_PROMETHEUS_PORT": "0",
@@ -137,7 +147,9 @@ def run(batch: int, *, pairs: int, window: float, quick: bool) -> dict:
     for w in result["windows"]:
         by_pair.setdefault(w["pair"], {})[w["traced"]] = w["tokens_per_s"]
     ratios = [p[True] / p[False] for p in by_pair.values() if True in p and False in p and p[False] > 0]
-    return {"batch": batch, "k": 3, "window_s": window, "load_before": load, "load_after": loadavg(),
+    walls = [w["wall_s"] for w in result["windows"]]
+    return {"batch": batch, "k": 3, "window_lifetimes": cycles, "window_s_median": statistics.median(walls),
+            "load_before": load, "load_after": loadavg(),
             **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
             "windows": result["windows"]}
 
@@ -148,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batches", type=int, nargs="*", default=[16, 64])
     parser.add_argument("--pairs", type=int, default=40)
-    parser.add_argument("--window", type=float, default=3.0)
+    parser.add_argument("--cycles", type=int, default=2, help="request lifetimes per window")
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
@@ -156,9 +168,9 @@ def main(argv=None) -> int:
     pairs = 6 if args.quick else args.pairs
     results = []
     for batch in args.batches:
-        r = run(batch, pairs=pairs, window=args.window, quick=args.quick)
+        r = run(batch, pairs=pairs, cycles=args.cycles, quick=args.quick)
         print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
-              f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {args.window:.0f} s windows), "
+              f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows), "
               f"load {r['load_before']} -> {r['load_after']}", flush=True)
         results.append(r)
     write_result("ab_windows", {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
