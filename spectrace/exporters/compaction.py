@@ -128,7 +128,9 @@ def run_folders(root: Path):
 
 
 def _read(seg: Segment) -> pa.Table:
-    return pq.read_table(seg.path)
+    # one file, on this thread: a third of read_table's CPU for the small raw segments
+    with pa.OSFile(str(seg.path)) as source:
+        return pq.ParquetFile(source).read(use_threads=False)
 
 
 def _write(folder: Path, name: str, parts: list[pa.Table]) -> Path:
@@ -161,15 +163,20 @@ class Compactor:
     ``owns(segment)`` says which files this compactor may merge and delete: a process's
     own files (the engine's flush thread), or the files of writers that are gone
     (``spectrace store compact``). ``closed(hour, now)`` says whether an hour can get no
-    more segments from those writers.
+    more segments from those writers. ``cache`` maps a raw segment's path to the Arrow table
+    its writer wrote there (the engine's writer keeps them until its next cycle), so merging
+    one of them reads nothing back from disk.
     """
 
-    def __init__(self, root: Path, owns, *, closed=None, ready_s: float = READY_S, clock=time.time_ns) -> None:
+    def __init__(
+        self, root: Path, owns, *, closed=None, ready_s: float = READY_S, clock=time.time_ns, cache=None
+    ) -> None:
         self.root = Path(root)
         self.clock = clock  # ns; names the files (``made``) and is "now" for a cycle
         self.owns = owns
         self.closed = closed or (lambda hour, now_ns: (hour + 1) * HOUR_NS <= now_ns)
         self.ready_s = ready_s
+        self.cache: dict[Path, pa.Table] = cache if cache is not None else {}
 
     def cycle(self, now_ns: int | None = None) -> CycleResult:
         result = CycleResult()
@@ -234,7 +241,7 @@ class Compactor:
                 continue
             inputs = sorted(inputs, key=lambda s: s.lo)
             try:
-                tables = [_read(s) for s in inputs]
+                tables = [self.cache.get(s.path) or _read(s) for s in inputs]
             except FileNotFoundError:
                 continue  # removed meanwhile (retention, cap): next cycle
             lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)

@@ -113,6 +113,8 @@ def _split_by_run(columns: dict[str, Any], n: int) -> list[tuple[dict[str, Any],
 class SegmentWriter:
     """Buffers rows per table and writes them as Parquet segments in the background."""
 
+    RECENT_ROWS = 500_000  # rows of written segments kept for the next compaction cycle
+
     def __init__(
         self,
         root: Path,
@@ -158,6 +160,11 @@ class SegmentWriter:
         self.compactions = 0
         self.compaction_cpu_s = 0.0
         self.compaction_errors = 0
+        # the raw segments written since the last cycle, as written: the cycle merges them
+        # without reading them back (bounded; beyond it the cycle reads them from disk)
+        self._recent: dict[Path, pa.Table] = {}
+        self._recent_rows = 0
+        self._folders: set[Path] = set()  # run folders known to exist
 
     # -- hot side -------------------------------------------------------------
 
@@ -240,6 +247,7 @@ class SegmentWriter:
                 lambda seg: seg.writer == key and start <= seg.lo and seg.hi <= newest,
                 closed=lambda hour, _: (hour + 1) * compaction.HOUR_NS <= now,
                 clock=self.clock,
+                cache=self._recent,
             )
             if self.retention_s:  # before merging: nothing is merged only to be removed
                 expired = compaction.expire(self.root, self.clock() - int(self.retention_s * 1e9))
@@ -259,6 +267,7 @@ class SegmentWriter:
             if self.compaction_errors == 1:
                 log.exception("spectrace: compacting the store at %s failed (vLLM is unaffected)", self.root)
         finally:
+            self._recent, self._recent_rows = {}, 0  # merged now, or read from disk next time
             self.compaction_cpu_s += time.thread_time() - cpu
 
     def close(self) -> None:
@@ -398,6 +407,20 @@ class SegmentWriter:
         parts += [columns_to_arrow(table, columns, n) for columns, n in column_sets]
         return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
+    def _write_file(self, folder: Path, tmp: Path, arrow: pa.Table) -> None:
+        for attempt in (1, 2):
+            if folder not in self._folders:
+                folder.mkdir(parents=True, exist_ok=True)
+                self._folders.add(folder)
+            try:
+                with pa.OSFile(str(tmp), "wb") as sink:  # a third less CPU than a path (no filesystem lookup)
+                    pq.write_table(arrow, sink)
+                return
+            except FileNotFoundError:  # the folder was removed under us (the store deleted): make it again
+                self._folders.discard(folder)
+                if attempt == 2:
+                    raise
+
     def _write(
         self, table: str, run_id: str, rows: list[dict[str, Any]], column_sets: list[tuple[dict[str, Any], int]] = ()
     ) -> bool:
@@ -424,9 +447,12 @@ class SegmentWriter:
         name = f"{self.host}-{os.getpid()}-{self._last_t}-{self._seq:06d}.parquet"
         tmp = folder / f".{name}.tmp"
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            pq.write_table(arrow if self.sinks else self._arrow(table, rows, column_sets), tmp)
+            arrow = arrow if self.sinks else self._arrow(table, rows, column_sets)
+            self._write_file(folder, tmp, arrow)
             os.replace(tmp, folder / name)
+            if self.compact_interval_s and self._recent_rows + arrow.num_rows <= self.RECENT_ROWS:
+                self._recent[folder / name] = arrow
+                self._recent_rows += arrow.num_rows
             if self.max_bytes and self._store_bytes >= 0:
                 self._store_bytes += (folder / name).stat().st_size
         except Exception as exc:
