@@ -42,11 +42,16 @@ def _query(store: Path) -> dict:
     return json.loads(out.stdout)[0]
 
 
-def _poll_queries(store: Path, stop: threading.Event, seen: list[dict]) -> None:
-    while not stop.is_set():
-        if any(store.glob("verify_counts/*/*.parquet")):
-            seen.append(_query(store))
-        time.sleep(0.1)
+def _poll_queries(store: Path, stop: threading.Event, seen: list[dict], errors: list[Exception]) -> None:
+    """`spectrace query` again and again until ``stop``; what goes wrong lands in ``errors``
+    (an exception in a thread would only be a warning), and the polling stops there."""
+    try:
+        while not stop.is_set():
+            if any(store.glob("verify_counts/*/*.parquet")):
+                seen.append(_query(store))
+            time.sleep(0.1)
+    except Exception as exc:  # handed to the test, which fails on it
+        errors.append(exc)
 
 
 def _prefix_sums_hold(store: Path, seen: list[dict]) -> None:
@@ -83,8 +88,9 @@ def _matches_vllm(store: Path, result) -> None:
 def test_queries_while_the_engine_compacts_count_each_row_once(zoo, scratch, cache_root):
     store = scratch / "compacting-store"
     seen: list[dict] = []
+    errors: list[Exception] = []
     stop = threading.Event()
-    poller = threading.Thread(target=_poll_queries, args=(store, stop, seen), daemon=True)
+    poller = threading.Thread(target=_poll_queries, args=(store, stop, seen, errors), daemon=True)
     poller.start()
     try:
         # ~25 s of generation then 25 s more alive: parts become ready, their inputs are deleted
@@ -95,11 +101,15 @@ def test_queries_while_the_engine_compacts_count_each_row_once(zoo, scratch, cac
     finally:
         stop.set()
         poller.join(timeout=120)
+    assert not poller.is_alive()
+    assert errors == [], errors  # e.g. a query that failed ("Cannot open file ... No such file")
     result = results["compacting"]
     assert result.ok, result.error
     _matches_vllm(store, result)
     _no_duplicate_rows(store)
     assert len(seen) >= 10
+    # the polls counted rows while the engine wrote and compacted, not only an empty store
+    assert sum(answer["drafted"] > 0 for answer in seen) >= 5, seen
     _prefix_sums_hold(store, seen)
     assert seen[-1]["drafted"] == result.metrics["vllm:spec_decode_num_draft_tokens"]
     names = [p.name for p in store.glob("verify_counts/*/*.parquet")]

@@ -19,10 +19,11 @@ ready (raw files always are) and covered by no other ready compacted file of the
 writer in the same folder (``covers``). Rows live in one raw segment and, later, in
 compacted files whose ranges nest, so for any ``now`` exactly one kept file holds a
 row: the widest ready file covering it, else its raw segment. The rule reads only file
-names and ``now`` (fixed for a query), and a file it keeps exists while the query lists
-it: a file is deleted only ``READY_S`` after a file covering it became ready, when no
-rule keeps it any more. The only assumption is that a query lists its files within
-``READY_S`` of its start. Each step of a compaction is one ``os.replace`` or one
+names and ``now`` (the reader lists the files in Python right before each query and hands
+DuckDB that list, so DuckDB never opens a file the rule drops), and a file it keeps exists
+for ``READY_S`` after ``now``: a file is deleted only ``READY_S`` after a file covering it
+became ready, when no rule keeps it any more. The only assumption is that a query opens
+its files within ``READY_S`` of listing them. Each step of a compaction is one ``os.replace`` or one
 ``unlink``, so a process killed anywhere inside one leaves a state the rule reads
 correctly; the next cycle (or ``spectrace store compact``) finishes the work.
 """
@@ -95,11 +96,13 @@ def parse(path: Path) -> Segment | None:
 
 
 def ready(seg: Segment, now_ns: int, ready_s: float = READY_S) -> bool:
-    return seg.kind == "raw" or seg.made <= now_ns - ready_s * 1e9
+    return seg.kind == "raw" or seg.made <= now_ns - int(ready_s * 1e9)
 
 
 def visible(segments: list[Segment], now_ns: int, ready_s: float = READY_S) -> list[Segment]:
-    """The files a query at ``now_ns`` reads (the same rule as the store's views, in Python)."""
+    """The files a query at ``now_ns`` reads of ``segments`` (one folder's, or several): the
+    store's reader keeps these (``spectrace.queries.store.files``), plus any file whose name
+    is neither a raw nor a compacted segment's."""
     covering = [s for s in segments if s.kind != "raw" and ready(s, now_ns, ready_s)]
     by_key: dict[tuple, list[Segment]] = defaultdict(list)
     for s in covering:

@@ -1,20 +1,30 @@
 """The DuckDB store's read side: views over the Parquet segments.
 
-``open(dir)`` returns an in-memory DuckDB connection with one view per table
-(``spectrace.records.TABLES``) plus the derived views in ``views.sql``. Views
-over tables that have segments re-glob on every query, so a long-lived
-connection sees what writers add while the server runs. Every documented view
+``open(dir)`` returns a ``Store``: an in-memory DuckDB connection (every attribute passes
+through) with one view per table (``spectrace.records.TABLES``) plus the derived views in
+``views.sql``. Which files a view reads is chosen in Python, from the file names alone
+(``files``: ``os.scandir`` per folder, no file opened), right before every query, by the
+compaction rule (``spectrace.exporters.compaction``): so a long-lived connection sees what
+writers add while the server runs, each row counts once while files are merged and
+removed, and DuckDB opens only files that are kept, which exist for ``READY_S`` after the
+listing. (DuckDB cannot take the list from a subquery: a filter on ``filename`` is applied
+after it has opened every file a glob lists, deleted ones included.) Every documented view
 exists in every store, empty when nothing was recorded for it.
+
+``open(dir, since=ns)``: tables with a ``ts`` column hold only rows with ``ts >= since``,
+and the files whose name says all their rows are older are never opened (a row is
+recorded before its segment is written and named, by the same host's clock).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import duckdb
 
-from spectrace.exporters.compaction import READY_S
+from spectrace.exporters import compaction
 from spectrace.records import TABLES, columns
 
 
@@ -37,49 +47,58 @@ def _projection(table: str) -> str:
     )
 
 
-def table_sql(root: Path, table: str) -> str:
-    """SELECT for ``table``: its segments (any schema version) with every documented column.
+def _variable(table: str) -> str:
+    return f"spectrace_files_{table}"
 
-    Raw segments, and the part and hour files compaction merges them into
-    (``spectrace.exporters.compaction``), are read by one rule on their names and the
-    query's start time, so a row counts once while files are merged and removed: ready
-    hour files through a file filter DuckDB applies before opening anything, the other
-    files when no ready compacted file of their writer covers them.
+
+def _has_ts(table: str) -> bool:
+    return any(name == "ts" for name, _ in columns(table))
+
+
+def files(root: Path, now_ns: int | None = None, *, since: int | None = None) -> dict[str, list[str]]:
+    """The files a query at ``now_ns`` (default: now) reads, per table, from their names alone.
+
+    One ``os.scandir`` per folder, no file opened. In each run folder, compaction's rule
+    (``compaction.visible``): ready hour files, and raw and part files that no ready
+    compacted file of their writer covers; files named by neither pattern (stores of older
+    spectrace versions) always. A kept file exists for ``READY_S`` after ``now_ns``. With
+    ``since`` (ns), tables with a ``ts`` column leave out the files whose newest time (the
+    name's ``t``, or ``hi``) is before it: a row's ``ts`` is never later than that time.
     """
-    folder = root / table
-    if not any(folder.glob("*/*.parquet")):
-        return f"SELECT {_projection(table)} FROM ({_empty(table)})"
-    pattern = _sql_str(str(folder / "*" / "*.parquet"))
-    now = "epoch_ns(get_current_timestamp())"
-    ready_ns = int(READY_S * 1e9)
-    hour_made = r"CAST(regexp_extract(filename, '-(\d+)\.hour\.parquet$', 1) AS BIGINT)"
-    keep = (
-        f"WITH f AS (SELECT file, regexp_replace(file, '/[^/]*$', '') AS folder, "
-        rf"regexp_extract(regexp_extract(file, '[^/]*$'), '^(.+-\d+)-(\d+)-(\d+)-(\d+)\.(part|hour)\.parquet$', "
-        f"['writer', 'lo', 'hi', 'made', 'kind']) AS c, "
-        rf"regexp_extract(regexp_extract(file, '[^/]*$'), '^(.+-\d+)-(\d+)-\d+\.parquet$', ['writer', 't']) AS r "
-        f"FROM glob({pattern})), "
-        f"s AS (SELECT file, folder, "
-        f"CASE WHEN c.kind <> '' THEN c.kind WHEN r.writer <> '' THEN 'raw' ELSE 'other' END AS kind, "
-        f"CASE WHEN c.kind <> '' THEN c.writer ELSE r.writer END AS writer, "
-        f"CAST(CASE WHEN c.kind <> '' THEN c.lo WHEN r.t <> '' THEN r.t ELSE '0' END AS BIGINT) AS lo, "
-        f"CAST(CASE WHEN c.kind <> '' THEN c.hi WHEN r.t <> '' THEN r.t ELSE '0' END AS BIGINT) AS hi, "
-        f"CAST(CASE WHEN c.kind <> '' THEN c.made ELSE '0' END AS BIGINT) AS made, "
-        f"CASE c.kind WHEN 'hour' THEN 2 WHEN 'part' THEN 1 ELSE 0 END AS rank FROM f), "
-        f"cover AS (SELECT * FROM s WHERE kind IN ('part', 'hour') AND made <= {now} - {ready_ns}) "
-        f"SELECT file FROM s WHERE kind <> 'hour' AND (kind IN ('raw', 'other') OR made <= {now} - {ready_ns}) "
-        f"AND NOT EXISTS (SELECT 1 FROM cover WHERE cover.folder = s.folder AND cover.writer = s.writer "
-        f"AND cover.lo <= s.lo AND s.hi <= cover.hi AND (cover.lo <> s.lo OR cover.hi <> s.hi "
-        f"OR (cover.rank, cover.made, cover.file) > (s.rank, s.made, s.file)))"
-    )
-    scan = f"SELECT * EXCLUDE (filename) FROM read_parquet({pattern}, union_by_name = true, filename = true)"
-    return (
-        f"SELECT {_projection(table)} FROM ("
-        f"{_empty(table)} UNION ALL BY NAME "
-        f"{scan} WHERE filename LIKE '%.hour.parquet' AND {hour_made} <= {now} - {ready_ns} "
-        f"UNION ALL BY NAME "
-        f"{scan} WHERE filename NOT LIKE '%.hour.parquet' AND filename IN ({keep}))"
-    )
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    listing: dict[str, list[str]] = {}
+    for folder in compaction.run_folders(root):
+        table = folder.parent.name
+        if table not in TABLES:
+            continue
+        kept = listing.setdefault(table, [])
+        segments = []
+        for entry in compaction._entries(folder):
+            if entry.name.startswith(".") or not entry.name.endswith(".parquet"):
+                continue  # a write in progress (hidden temporary name), or not a segment
+            seg = compaction.parse(Path(entry.path))
+            if seg is None:
+                kept.append(entry.path)
+            else:
+                segments.append(seg)
+        prune = since is not None and _has_ts(table)
+        kept.extend(str(seg.path) for seg in compaction.visible(segments, now_ns) if not (prune and seg.hi < since))
+    return {table: sorted(paths) for table, paths in listing.items()}
+
+
+def table_sql(table: str, *, has_files: bool = True, since: int | None = None) -> str:
+    """SELECT for ``table`` with every documented column, over its segments of any schema version.
+
+    The files are the list in this connection's variable ``spectrace_files_<table>``
+    (``Store.refresh`` sets it before every query); with ``has_files=False`` none (the view
+    is empty, typed). With ``since``, a table with a ``ts`` column keeps the rows with
+    ``ts >= since``, exactly: the pruning of ``files`` only saves opening the rest.
+    """
+    where = f" WHERE ts >= make_timestamp_ns({int(since)})" if since is not None and _has_ts(table) else ""
+    if not has_files:
+        return f"SELECT {_projection(table)} FROM ({_empty(table)}){where}"
+    scan = f"SELECT * FROM read_parquet(getvariable('{_variable(table)}'), union_by_name = true)"
+    return f"SELECT {_projection(table)} FROM ({_empty(table)} UNION ALL BY NAME {scan}){where}"
 
 
 def derived_views() -> list[tuple[str, str]]:
@@ -93,24 +112,99 @@ def has_data(root: Path) -> bool:
     return any(root.glob("*/*/*.parquet"))
 
 
-def open(root: str | Path = "spectrace-data", *, require_data: bool = True) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with spectrace's views over the store at ``root``."""
+class Store:
+    """A DuckDB connection over the store whose views list the store's files before every query.
+
+    ``execute``, ``sql`` (``query``), ``table`` and ``view`` first call ``refresh``;
+    every other attribute is the DuckDB connection's (``fetchall``, ``description``,
+    ``close``, ...). A context manager (closes on exit). ``cursor()`` gives another
+    ``Store`` on the same database. Not for concurrent use from several threads, like a
+    DuckDB connection.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, root: Path, since: int | None, shapes: dict[str, bool]) -> None:
+        self._con = con
+        self.root = root
+        self.since = since
+        self._shapes = shapes  # per table: its view reads files (True) or is empty; shared by cursors (one catalog)
+        self._listed: dict[str, list[str]] = {}  # per table: this connection's variable
+
+    def refresh(self) -> None:
+        """List the files for a query now (``files``) and point the views at them.
+
+        Sets a table's variable only when its list changed, and replaces a view only when its
+        table gets its first files or loses its last: only then does DuckDB open files here
+        (to bind the new view); the query itself opens the listed files.
+        """
+        listing = files(self.root, since=self.since)
+        for table in TABLES:
+            paths = listing.get(table, [])
+            if paths == self._listed.get(table):
+                continue
+            if paths:  # a literal: a Python list as a parameter converts ~10x slower
+                self._con.execute(f"SET VARIABLE {_variable(table)} = [{', '.join(map(_sql_str, paths))}]::VARCHAR[]")
+            if self._shapes.get(table) != bool(paths):
+                self._con.execute(
+                    f"CREATE OR REPLACE VIEW {table} AS {table_sql(table, has_files=bool(paths), since=self.since)}"
+                )
+                self._shapes[table] = bool(paths)
+            self._listed[table] = paths
+
+    def execute(self, *args, **kwargs):
+        self.refresh()
+        return self._con.execute(*args, **kwargs)
+
+    def sql(self, *args, **kwargs):
+        self.refresh()
+        return self._con.sql(*args, **kwargs)
+
+    query = sql
+
+    def table(self, *args, **kwargs):
+        self.refresh()
+        return self._con.table(*args, **kwargs)
+
+    def view(self, *args, **kwargs):
+        self.refresh()
+        return self._con.view(*args, **kwargs)
+
+    def cursor(self) -> "Store":
+        return Store(self._con.cursor(), self.root, self.since, self._shapes)
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._con, name)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open(root: str | Path = "spectrace-data", *, require_data: bool = True, since: int | None = None) -> Store:
+    """A DuckDB connection (``Store``) with spectrace's views over the store at ``root``.
+
+    ``since`` (ns since the epoch): tables with a ``ts`` column hold only the rows with
+    ``ts >= since``, and files older than it (by name) are never opened.
+    """
     root = Path(root).absolute()
     if not root.is_dir():
         raise StoreError(f"no spectrace store at {root} (set --dir or SPECTRACE_DIR)")
     if require_data and not has_data(root):
         raise StoreError(f"the spectrace store at {root} holds no records yet")
-    con = duckdb.connect(":memory:")
+    store = Store(duckdb.connect(":memory:"), root, since, {})
     try:
-        for table in TABLES:
-            con.execute(f"CREATE VIEW {table} AS {table_sql(root, table)}")
+        store.refresh()
         for name, body in derived_views():
-            con.execute(f"CREATE VIEW {name} AS {body}")
+            store._con.execute(f"CREATE VIEW {name} AS {body}")
     except duckdb.Error as exc:
-        con.close()
+        store.close()
         first = str(exc).strip().splitlines()[0]
         raise StoreError(f"cannot read the spectrace store at {root}: {first}") from None
-    return con
+    return store
 
 
 def view_names() -> list[str]:
