@@ -23,9 +23,9 @@ names and ``now`` (the reader lists the files in Python right before each query 
 DuckDB that list, so DuckDB never opens a file the rule drops), and a file it keeps exists
 for ``READY_S`` after ``now``: a file is deleted only ``READY_S`` after a file covering it
 became ready, when no rule keeps it any more. The only assumption is that a query opens
-its files within ``READY_S`` of listing them. Each step of a compaction is one ``os.replace`` or one
-``unlink``, so a process killed anywhere inside one leaves a state the rule reads
-correctly; the next cycle (or ``spectrace store compact``) finishes the work.
+its files within ``READY_S`` of listing them. Each step of a compaction is one
+``os.replace`` or one ``unlink``, so a process killed anywhere inside one leaves a state
+the rule reads correctly; the next cycle (or ``spectrace store compact``) finishes the work.
 """
 
 from __future__ import annotations
