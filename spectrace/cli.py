@@ -34,13 +34,33 @@ def _jsonable(value: Any) -> Any:
 _CATALOG = re.compile(r"^(ducklake:)?\w+:")
 
 
+def _since_ns(text: str | None) -> int | None:
+    """``--since 30m`` (``90s``, ``1h``, ``7d``, ``2w``) to the time since the epoch, in ns, it starts at."""
+    if text is None:
+        return None
+    from spectrace.queries.lake_cli import duration
+
+    try:
+        seconds = duration(text)
+    except argparse.ArgumentTypeError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise UsageError(f"--since {text!r} is not a duration (e.g. 30m, 1h, 7d)")
+    import time
+
+    return time.time_ns() - int(seconds * 1e9)
+
+
 def _open(args: argparse.Namespace):
     """The store at ``--dir``, or with ``--lake`` the fleet lake (``$SPECTRACE_LAKE`` by default)."""
     from spectrace.queries.store import StoreError, open as open_store
 
+    since = _since_ns(getattr(args, "since", None))
     try:
         if args.lake is None:
-            return open_store(args.dir)
+            return open_store(args.dir, since=since)
+        if since is not None:
+            raise UsageError("--since reads the store at --dir; over the lake, filter on ts in the SQL")
         from spectrace.queries import lake
         from spectrace.queries.lake_cli import default_catalog
 
@@ -114,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--named", help="run one of spectrace's named queries instead of SQL")
     query.add_argument("--dir", default=_default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
     query.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    query.add_argument(
+        "--since", metavar="DURATION",
+        help="only rows recorded in the last DURATION (30m, 1h, 7d): tables with a ts column; older files are not read",
+    )
     query.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=_LAKE_HELP)
     query.set_defaults(func=cmd_query)
 

@@ -267,3 +267,36 @@ def test_a_query_never_opens_files_a_ready_compacted_file_covers(tmp_path):
     assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 23
     con.close()
 
+
+def test_since_reads_only_the_files_of_the_time_asked(tmp_path, capsys):
+    now = time.time_ns()
+    clock = Clock(now - 3 * 3600 * SEC)
+    writer = _writer(tmp_path, clock)
+    _flush(writer, clock, "old", 5, drafted=100)  # three hours ago
+    clock.now = now - 65 * 60 * SEC
+    _flush(writer, clock, "new", 5, drafted=10)  # 65 minutes ago
+    clock.now = now - 10 * 60 * SEC
+    _flush(writer, clock, "new", 5)  # ten minutes ago
+    made = lambda: time.time_ns() - 25 * SEC  # noqa: E731
+    # one ready part per run: run=new's straddles the hour asked (rows before it are not counted)
+    compaction.Compactor(tmp_path, lambda s: True, closed=lambda h, n: False, clock=made).cycle()
+    for path in (tmp_path / "verify_counts" / "run=old").glob("*.parquet"):
+        path.write_bytes(b"older than --since: never opened")
+    since = now - 3600 * SEC
+    with spectrace.store.open(tmp_path, since=since) as con:
+        assert con.execute("select sum(drafted), count(*) from verify_counts").fetchone() == (5, 5)
+        assert con.execute("select drafted from acceptance_by_position where run_id = 'old'").fetchall() == []
+        assert con.execute("select count(*) from spans").fetchone() == (15,)  # no ts column: every row
+    with spectrace.store.open(tmp_path, since=now - 2 * 3600 * SEC) as con:
+        assert con.execute("select sum(drafted) from verify_counts").fetchone() == (55,)
+
+    assert main(["query", "--dir", str(tmp_path), "--since", "1h", "--format", "json",
+                 "select sum(drafted) as d, count(*) as n from verify_counts"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"d": 5, "n": 5}]
+    assert main(["query", "--dir", str(tmp_path), "--since", "90m", "--format", "json",
+                 "select sum(drafted) as d from verify_counts"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"d": 55}]
+    for bad in ("yesterday", "-1h", "0", "1y"):
+        assert main(["query", "--dir", str(tmp_path), f"--since={bad}", "select 1"]) == 2
+        err = capsys.readouterr().err
+        assert "--since" in err and "e.g. 30m, 1h, 7d" in err and "Traceback" not in err, err
