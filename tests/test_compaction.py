@@ -300,3 +300,27 @@ def test_since_reads_only_the_files_of_the_time_asked(tmp_path, capsys):
         assert main(["query", "--dir", str(tmp_path), f"--since={bad}", "select 1"]) == 2
         err = capsys.readouterr().err
         assert "--since" in err and "e.g. 30m, 1h, 7d" in err and "Traceback" not in err, err
+
+
+def test_visible_is_covers_asked_of_every_pair():
+    """The reader's fast rule equals its definition: ready, and covered by no ready compacted file."""
+    import random
+
+    rng = random.Random(7)
+    now = 10**12
+    for trial in range(300):
+        segments = []
+        for i in range(rng.randint(1, 30)):
+            kind = rng.choice(["raw", "raw", "part", "hour"])
+            lo = rng.randint(0, 12)
+            hi = lo if kind == "raw" else lo + rng.randint(0, 6)
+            made = hi if kind == "raw" else now - rng.choice([0, 5, 10, 15, 25]) * SEC
+            folder = Path(rng.choice(["/s/t/run=a", "/s/t/run=b"]))
+            writer = rng.choice(["h-1", "h-2"])
+            name = f"{writer}-{lo}-{i}.parquet" if kind == "raw" else f"{writer}-{lo}-{hi}-{made + i}.{kind}.parquet"
+            segments.append(compaction.Segment(folder / name, writer, kind, lo, hi, made))
+        expected = [
+            s for s in segments
+            if compaction.ready(s, now) and not any(c.covers(s) for c in segments if compaction.ready(c, now))
+        ]
+        assert compaction.visible(segments, now) == expected, trial
