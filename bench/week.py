@@ -9,7 +9,10 @@ compaction cycle (every 60 simulated seconds, as `SPECTRACE_COMPACT_INTERVAL` de
 measures the raw files per hour and the compaction CPU per hour. The rest of the week is
 those compacted hours again, shifted in time (rows and names), so the week's compacted store
 is what compaction writes; today's layout for the week is the measured raw hour times 168
-(files and bytes), its query time measured over the raw hours it has.
+(files and bytes), its query time measured over the raw hours it has. The last-hour queries
+run as `spectrace query --since 1h` does (``open(since=...)``: the files older than the hour
+are not handed to DuckDB; `EXPLAIN ANALYZE` counts the files read), and, for comparison,
+with the `ts` predicate alone over every file.
 
     .venv/bin/python -m bench.week [--quick]
 """
@@ -32,6 +35,7 @@ import pyarrow.parquet as pq
 from bench.common import SCRATCH, loadavg, write_result
 from spectrace.exporters import compaction
 from spectrace.exporters.segments import SegmentWriter
+from spectrace.queries.store import files as store_files
 from spectrace.queries.store import open as open_store
 
 HOUR = compaction.HOUR_NS
@@ -93,6 +97,11 @@ def _time(con, sql: str, reps: int = 5) -> tuple[float, float, list]:
         rows = con.execute(sql).fetchall()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), times[0], rows
+
+
+def _files_read(plan: str) -> int:
+    """Files the scans of an ``EXPLAIN ANALYZE`` opened."""
+    return sum(int(n.replace(",", "")) for n in re.findall(r"Total Files Read: ([\d,]+)", plan))
 
 
 def simulate(root: Path, hours: float, start_ns: int, seed: int = 0) -> dict:
@@ -188,7 +197,8 @@ def main(argv=None) -> int:
     raw_files, raw_bytes = _files(raw_root)
     raw_sim_s = time.time() - raw_sim_t0
 
-    last_hour = f"and ts >= make_timestamp_ns({end - HOUR})"
+    since = end - HOUR
+    last_hour = f"and ts >= make_timestamp_ns({since})"
     con_c, con_r = open_store(compacted_root), open_store(raw_root)
     result = {"hours_simulated": hours, "batch": BATCH, "k": K, "steps_per_s": STEPS_PER_S, "step_sample": SAMPLE,
               "load_before": load0, "simulate_s": round(simulated_s, 1), "raw_simulate_s": round(raw_sim_s, 1),
@@ -200,20 +210,42 @@ def main(argv=None) -> int:
     result["compacted"] = {"files_week": week_files, "bytes_week": week_bytes, "files_per_hour": hour_files}
     result["raw"] = {"files_hour": raw_files * per_hour, "bytes_hour": raw_bytes * per_hour,
                      "files_week": raw_files * per_hour * WEEK_H, "bytes_week": raw_bytes * per_hour * WEEK_H}
+    # the reader lists the store's files (names only) before every query: its cost on the week
+    listings = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        store_files(compacted_root)
+        listings.append(time.perf_counter() - t0)
+    result["listing_week_s"] = statistics.median(listings)
     queries = {}
     for name, sql in (("by_position", BY_POSITION), ("by_context", BY_CONTEXT)):
         week_t, week_cold, week_rows = _time(con_c, sql.format(where=""))
-        hour_t, hour_cold, hour_rows = _time(con_c, sql.format(where=last_hour))
+        # the last hour as `spectrace query --since 1h` runs it: files older than the hour are not listed
+        # (a fresh connection, so its first run is cold); the ts predicate stays
+        with open_store(compacted_root, since=since) as con_h:
+            hour_t, hour_cold, hour_rows = _time(con_h, sql.format(where=last_hour))
+        all_t, all_cold, all_rows = _time(con_c, sql.format(where=last_hour))
         raw_t, raw_cold, raw_rows = _time(con_r, sql.format(where=""), reps=3)
         queries[name] = {"compacted_week_s": week_t, "compacted_week_cold_s": week_cold,
                          "compacted_last_hour_s": hour_t, "compacted_last_hour_cold_s": hour_cold,
+                         "compacted_last_hour_without_since_s": all_t, "compacted_last_hour_without_since_cold_s": all_cold,
                          "raw_simulated_hours_s": raw_t, "raw_simulated_hours_cold_s": raw_cold,
                          "last_hour_equals_raw": hour_rows == raw_rows,
+                         "last_hour_same_without_since": all_rows == hour_rows,
                          "week_is_168_hours": [r[-2] for r in week_rows] == [r[-2] * WEEK_H / hours for r in raw_rows]
                          if hours == 1.0 else None}
     result["queries"] = queries
-    plan = con_c.execute("explain analyze " + BY_POSITION.format(where=last_hour)).fetchall()[0][1]
-    scans = re.findall(r"Scanning Files: (\d+)/(\d+)|(\d[\d,]*) rows", plan)
+    with open_store(compacted_root, since=since) as con_h:
+        plan = con_h.execute("explain analyze " + BY_POSITION.format(where=last_hour)).fetchall()[0][1]
+    plan_without = con_c.execute("explain analyze " + BY_POSITION.format(where=last_hour)).fetchall()[0][1]
+    last_hour_files = sorted(Path(p).name for p in store_files(compacted_root, since=since)["verify_counts"])
+    result["last_hour_files"] = {
+        "verify_counts_files": sum(1 for _ in (compacted_root / "verify_counts").glob("*/*.parquet")),
+        "listed_with_since": last_hour_files,
+        "read_with_since": _files_read(plan),  # EXPLAIN ANALYZE: Total Files Read
+        "read_without_since": _files_read(plan_without),
+        "all_of_the_last_hour": all(compaction.parse(Path(n)).lo >= since for n in last_hour_files),
+    }
     result["last_hour_plan_excerpt"] = [line.strip("│ ").strip() for line in plan.splitlines()
                                         if re.search(r"Scanning Files|Total Files Read|rows|File Filters|Filters", line)][:40]
     result["load_after"] = loadavg()
