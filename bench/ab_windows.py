@@ -1,7 +1,8 @@
 """What tracing costs the engine, resolved: one engine, tracing switched off and on in short windows.
 
-    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64
+    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64, 80 pairs each (~35 min)
     .venv/bin/python -m bench.ab_windows --quick             # a smoke run
+    .venv/bin/python -m bench.ab_windows --compact-interval 10   # compaction six times as often
 
 Method. One engine (a tiny Qwen3 target with itself as draft_model drafter, k 3, so every step
 verifies a full batch of drafts) with spectrace's hooks installed, in one process (frontend,
@@ -15,7 +16,8 @@ once, the flush thread idles) and ``runtime.resume()``, in pairs ordered on/off,
 (ABBA), so a slow drift of the machine hits both conditions alike. Each pair gives one ratio,
 tokens/s traced over tokens/s untraced; the result is the geometric mean of the ratios with a
 95 % confidence interval (t distribution over the log ratios). The store, its compaction
-(``SPECTRACE_COMPACT_INTERVAL``, short here) and the Prometheus exposition run as in production.
+(``SPECTRACE_COMPACT_INTERVAL``, the production default unless ``--compact-interval``) and the
+Prometheus exposition run as in production.
 What the paused state still costs (the wrappers' call, ~0.2 µs a step) is measured apart in
 bench/hotpath.py and bench/disabled.py; it is not in this ratio.
 """
@@ -124,7 +126,7 @@ def child(request: dict) -> None:
     Path(request["out"]).write_text(json.dumps(out))
 
 
-def run(batch: int, *, pairs: int, cycles: int, quick: bool) -> dict:
+def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, quick: bool) -> dict:
     from spectrace.testing.models import build_zoo
 
     zoo = build_zoo(SCRATCH / "zoo")
@@ -134,7 +136,7 @@ def run(batch: int, *, pairs: int, cycles: int, quick: bool) -> dict:
     request = {"batch": batch, "cycles": cycles, "pairs": pairs, "target": str(zoo["target"]), "max_tokens": 200,
                "warmup_s": 5 if quick else 15, "out": str(out)}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
-           "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": "10", "SPECTRACE_PROMETHEUS_PORT": "0",
+           "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": str(compact_interval), "SPECTRACE_PROMETHEUS_PORT": "0",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": str(SCRATCH / "vllm-cache"), "PYTHONPATH": str(REPO)}
     load = loadavg()
@@ -148,7 +150,7 @@ def run(batch: int, *, pairs: int, cycles: int, quick: bool) -> dict:
         by_pair.setdefault(w["pair"], {})[w["traced"]] = w["tokens_per_s"]
     ratios = [p[True] / p[False] for p in by_pair.values() if True in p and False in p and p[False] > 0]
     walls = [w["wall_s"] for w in result["windows"]]
-    return {"batch": batch, "k": 3, "window_lifetimes": cycles, "window_s_median": statistics.median(walls),
+    return {"batch": batch, "k": 3, "window_lifetimes": cycles, "compact_interval_s": compact_interval, "window_s_median": statistics.median(walls),
             "load_before": load, "load_after": loadavg(),
             **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
             "windows": result["windows"]}
@@ -159,8 +161,10 @@ def main(argv=None) -> int:
     parser.add_argument("--child")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batches", type=int, nargs="*", default=[16, 64])
-    parser.add_argument("--pairs", type=int, default=40)
-    parser.add_argument("--cycles", type=int, default=2, help="request lifetimes per window")
+    parser.add_argument("--pairs", type=int, default=80)
+    parser.add_argument("--cycles", type=int, default=3, help="request lifetimes per window")
+    parser.add_argument("--compact-interval", type=float, default=60.0,
+                        help="SPECTRACE_COMPACT_INTERVAL of the traced engine (default: the production default, 60 s)")
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
@@ -168,9 +172,10 @@ def main(argv=None) -> int:
     pairs = 6 if args.quick else args.pairs
     results = []
     for batch in args.batches:
-        r = run(batch, pairs=pairs, cycles=args.cycles, quick=args.quick)
+        r = run(batch, pairs=pairs, cycles=args.cycles, compact_interval=args.compact_interval, quick=args.quick)
         print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
-              f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows), "
+              f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows, "
+              f"{r['compactions']} compaction cycles), "
               f"load {r['load_before']} -> {r['load_after']}", flush=True)
         results.append(r)
     write_result("ab_windows", {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
