@@ -297,9 +297,19 @@ def backfilled_prometheus(tmp_path):
     backfill = tmp_path / "recording.yaml"
     backfill.write_text(to_yaml({"groups": [recording]}))
     with PrometheusServer(workdir, targets=[], interval="1s") as raw:
-        result = _promtool("tsdb", "create-blocks-from", "rules", f"--start={end - 26 * 3600}", f"--end={end}",
-                           f"--url=http://127.0.0.1:{raw.port}", f"--output-dir={tmp_path / 'recorded'}", str(backfill))
-    assert result.returncode == 0, result.stdout + result.stderr
+        # under load the server can answer before it serves the backfilled blocks; promtool then
+        # evaluates the rules over nothing and writes no block (exit 0): wait for the history first
+        deadline = time.monotonic() + 60
+        while not raw.api("query", query='count({__name__=~"spectrace_verify_.*_total"})', time=end)["result"]:
+            assert time.monotonic() < deadline, "the backfilled history never became queryable"
+            time.sleep(0.5)
+        for _ in range(3):
+            result = _promtool("tsdb", "create-blocks-from", "rules", f"--start={end - 26 * 3600}", f"--end={end}",
+                               f"--url=http://127.0.0.1:{raw.port}", f"--output-dir={tmp_path / 'recorded'}", str(backfill))
+            assert result.returncode == 0, result.stdout + result.stderr
+            if (tmp_path / "recorded").is_dir() and any((tmp_path / "recorded").iterdir()):
+                break
+    assert (tmp_path / "recorded").is_dir(), "promtool wrote no recorded block: " + result.stdout + result.stderr
     for block in (tmp_path / "recorded").iterdir():
         shutil.move(str(block), str(workdir / "data" / block.name))
     rules = tmp_path / "rules.yaml"

@@ -66,7 +66,7 @@ def test_otlp_black_hole_then_recovery(zoo, scratch, cache_root, untraced_method
     hole.bind(("127.0.0.1", port))
     hole.listen(64)  # accepts connections (kernel backlog), never reads or replies
     results = {}
-    spec = _seeded(zoo, linger_s=8.0)
+    spec = _seeded(zoo, linger_s=14.0)  # 6 s in the hole, then time to recover
     worker = threading.Thread(
         target=lambda: results.update(run_engines(
             [spec], store=store, cache_root=cache_root, log_file=log,
@@ -77,6 +77,10 @@ def test_otlp_black_hole_then_recovery(zoo, scratch, cache_root, untraced_method
     deadline = time.time() + 240
     while time.time() < deadline and not list(store.glob("verify_counts/*/*.parquet")):
         time.sleep(0.2)
+    # keep the hole for a few export timeouts (2 s each, one export every 0.5 s): under load the
+    # first export can come well after the first segment; closed too early, nothing fails and so
+    # nothing recovers (the log is only written when the engine exits)
+    time.sleep(6)
     hole.close()
     with OtlpReceiver(http_port=port) as receiver:
         worker.join(timeout=300)
@@ -86,6 +90,7 @@ def test_otlp_black_hole_then_recovery(zoo, scratch, cache_root, untraced_method
     assert result.tokens == untraced_methods["seeded"].tokens
     assert _counts_match_vllm(store, result)
     assert received, "no metrics reached the receiver after the endpoint came back"
+    assert _log_lines(log, "is failing"), "no export hung in the black hole"
     assert _log_lines(log, "export recovered")
 
 
