@@ -150,23 +150,20 @@ class Store:
                 self._shapes[table] = bool(paths)
             self._listed[table] = paths
 
-    def execute(self, *args, **kwargs):
-        self.refresh()
-        return self._con.execute(*args, **kwargs)
+    def _refreshed(name: str):
+        def method(self, *args, **kwargs):
+            self.refresh()
+            return getattr(self._con, name)(*args, **kwargs)
 
-    def sql(self, *args, **kwargs):
-        self.refresh()
-        return self._con.sql(*args, **kwargs)
+        method.__name__ = name
+        method.__doc__ = f"``refresh``, then the DuckDB connection's ``{name}``."
+        return method
 
-    query = sql
-
-    def table(self, *args, **kwargs):
-        self.refresh()
-        return self._con.table(*args, **kwargs)
-
-    def view(self, *args, **kwargs):
-        self.refresh()
-        return self._con.view(*args, **kwargs)
+    execute = _refreshed("execute")
+    sql = query = _refreshed("sql")
+    table = _refreshed("table")
+    view = _refreshed("view")
+    del _refreshed
 
     def cursor(self) -> "Store":
         return Store(self._con.cursor(), self.root, self.since, self._shapes)
