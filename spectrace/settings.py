@@ -52,7 +52,7 @@ class Settings:
     dir: Path = Path("spectrace-data")
     run_id: str | None = None
     exporters: tuple[str, ...] = ("duckdb", "prometheus")
-    flush_interval_s: float = 1.0
+    flush_interval_s: float = 2.0
     max_buffer_rows: int = 200_000
     step_sample: float = 1.0
     span_every_steps: int = 100
@@ -93,7 +93,7 @@ class Settings:
             dir=Path(env.get("SPECTRACE_DIR") or "spectrace-data").absolute(),
             run_id=env.get("SPECTRACE_RUN_ID") or None,
             exporters=exporters,
-            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", 1.0),
+            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", 2.0),
             max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", 200_000, int),
             step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", 1.0),
             span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", 100, int),

@@ -194,11 +194,12 @@ def test_cap_is_checked_at_the_cycle_and_when_own_writes_may_cross_it(tmp_path):
     writer.enforce_cap = lambda **kw: (calls.append(1), original(**kw))
     _flush(writer, clock, "r1", 3)
     assert len(calls) == 1  # the first flush scans once; under the cap, the next flushes do not list the store
-    writer._cap_checked = time.time() - 6  # past the 5-flush spacing, not the once-a-minute rescan
+    past_spacing = 6 * writer.flush_interval_s  # past the 5-flush spacing, not the once-a-minute rescan
+    writer._cap_checked = time.time() - past_spacing
     _flush(writer, clock, "r1", 3)
     assert len(calls) == 1
     writer._store_bytes = 2 * 10**9  # own writes crossed the cap: scan
-    writer._cap_checked = time.time() - 6
+    writer._cap_checked = time.time() - past_spacing
     _flush(writer, clock, "r1", 1)
     assert len(calls) == 2
 

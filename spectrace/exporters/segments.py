@@ -120,7 +120,7 @@ class SegmentWriter:
         root: Path,
         *,
         host: str,
-        flush_interval_s: float = 1.0,
+        flush_interval_s: float = 2.0,
         max_buffer_rows: int = 200_000,
     ) -> None:
         self.root = Path(root)
