@@ -325,3 +325,20 @@ def test_visible_is_covers_asked_of_every_pair():
             if compaction.ready(s, now) and not any(c.covers(s) for c in segments if compaction.ready(c, now))
         ]
         assert compaction.visible(segments, now) == expected, trial
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]])
+def test_merged_file_is_in_time_order(tmp_path, order):
+    """A merge sorts by ts only when its parts are out of order; either way the file is in time order."""
+    parts = [pa.table({"ts": pa.array([10 * i + j for j in range(3)], pa.timestamp("ns")), "v": [i] * 3}) for i in order]
+    path = compaction._write(tmp_path, "m.parquet", parts)
+    merged = pq.read_table(path)
+    ts = merged["ts"].cast(pa.int64()).to_pylist()
+    assert ts == sorted(ts) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+    assert merged.num_rows == 9
+    import duckdb
+
+    assert duckdb.sql(f"select count(*), min(ts) < max(ts) from read_parquet('{path}')").fetchone() == (9, True)
+    assert compaction._time_ordered(pa.chunked_array([[1, 1, 2], [2, 5]])) is True
+    assert compaction._time_ordered(pa.chunked_array([[1, 3], [2]])) is False
+    assert compaction._time_ordered(pa.chunked_array([[7]])) is True

@@ -41,6 +41,7 @@ from itertools import accumulate
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 log = logging.getLogger("vllm.spectrace")
@@ -175,13 +176,27 @@ def _read(seg: Segment) -> pa.Table:
         return pq.ParquetFile(source).read(use_threads=False)
 
 
+# pyarrow's default codec (snappy): lz4 and zstd level 1 cost as much or more per cycle here
+WRITE_OPTIONS = {"row_group_size": 256 * 1024}
+
+
+def _time_ordered(ts: pa.ChunkedArray) -> bool:
+    """Whether ``ts`` never decreases: merged in name order, a writer's segments almost always are."""
+    if len(ts) < 2:
+        return True
+    return bool(pc.all(pc.greater_equal(ts.slice(1), ts.slice(0, len(ts) - 1))).as_py())
+
+
 def _write(folder: Path, name: str, parts: list[pa.Table]) -> Path:
     table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
-    if "ts" in table.column_names:  # time order: row-group statistics on ts prune well
+    # time order: row-group statistics on ts prune well. Sorted only when it is not already (a
+    # writer's segments, merged in name order, almost always are): 2.5 ms of a 21 ms cycle at batch
+    # 64, and ~170 ms the first time a process sorts at all (Arrow sets its sort kernels up)
+    if "ts" in table.column_names and not _time_ordered(table["ts"]):
         table = table.sort_by("ts")
     tmp = folder / f".{name}.tmp"
     try:
-        pq.write_table(table, tmp, row_group_size=256 * 1024)
+        pq.write_table(table, tmp, **WRITE_OPTIONS)
         os.replace(tmp, folder / name)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -125,20 +125,24 @@ class VerifyCapture:
             step_rows = []
             batch: list[tuple[int, int, int]] = []
             batch_ids: list[str] = []
+            # the loop below runs once per request-step, holding the GIL the engine thread needs:
+            # every lookup that does not depend on the request is made once per step
+            rows_of_run, accepted_of_run = draft_rows[run_id], draft_accepted[run_id]
+            sampled_rows = len(sampled_lens) if sampled_lens is not None else 0
             for req_id, draft_ids in drafts.items():
                 index = row_of.get(req_id)
                 if index is None or not draft_ids:
                     continue
-                generated = sampled_lens[index] if sampled_lens is not None and index < len(sampled_lens) else 0
+                generated = sampled_lens[index] if index < sampled_rows else 0
                 if not generated and num_sampled != 0:
                     continue
-                drafted = len(draft_ids) - (invalid.get(req_id, 0) if invalid else 0)
-                accepted = max(generated - num_sampled, 0)
+                drafted = len(draft_ids) - invalid.get(req_id, 0) if invalid else len(draft_ids)
+                accepted = generated - num_sampled if generated > num_sampled else 0
                 ctx = int(context.get(req_id, -1))
                 batch.append((drafted, accepted, ctx))
                 batch_ids.append(req_id)
-                draft_rows[run_id].append(draft_ids)
-                draft_accepted[run_id].append(accepted)
+                rows_of_run.append(draft_ids)
+                accepted_of_run.append(accepted)
                 if sample_all or self._rng.random() < settings.step_sample:
                     # a tuple, not a dict per row; without token ids it holds only ints and a str,
                     # so the garbage collector stops tracking it (no full collections from the drain)
@@ -191,14 +195,17 @@ class VerifyCapture:
             if row_of is None:  # V2 model runner: drafts per row, aligned with the sampled rows
                 pairs = zip(drafts, valid_lens)
             else:  # V1: request id -> draft token ids, and request id -> row
-                pairs = (
-                    (len(draft_ids), valid_lens[row_of[req_id]])
-                    for req_id, draft_ids in drafts.items()
-                    if row_of.get(req_id) is not None and row_of[req_id] < len(valid_lens)
-                )
+                rows, get_row = len(valid_lens), row_of.get
+                pairs = []
+                for req_id, draft_ids in drafts.items():
+                    row = get_row(req_id)
+                    if row is not None and row < rows:
+                        pairs.append((len(draft_ids), valid_lens[row]))
+            out = per_key[(run_id, rank)]
             for drafted, generated in pairs:
                 if drafted and generated:
-                    per_key[(run_id, rank)].append((int(drafted), max(generated - 1, 0), -1))
+                    out.append((int(drafted), generated - 1 if generated > 1 else 0, -1))
+        per_key = {key: batch for key, batch in per_key.items() if batch}
         for (run_id, rank), batch in per_key.items():
             self._count(rt, WORKER, run_id, rank, batch)
         return {key: (len(batch), sum(a for _, a, _ in batch) + len(batch)) for key, batch in per_key.items()}
