@@ -1,8 +1,9 @@
 """What tracing costs the engine, resolved: one engine, tracing switched off and on in short windows.
 
-    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64, 80 pairs each (~35 min)
+    .venv/bin/python -m bench.ab_windows                     # batch 16 and 64, 200 pairs each (~35 min)
     .venv/bin/python -m bench.ab_windows --quick             # a smoke run
     .venv/bin/python -m bench.ab_windows --compact-interval 10   # compaction six times as often
+    .venv/bin/python -m bench.ab_windows --flush-interval 1      # a SPECTRACE_FLUSH_INTERVAL other than the default
 
 Method. One engine (a tiny Qwen3 target with itself as draft_model drafter, k 3, so every step
 verifies a full batch of drafts) with spectrace's hooks installed, in one process (frontend,
@@ -11,13 +12,17 @@ worst case). The engine is kept full (requests topped up every step, ``ignore_eo
 without pause. A window is a whole number of request lifetimes (``--cycles``: the requests
 start and finish together, so a window of whole lifetimes holds the same prefills and the same
 tokens whatever its phase; a window of fixed seconds did not, and that alone moved a pair by a
-few per cent). Every window tracing is switched with ``runtime.pause()`` (every hook returns at
+few per cent). One lifetime by default: the machine drifts on the scale of seconds (the throughput of
+adjacent 3-9 s windows correlated 0.45-0.69 after the condition is taken out, ``drift_lag1`` in the results),
+so short windows pair better than long ones. Every window tracing is switched with ``runtime.pause()`` (every hook returns at
 once, the flush thread idles) and ``runtime.resume()``, in pairs ordered on/off, off/on, ...
 (ABBA), so a slow drift of the machine hits both conditions alike. Each pair gives one ratio,
 tokens/s traced over tokens/s untraced; the result is the geometric mean of the ratios with a
 95 % confidence interval (t distribution over the log ratios). The store, its compaction
-(``SPECTRACE_COMPACT_INTERVAL``, the production default unless ``--compact-interval``) and the
-Prometheus exposition run as in production.
+(``SPECTRACE_COMPACT_INTERVAL``, the production default unless ``--compact-interval``), the flush
+(``SPECTRACE_FLUSH_INTERVAL``, the default unless ``--flush-interval``) and the Prometheus exposition
+run as in production. The flush thread wakes every interval whether paused or not and skips its work
+while paused, so the traced windows carry one flush per interval of their own time, as in production.
 What the paused state still costs (the wrappers' call, ~0.2 µs a step) is measured apart in
 bench/hotpath.py and bench/disabled.py; it is not in this ratio.
 """
@@ -126,7 +131,17 @@ def child(request: dict) -> None:
     Path(request["out"]).write_text(json.dumps(out))
 
 
-def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, quick: bool) -> dict:
+def drift_lag1(windows: list[dict]) -> float | None:
+    """Correlation of adjacent windows' log throughput, each condition's mean taken out."""
+    logs = [math.log(w["tokens_per_s"]) for w in windows]
+    means = {c: statistics.fmean([x for x, w in zip(logs, windows) if w["traced"] == c]) for c in (True, False)}
+    resid = [x - means[w["traced"]] for x, w in zip(logs, windows)]
+    if len(resid) < 4:
+        return None
+    return statistics.correlation(resid[:-1], resid[1:])
+
+
+def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_interval: float | None, quick: bool) -> dict:
     from spectrace.testing.models import build_zoo
 
     zoo = build_zoo(SCRATCH / "zoo")
@@ -137,6 +152,7 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, quick: 
                "warmup_s": 5 if quick else 15, "out": str(out)}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
            "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": str(compact_interval), "SPECTRACE_PROMETHEUS_PORT": "0",
+           **({"SPECTRACE_FLUSH_INTERVAL": str(flush_interval)} if flush_interval else {}),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": str(SCRATCH / "vllm-cache"), "PYTHONPATH": str(REPO)}
     load = loadavg()
@@ -150,7 +166,11 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, quick: 
         by_pair.setdefault(w["pair"], {})[w["traced"]] = w["tokens_per_s"]
     ratios = [p[True] / p[False] for p in by_pair.values() if True in p and False in p and p[False] > 0]
     walls = [w["wall_s"] for w in result["windows"]]
-    return {"batch": batch, "k": 3, "window_lifetimes": cycles, "compact_interval_s": compact_interval, "window_s_median": statistics.median(walls),
+    from spectrace.settings import Settings
+
+    return {"batch": batch, "k": 3, "window_lifetimes": cycles, "compact_interval_s": compact_interval,
+            "flush_interval_s": flush_interval or Settings.flush_interval_s, "window_s_median": statistics.median(walls),
+            "drift_lag1": drift_lag1(result["windows"]),
             "load_before": load, "load_after": loadavg(),
             **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
             "windows": result["windows"]}
@@ -161,10 +181,13 @@ def main(argv=None) -> int:
     parser.add_argument("--child")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batches", type=int, nargs="*", default=[16, 64])
-    parser.add_argument("--pairs", type=int, default=80)
-    parser.add_argument("--cycles", type=int, default=3, help="request lifetimes per window")
+    parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--cycles", type=int, default=1, help="request lifetimes per window")
     parser.add_argument("--compact-interval", type=float, default=60.0,
                         help="SPECTRACE_COMPACT_INTERVAL of the traced engine (default: the production default, 60 s)")
+    parser.add_argument("--flush-interval", type=float, default=None,
+                        help="SPECTRACE_FLUSH_INTERVAL of the traced engine (default: the production default)")
+    parser.add_argument("--name", default="ab_windows", help="results file: bench/results/<name>.json")
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
@@ -172,13 +195,14 @@ def main(argv=None) -> int:
     pairs = 6 if args.quick else args.pairs
     results = []
     for batch in args.batches:
-        r = run(batch, pairs=pairs, cycles=args.cycles, compact_interval=args.compact_interval, quick=args.quick)
+        r = run(batch, pairs=pairs, cycles=args.cycles, compact_interval=args.compact_interval,
+                flush_interval=args.flush_interval, quick=args.quick)
         print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
               f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows, "
-              f"{r['compactions']} compaction cycles), "
+              f"{r['compactions']} compaction cycles, flush every {r['flush_interval_s']} s, drift lag-1 {r['drift_lag1']:.2f}), "
               f"load {r['load_before']} -> {r['load_after']}", flush=True)
         results.append(r)
-    write_result("ab_windows", {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
+    write_result(args.name, {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
     return 0
 
 
