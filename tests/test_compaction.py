@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -336,8 +337,6 @@ def test_merged_file_is_in_time_order(tmp_path, order):
     ts = merged["ts"].cast(pa.int64()).to_pylist()
     assert ts == sorted(ts) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
     assert merged.num_rows == 9
-    import duckdb
-
     assert duckdb.sql(f"select count(*), min(ts) < max(ts) from read_parquet('{path}')").fetchone() == (9, True)
     assert compaction._time_ordered(pa.chunked_array([[1, 1, 2], [2, 5]])) is True
     assert compaction._time_ordered(pa.chunked_array([[1, 3], [2]])) is False

@@ -191,7 +191,7 @@ def _write(folder: Path, name: str, parts: list[pa.Table]) -> Path:
     table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
     # time order: row-group statistics on ts prune well. Sorted only when it is not already (a
     # writer's segments, merged in name order, almost always are): 2.5 ms of a 21 ms cycle at batch
-    # 64, and ~170 ms the first time a process sorts at all (Arrow sets its sort kernels up)
+    # 64, and the first sort in a process costs ~150-200 ms more (both measured in isolation)
     if "ts" in table.column_names and not _time_ordered(table["ts"]):
         table = table.sort_by("ts")
     tmp = folder / f".{name}.tmp"
