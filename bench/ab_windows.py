@@ -141,6 +141,24 @@ def drift_lag1(windows: list[dict]) -> float | None:
     return statistics.correlation(resid[:-1], resid[1:])
 
 
+def per_step(windows: list[dict]) -> dict:
+    """Where a traced step's extra time goes, traced windows against paused ones (ms per step):
+    the engine thread's CPU, its time off CPU (waiting for the GIL or a core), and the other
+    threads' CPU (``process_time`` minus the engine thread's), also as a share of wall time."""
+    out = {}
+    for traced in (True, False):
+        chosen = [w for w in windows if w["traced"] == traced]
+        steps = sum(w["steps"] for w in chosen)
+        wall, engine = sum(w["wall_s"] for w in chosen), sum(w["engine_thread_cpu_s"] for w in chosen)
+        background = sum(w["background_cpu_s"] for w in chosen)
+        out[traced] = {"wall_ms": wall / steps * 1e3, "engine_cpu_ms": engine / steps * 1e3,
+                       "engine_off_cpu_ms": (wall - engine) / steps * 1e3,
+                       "background_cpu_ms": background / steps * 1e3, "background_share": background / wall}
+    on, off = out[True], out[False]
+    return {"traced": on, "paused": off, "wall_added": on["wall_ms"] / off["wall_ms"] - 1,
+            **{f"{key}_added": on[key] - off[key] for key in ("engine_cpu_ms", "engine_off_cpu_ms", "background_cpu_ms", "background_share")}}
+
+
 def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_interval: float | None, quick: bool) -> dict:
     from spectrace.testing.models import build_zoo
 
@@ -170,7 +188,7 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_i
 
     return {"batch": batch, "k": 3, "window_lifetimes": cycles, "compact_interval_s": compact_interval,
             "flush_interval_s": flush_interval or Settings.flush_interval_s, "window_s_median": statistics.median(walls),
-            "drift_lag1": drift_lag1(result["windows"]),
+            "drift_lag1": drift_lag1(result["windows"]), "per_step": per_step(result["windows"]),
             "load_before": load, "load_after": loadavg(),
             **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
             "windows": result["windows"]}
@@ -188,9 +206,19 @@ def main(argv=None) -> int:
     parser.add_argument("--flush-interval", type=float, default=None,
                         help="SPECTRACE_FLUSH_INTERVAL of the traced engine (default: the production default)")
     parser.add_argument("--name", default="ab_windows", help="results file: bench/results/<name>.json")
+    parser.add_argument("--per-step", nargs="+", metavar="RESULTS_JSON",
+                        help="print where the time goes per step for results files already written, and exit")
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
+        return 0
+    if args.per_step:
+        for path in args.per_step:
+            for r in json.loads(Path(path).read_text())["results"]:
+                p = per_step(r["windows"])
+                print(f"{Path(path).name} batch {r['batch']}: wall/step +{p['wall_added'] * 100:.2f} %, "
+                      f"engine CPU {p['engine_cpu_ms_added']:+.3f} ms, engine off CPU {p['engine_off_cpu_ms_added']:+.3f} ms, "
+                      f"background CPU {p['background_cpu_ms_added']:+.3f} ms ({p['background_share_added'] * 100:+.2f} % of wall)")
         return 0
     pairs = 6 if args.quick else args.pairs
     results = []
