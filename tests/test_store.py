@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -42,6 +43,21 @@ def test_every_documented_view_exists_and_is_empty_when_unrecorded(tmp_path):
         assert con.execute(f"select count(*) from {view}").fetchone()[0] == (1 if view == "runs" else 0), view
     types = dict(con.execute("select column_name, data_type from information_schema.columns where table_name = 'spans'").fetchall())
     assert types["attributes"] == "JSON" and types["start_time"] == "TIMESTAMP_NS"
+
+
+@pytest.mark.parametrize("name", ["store*", "store?", "store[1]"])
+def test_a_store_whose_path_holds_glob_characters_reads_its_own_files_only(tmp_path, name):
+    writer = _writer(tmp_path / name)
+    writer.append("runs", {"run_id": "mine"})
+    writer.flush()
+    # copies under the names the path matches as a glob (DuckDB globs each path it is given), same file names
+    for neighbour in ["storeX", "store1"]:
+        shutil.copytree(tmp_path / name, tmp_path / neighbour)
+        for path in (tmp_path / neighbour).rglob("*.parquet"):
+            table = pq.read_table(path)
+            pq.write_table(table.set_column(table.schema.get_field_index("run_id"), "run_id", pa.array(["copy"])), path)
+    con = spectrace.store.open(tmp_path / name)
+    assert con.execute("select run_id from runs").fetchall() == [("mine",)]
 
 
 def test_older_segments_without_new_columns_are_read(tmp_path):

@@ -36,6 +36,12 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _glob_literal(path: str) -> str:
+    """``path`` as a DuckDB glob that matches only itself: ``read_parquet`` globs every name in
+    its list, so a store under ``runs*/`` or ``a?b/`` would read its neighbours' files too."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
+
+
 def _empty(table: str) -> str:
     cols = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in columns(table))
     return f"SELECT {cols} WHERE false"
@@ -142,7 +148,8 @@ class Store:
             if paths == self._listed.get(table):
                 continue
             if paths:  # a literal: a Python list as a parameter converts ~10x slower
-                self._con.execute(f"SET VARIABLE {_variable(table)} = [{', '.join(map(_sql_str, paths))}]::VARCHAR[]")
+                literal = ", ".join(_sql_str(_glob_literal(p)) for p in paths)
+                self._con.execute(f"SET VARIABLE {_variable(table)} = [{literal}]::VARCHAR[]")
             if self._shapes.get(table) != bool(paths):
                 self._con.execute(
                     f"CREATE OR REPLACE VIEW {table} AS {table_sql(table, has_files=bool(paths), since=self.since)}"
