@@ -181,8 +181,9 @@ def test_retention_removes_old_hours_and_records_them(tmp_path, caplog):
     writer.flush()
     assert _count(tmp_path) == (10, 10)
     con = spectrace.store.open(tmp_path)
-    rows = con.execute("select evicted_run_id, reason, segments from store_evictions where reason = 'retention'").fetchall()
-    assert ("old", "retention", 20) in rows
+    rows = con.execute("select evicted_run_id, reason, segments, epoch_ns(ts) from store_evictions where reason = 'retention'").fetchall()
+    # at the writer's clock, as every row of the segment it is in (the segment's name never predates a row)
+    assert ("old", "retention", 20, clock.now) in rows
     assert "SPECTRACE_RETENTION" in caplog.text
 
 

@@ -263,7 +263,7 @@ class Compactor:
             return
         # 1. delete what a compacted file has held (and been ready) for READY_S
         # (readers decide readiness by their own clock, so the wall clock decides here too)
-        settled = [s for s in segments if s.kind != "raw" and s.made <= time.time_ns() - 2 * self.ready_s * 1e9]
+        settled = [s for s in segments if s.kind != "raw" and s.made <= time.time_ns() - int(2 * self.ready_s * 1e9)]
         live = []
         for seg in segments:
             if any(c.covers(seg) for c in settled):

@@ -256,7 +256,7 @@ class SegmentWriter:
                         "spectrace: SPECTRACE_RETENTION: removed %d files (%.1f MB) of run %s older than %.0f s",
                         record["segments"], record["bytes"] / 1e6, record["evicted_run_id"], self.retention_s,
                     )
-                    self.evictions.append({"ts": time.time_ns(), "reason": "retention", **record})
+                    self.evictions.append({"ts": self.clock(), "reason": "retention", **record})
             compactor.cycle()
             self.compactions += 1
             if self.max_bytes:
@@ -389,7 +389,7 @@ class SegmentWriter:
                 self.max_bytes / 1e6, removed, freed / 1e6, run_id,
             )
             self.evictions.append(
-                {"ts": time.time_ns(), "evicted_run_id": run_id, "segments": removed, "bytes": freed, "reason": "max_mb"}
+                {"ts": self.clock(), "evicted_run_id": run_id, "segments": removed, "bytes": freed, "reason": "max_mb"}
             )
         self._store_bytes = total
         self._over_cap = total > self.max_bytes
