@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 _FALSE = ("", "0", "false", "no", "off")
@@ -82,32 +82,33 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        """Settings from ``env`` (default: ``os.environ``); an unset or empty variable keeps the
+        field's default above, the one place each default is written."""
         env = dict(os.environ if env is None else env)
+        d = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
         exporters = tuple(
-            part.strip().lower()
-            for part in env.get("SPECTRACE_EXPORTER", "duckdb,prometheus").split(",")
-            if part.strip()
-        ) or ("duckdb", "prometheus")
+            part.strip().lower() for part in env.get("SPECTRACE_EXPORTER", "").split(",") if part.strip()
+        ) or d["exporters"]
         return cls(
             enabled=_flag(env, "SPECTRACE"),
-            dir=Path(env.get("SPECTRACE_DIR") or "spectrace-data").absolute(),
+            dir=Path(env.get("SPECTRACE_DIR") or d["dir"]).absolute(),
             run_id=env.get("SPECTRACE_RUN_ID") or None,
             exporters=exporters,
-            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", 2.0),
-            max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", 200_000, int),
-            step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", 1.0),
-            span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", 100, int),
-            collapse_threshold=_number(env, "SPECTRACE_COLLAPSE_THRESHOLD", 0.1),
-            collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", 2000, int),
-            collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", 200, int),
+            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", d["flush_interval_s"]),
+            max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", d["max_buffer_rows"], int),
+            step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", d["step_sample"]),
+            span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", d["span_every_steps"], int),
+            collapse_threshold=_number(env, "SPECTRACE_COLLAPSE_THRESHOLD", d["collapse_threshold"]),
+            collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", d["collapse_window_tokens"], int),
+            collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", d["collapse_min_tokens"], int),
             record_tokens=_flag(env, "SPECTRACE_RECORD_TOKENS"),
             inject_fault=env.get("SPECTRACE_INJECT_FAULT") or "",
-            prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", 9464, int),
-            prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or "0.0.0.0",
+            prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", d["prometheus_port"], int),
+            prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or d["prometheus_host"],
             metrics_dir=Path(env["SPECTRACE_METRICS_DIR"]) if env.get("SPECTRACE_METRICS_DIR") else None,
-            max_mb=_number(env, "SPECTRACE_MAX_MB", 0.0),
-            retention_s=_duration(env, "SPECTRACE_RETENTION", 7 * 86400.0),
-            compact_interval_s=_duration(env, "SPECTRACE_COMPACT_INTERVAL", 60.0),
+            max_mb=_number(env, "SPECTRACE_MAX_MB", d["max_mb"]),
+            retention_s=_duration(env, "SPECTRACE_RETENTION", d["retention_s"]),
+            compact_interval_s=_duration(env, "SPECTRACE_COMPACT_INTERVAL", d["compact_interval_s"]),
             host=env.get("SPECTRACE_HOST", "").strip() or socket.gethostname(),
             lake=env.get("SPECTRACE_LAKE", "").strip() or None,
             lake_data=env.get("SPECTRACE_LAKE_DATA", "").strip() or None,

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from spectrace.exporters import compaction
 from spectrace.records import SCHEMA_VERSION, columns
+from spectrace.settings import Settings
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -120,8 +121,8 @@ class SegmentWriter:
         root: Path,
         *,
         host: str,
-        flush_interval_s: float = 2.0,
-        max_buffer_rows: int = 200_000,
+        flush_interval_s: float = Settings.flush_interval_s,
+        max_buffer_rows: int = Settings.max_buffer_rows,
     ) -> None:
         self.root = Path(root)
         self.host = host
