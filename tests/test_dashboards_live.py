@@ -7,6 +7,7 @@ import time
 
 from spectrace.dashboards import alerts, build, panel_queries
 from spectrace.dashboards.export import to_yaml
+from spectrace.testing import wait_until
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.prometheus import PrometheusServer, free_port
 
@@ -48,16 +49,6 @@ def _alert_states(prom, instance_port):
     return states
 
 
-def _wait_for(predicate, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    return predicate()
-
-
 def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
     rules = scratch / "spectrace-rules.yaml"
     rules.write_text(to_yaml(alerts.prometheus_rules("test")))
@@ -68,7 +59,8 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
         results: dict = {}
         runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-self", "draft_self", base, results, 60.0))
         runner.start()
-        assert _wait_for(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"], 240)
+        wait_until(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"], 240,
+                   "drafted tokens in Prometheus")
         time.sleep(20)  # longer than the test profile's window + for:
         empty = []
         for dashboard, title, query in panel_queries(step="15s", scrape_interval="1s", time_range="10m"):
@@ -84,9 +76,10 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
         results = {}
         runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-seeded", "draft_seeded", base, results, 5.0))
         runner.start()
-        firing = _wait_for(lambda: "firing" in _alert_states(prom, base), 240)
-        runner.join(timeout=300)
+        try:
+            wait_until(lambda: "firing" in _alert_states(prom, base), 240, "the collapse alert to fire")
+        finally:
+            runner.join(timeout=300)
         assert results["draft_seeded"].ok, results["draft_seeded"].error
     assert [t for _, t, _ in empty] == []
     assert "firing" not in healthy_states and "pending" not in healthy_states
-    assert firing

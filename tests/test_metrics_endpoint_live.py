@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spectrace.dashboards import alerts, build, panel_queries
 from spectrace.dashboards.export import to_yaml
+from spectrace.testing import wait_until
 from spectrace.testing.engine import base_env
 from spectrace.testing.prometheus import PrometheusServer, free_port
 
@@ -33,16 +34,6 @@ def _complete(port, model, max_tokens=24):
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
-
-
-def _wait(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
@@ -69,7 +60,7 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
                 assert server.poll() is None, (scratch / "metrics-serve.log").read_text()[-3000:]
                 return False
 
-        _wait(up, 400, "vllm serve")
+        wait_until(up, 400, "vllm serve")
         with PrometheusServer(scratch / "prom-metrics", targets=[f"127.0.0.1:{port}"], rule_files=[rules]) as prom:
             def load():
                 while not stop.is_set():
@@ -82,7 +73,7 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
                 return [a for g in prom.api("rules")["groups"] for r in g["rules"] if r.get("name") == COLLAPSE
                         for a in r.get("alerts", []) if a["state"] == "firing"]
 
-            _wait(firing, 240, "the collapse alert")
+            wait_until(firing, 240, "the collapse alert")
             empty = [(d, t, q) for d, t, q in panel_queries(step="15s", scrape_interval="1s", time_range="10m")
                      if t not in build.MAY_BE_EMPTY and not prom.api("query", query=q)["result"]]
             assert empty == []

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import spectrace.store
 from spectrace.exporters import exposition
+from spectrace.testing import wait_until
 from spectrace.testing.engine import base_env
 from spectrace.testing.prometheus import free_port
 from spectrace.testing.serve import Server
@@ -59,16 +60,6 @@ def _file_pids(directory):
     return {p.split(".")[0] for p in os.listdir(directory) if p.endswith(exposition.SUFFIX)}
 
 
-def _wait(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _args(zoo, api_servers):
     return ["--api-server-count", str(api_servers), "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
             "--kv-cache-memory-bytes", str(64 << 20), "--speculative-config",
@@ -86,7 +77,7 @@ def _requests_and_settled_scrape(server):
         done = sum(v for (n, _), v in _counters(second).items() if n == "vllm:request_success") == len(PROMPTS)
         return second if done and _counters(first) == _counters(second) else None
 
-    return texts, _wait(settled, 60, "vLLM's counters to settle")
+    return texts, wait_until(settled, 60, "vLLM's counters to settle")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +114,7 @@ def faulted(zoo, scratch, cache_root, metrics_dir):
                     and got["api_server.multiprocess_registry"][0] >= 3) or time.time() > deadline:
                 break
             time.sleep(0.5)
-        _wait(lambda: _file_pids(metrics_dir), 30, "exposition files")
+        wait_until(lambda: _file_pids(metrics_dir), 30, "exposition files")
         seen["pids"] = {str(p) for p in server.pids()}
         seen["log"] = server.log()
     finally:
@@ -164,10 +155,10 @@ def traced(zoo, scratch, cache_root, metrics_dir, faulted):
         # the engine core SIGKILLed; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps the API server up
         [engine] = [p for p in server.pids() if b"EngineCore" in open(f"/proc/{p}/cmdline", "rb").read()]
         seen["engine"] = str(engine)
-        _wait(lambda: seen["engine"] in _file_pids(metrics_dir), 30, "the engine core's exposition file")
+        wait_until(lambda: seen["engine"] in _file_pids(metrics_dir), 30, "the engine core's exposition file")
         seen["before_kill"] = _spectrace_pids(_families(server.metrics()))
         os.kill(engine, signal.SIGKILL)
-        _wait(lambda: not exposition._alive(engine, None), 30, "the engine core to die")
+        wait_until(lambda: not exposition._alive(engine, None), 30, "the engine core to die")
         seen["after_kill"] = _families(server.metrics())
         seen["after_kill_files"] = _file_pids(metrics_dir)
         seen["after_kill_live"] = {str(p) for p in server.pids()}

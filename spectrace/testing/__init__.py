@@ -1,0 +1,19 @@
+"""Helpers for spectrace's own tests: tiny models, real engines and servers, real Prometheus,
+PostgreSQL and OTLP receivers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+    """``predicate()``'s first truthy value, asked every ``interval_s``; AssertionError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.time() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
