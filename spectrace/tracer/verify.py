@@ -189,8 +189,9 @@ class VerifyCapture:
                 )
             self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
 
-    def _drain_worker(self, rt, steps: list[tuple]) -> None:
-        per_key: dict[tuple[str, int | None], list[tuple[int, int, int]]] = defaultdict(list)
+    def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
+        """Counts the worker's steps; per (run, rank): (draft rows, tokens yielded) for the cross-check."""
+        per_key: dict[tuple[str, int | None], list[tuple[int, int, int]]] = {}
         for ts, run_id, rank, drafts, valid_lens, row_of in steps:
             if row_of is None:  # V2 model runner: drafts per row, aligned with the sampled rows
                 pairs = zip(drafts, valid_lens)
@@ -201,11 +202,10 @@ class VerifyCapture:
                     row = get_row(req_id)
                     if row is not None and row < rows:
                         pairs.append((len(draft_ids), valid_lens[row]))
-            out = per_key[(run_id, rank)]
-            for drafted, generated in pairs:
-                if drafted and generated:
-                    out.append((int(drafted), generated - 1 if generated > 1 else 0, -1))
-        per_key = {key: batch for key, batch in per_key.items() if batch}
+            out = [(int(drafted), generated - 1 if generated > 1 else 0, -1) for drafted, generated in pairs
+                   if drafted and generated]
+            if out:
+                per_key.setdefault((run_id, rank), []).extend(out)
         for (run_id, rank), batch in per_key.items():
             self._count(rt, WORKER, run_id, rank, batch)
         return {key: (len(batch), sum(a for _, a, _ in batch) + len(batch)) for key, batch in per_key.items()}
