@@ -71,7 +71,7 @@ def render() -> str:
     out.append(f"Run: `{run['command'] if run else anyr['command']}`, {run['date'] if run else anyr['date']}"
                f"{(', %.0f s in all' % run['seconds']) if run else ''}.")
     out.append(f"Machine: {m['cpus']} cores, {m['cpu_model']} (KVM guest), {m['mem_gib']} GiB, Linux {m['kernel']}; "
-               f"shared with another engineer running tests (load averages per result below).")
+               f"the load average before and after each benchmark is under its heading (1.0 = one core busy).")
     out.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + (f"; spectrace commit {m['commit']} + working tree" if m.get("commit") else "") + ".")
     out.append("")
 
