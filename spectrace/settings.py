@@ -85,30 +85,30 @@ class Settings:
         """Settings from ``env`` (default: ``os.environ``); an unset or empty variable keeps the
         field's default above, the one place each default is written."""
         env = dict(os.environ if env is None else env)
-        d = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
         exporters = tuple(
             part.strip().lower() for part in env.get("SPECTRACE_EXPORTER", "").split(",") if part.strip()
-        ) or d["exporters"]
+        ) or defaults["exporters"]
         return cls(
             enabled=_flag(env, "SPECTRACE"),
-            dir=Path(env.get("SPECTRACE_DIR") or d["dir"]).absolute(),
+            dir=Path(env.get("SPECTRACE_DIR") or defaults["dir"]).absolute(),
             run_id=env.get("SPECTRACE_RUN_ID") or None,
             exporters=exporters,
-            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", d["flush_interval_s"]),
-            max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", d["max_buffer_rows"], int),
-            step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", d["step_sample"]),
-            span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", d["span_every_steps"], int),
-            collapse_threshold=_number(env, "SPECTRACE_COLLAPSE_THRESHOLD", d["collapse_threshold"]),
-            collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", d["collapse_window_tokens"], int),
-            collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", d["collapse_min_tokens"], int),
+            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", defaults["flush_interval_s"]),
+            max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", defaults["max_buffer_rows"], int),
+            step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", defaults["step_sample"]),
+            span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", defaults["span_every_steps"], int),
+            collapse_threshold=_number(env, "SPECTRACE_COLLAPSE_THRESHOLD", defaults["collapse_threshold"]),
+            collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", defaults["collapse_window_tokens"], int),
+            collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", defaults["collapse_min_tokens"], int),
             record_tokens=_flag(env, "SPECTRACE_RECORD_TOKENS"),
             inject_fault=env.get("SPECTRACE_INJECT_FAULT") or "",
-            prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", d["prometheus_port"], int),
-            prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or d["prometheus_host"],
+            prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", defaults["prometheus_port"], int),
+            prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or defaults["prometheus_host"],
             metrics_dir=Path(env["SPECTRACE_METRICS_DIR"]) if env.get("SPECTRACE_METRICS_DIR") else None,
-            max_mb=_number(env, "SPECTRACE_MAX_MB", d["max_mb"]),
-            retention_s=_duration(env, "SPECTRACE_RETENTION", d["retention_s"]),
-            compact_interval_s=_duration(env, "SPECTRACE_COMPACT_INTERVAL", d["compact_interval_s"]),
+            max_mb=_number(env, "SPECTRACE_MAX_MB", defaults["max_mb"]),
+            retention_s=_duration(env, "SPECTRACE_RETENTION", defaults["retention_s"]),
+            compact_interval_s=_duration(env, "SPECTRACE_COMPACT_INTERVAL", defaults["compact_interval_s"]),
             host=env.get("SPECTRACE_HOST", "").strip() or socket.gethostname(),
             lake=env.get("SPECTRACE_LAKE", "").strip() or None,
             lake_data=env.get("SPECTRACE_LAKE_DATA", "").strip() or None,
