@@ -185,3 +185,29 @@ def test_bad_setting_is_a_clear_error_not_a_crash(monkeypatch, caplog):
     monkeypatch.setenv("SPECTRACE", "1")
     plugin.register()  # must not raise inside vLLM's plugin loader
     assert any("tracing is off in this process" in r.getMessage() for r in caplog.records)
+
+
+def test_readme_configuration_table_matches_the_settings():
+    """Every variable settings.py reads is in the README's table, with the default the code uses."""
+    import re
+    from pathlib import Path
+
+    from spectrace import settings
+
+    repo = Path(__file__).resolve().parents[1]
+    rows = dict(re.findall(r"^\| `(SPECTRACE\w*)` \| ([^|]+) \|", (repo / "README.md").read_text(), re.MULTILINE))
+    read = set(re.findall(r'"(SPECTRACE\w*)"', (repo / "spectrace" / "settings.py").read_text()))
+    assert read <= set(rows), read - set(rows)
+    code = settings.Settings.from_env({})
+    fields = {"SPECTRACE_FLUSH_INTERVAL": "flush_interval_s", "SPECTRACE_MAX_BUFFER_ROWS": "max_buffer_rows",
+              "SPECTRACE_STEP_SAMPLE": "step_sample", "SPECTRACE_SPAN_EVERY": "span_every_steps",
+              "SPECTRACE_COLLAPSE_THRESHOLD": "collapse_threshold", "SPECTRACE_COLLAPSE_WINDOW": "collapse_window_tokens",
+              "SPECTRACE_COLLAPSE_MIN_TOKENS": "collapse_min_tokens", "SPECTRACE_PROMETHEUS_PORT": "prometheus_port",
+              "SPECTRACE_PROMETHEUS_HOST": "prometheus_host", "SPECTRACE_MAX_MB": "max_mb",
+              "SPECTRACE_RETENTION": "retention_s", "SPECTRACE_COMPACT_INTERVAL": "compact_interval_s"}
+    for name, field in fields.items():
+        documented = re.match(r"`([^`]+)`", rows[name].strip())[1]
+        # the documented default, read as the code reads the variable
+        assert settings.Settings.from_env({name: documented}) == code, (name, documented, getattr(code, field))
+    assert rows["SPECTRACE_EXPORTER"].strip() == "`" + ",".join(code.exporters) + "`"
+    assert code.dir.name == rows["SPECTRACE_DIR"].strip().strip("`").removeprefix("./")
