@@ -63,14 +63,21 @@ def arrow_schema(table: str) -> pa.Schema:
     )
 
 
+# The tables a flush builds are kept until the next compaction cycle (``SegmentWriter._recent``).
+# Kept in Arrow's default pool (mimalloc in the pyarrow wheels), they made every later write up to
+# five times slower at batch 256 (bench/hotpath.py's drain table; the system and jemalloc pools show
+# no slowdown): they are built in the system allocator's pool instead.
+POOL = pa.system_memory_pool()
+
+
 def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     """Rows (dicts) to an Arrow table of ``table``'s schema; missing keys are NULL."""
     schema = arrow_schema(table)
     # One C++ pass over the dicts (a struct array), not a Python loop per column:
     # same per-field conversion, missing keys NULL, other keys ignored.
-    arrays = pa.array(rows, type=pa.struct(schema)).flatten()
+    arrays = pa.array(rows, type=pa.struct(schema), memory_pool=POOL).flatten(memory_pool=POOL)
     i = schema.get_field_index("schema_version")
-    arrays[i] = pa.array([SCHEMA_VERSION] * len(rows), type=schema.field(i).type)
+    arrays[i] = pa.array([SCHEMA_VERSION] * len(rows), type=schema.field(i).type, memory_pool=POOL)
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -84,7 +91,7 @@ def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
     arrays = []
     for fld in schema:
         value = SCHEMA_VERSION if fld.name == "schema_version" else columns.get(fld.name)
-        arrays.append(pa.array(value if isinstance(value, _SEQUENCES) else [value] * n, type=fld.type))
+        arrays.append(pa.array(value if isinstance(value, _SEQUENCES) else [value] * n, type=fld.type, memory_pool=POOL))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -406,7 +413,7 @@ class SegmentWriter:
     def _arrow(table: str, rows: list[dict[str, Any]], column_sets) -> pa.Table:
         parts = [to_arrow(table, rows)] if rows or not column_sets else []
         parts += [columns_to_arrow(table, columns, n) for columns, n in column_sets]
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts, memory_pool=POOL)
 
     def _write_file(self, folder: Path, tmp: Path, arrow: pa.Table) -> None:
         for attempt in (1, 2):
