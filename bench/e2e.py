@@ -34,7 +34,9 @@ CPU seconds (all threads of the process) per token are reported as well: they in
 spectrace's background flush, which wall time on a 2-core machine may hide.
 
 Memory: an untraced and a traced (duckdb) process, each generating for ``--memory-seconds``;
-resident size after every generate() call, the least-squares slope after the first quarter
+compaction every 10 s (``MEMORY_COMPACT_S``: the rows a writer keeps for its next compaction cycle fill
+and empty several times in the run); resident size after every generate() call, the least-squares slope
+after the first quarter
 (traced minus untraced must stay under 3 MB/min: about the resolution of a 45 s run), and
 spectrace's buffer sizes at the end (bounded: a few steps buffered, nothing dropped).
 """
@@ -53,10 +55,13 @@ from pathlib import Path
 from bench.common import REPO, SCRATCH, loadavg, spread, write_result
 
 CONFIGS = ("off", "duckdb", "otlp")
+# the memory runs compact every 10 s: the writer keeps what it wrote since the last cycle for the next
+# one (at most SegmentWriter.RECENT_ROWS rows), so a run shorter than the 60 s default would only see it fill
+MEMORY_COMPACT_S = 10
 PROMPTS = [f"request {i}: the quick brown fox jumps over the lazy dog" for i in range(32)]
 
 
-def child(config: str, request: dict, *, zoo_store: Path, receiver=None, timeout: float = 600) -> dict:
+def child(config: str, request: dict, *, zoo_store: Path, receiver=None, timeout: float = 600, env_extra=None) -> dict:
     from spectrace.testing.engine import base_env
 
     store = zoo_store / f"store-{config}"
@@ -67,6 +72,7 @@ def child(config: str, request: dict, *, zoo_store: Path, receiver=None, timeout
     if config == "otlp":
         env.update(SPECTRACE_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint,
                    OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_METRIC_EXPORT_INTERVAL="5000")
+    env.update(env_extra or {})
     out = SCRATCH / f"e2e-{config}.json"
     out.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-m", "bench.e2e_child", json.dumps({**request, "out": str(out)})],
@@ -166,10 +172,11 @@ def main(argv=None) -> dict:
         # memory: a long untraced and a long traced run, resident size after every generate() call
         mem = None
         if memory_s > 0:
-            mem = {"seconds": memory_s}
+            mem = {"seconds": memory_s, "compact_interval_s": MEMORY_COMPACT_S}
             for config in ("off", "duckdb"):
                 mem_res = child(config, {**request, "rounds": 1, "seconds": memory_s}, zoo_store=SCRATCH,
-                                receiver=receiver, timeout=memory_s + 600)
+                                receiver=receiver, timeout=memory_s + 600,
+                                env_extra={"SPECTRACE_COMPACT_INTERVAL": str(MEMORY_COMPACT_S)})
                 pts = [(r["t"], r["rss"]) for r in mem_res["rounds"]]
                 half = pts[len(pts) // 4:]  # after the first quarter (allocator warm-up)
                 mem["traced" if config == "duckdb" else "off"] = {

@@ -37,7 +37,9 @@ def _memory_section(mem: dict) -> list[str]:
         "### 4. Memory: a long traced run next to a long untraced one",
         "",
         f"Each process generates for {mem['seconds']:.0f} s (32 prompts × 192 tokens per call, "
-        f"{t['engine_steps']} request-steps verified in the traced one).",
+        f"{t['engine_steps']} request-steps verified in the traced one)"
+        + (f", compacting every {mem['compact_interval_s']:.0f} s (what a writer keeps for its next cycle fills and "
+           f"empties several times in the run)." if mem.get("compact_interval_s") else "."),
         "",
         "| | RSS after 1st call | RSS at end | max | slope after the first quarter |",
         "|---|---:|---:|---:|---:|",

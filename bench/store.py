@@ -168,6 +168,7 @@ def make_counts_store(root, rows: int, files: int, runs: int = 20, seed: int = 0
             "source": pa.array(np.where(source_engine, "engine_core", "worker")),
             "position": pa.array(position),
             "context_bucket": pa.array(buckets[rng.integers(0, 7, per)], mask=~source_engine),
+            "context_range": pa.array(np.full(per, None)),  # the run's own split; none in this benchmark
             "drafted": pa.array(drafted),
             "accepted": pa.array((drafted * rng.random(per) * (0.9 ** position)).astype(np.int64)),
         }
