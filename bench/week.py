@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.common import SCRATCH, loadavg, write_result
-from spectrace.exporters import compaction
+from spectrace.exporters import compaction, segments
 from spectrace.exporters.segments import SegmentWriter
 from spectrace.queries.store import files as store_files
 from spectrace.queries.store import open as open_store
@@ -158,7 +158,13 @@ def replicate_week(root: Path, hour_start_ns: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--arrow-pool", choices=["spectrace", "default"], default="spectrace",
+                        help="the Arrow pool the writers build their tables in: spectrace's (segments.POOL, the "
+                             "system allocator) or Arrow's default (mimalloc), to compare the two")
+    parser.add_argument("--name", default="week", help="results file: bench/results/<name>.json")
     args = parser.parse_args(argv)
+    if args.arrow_pool == "default":
+        segments.POOL = pa.default_memory_pool()
     hours = 0.25 if args.quick else 1.0
     load0 = loadavg()
     base = SCRATCH / "week"
@@ -249,7 +255,8 @@ def main(argv=None) -> int:
     result["last_hour_plan_excerpt"] = [line.strip("│ ").strip() for line in plan.splitlines()
                                         if re.search(r"Scanning Files|Total Files Read|rows|File Filters|Filters", line)][:40]
     result["load_after"] = loadavg()
-    write_result("week", result)
+    result["arrow_pool"] = segments.POOL.backend_name
+    write_result(args.name, result)
     print({k: v for k, v in result.items() if k != "last_hour_plan_excerpt"})
     return 0
 
