@@ -37,7 +37,7 @@ def timed(name: str, fn):
 def instrument() -> None:
     import pyarrow.parquet as pq
 
-    from spectrace.exporters import compaction, segments
+    from spectrace.store import compaction, writer as segments
     from spectrace.tracer import verify
 
     writer = segments.SegmentWriter

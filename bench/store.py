@@ -55,7 +55,7 @@ def verify_step_rows(n: int, batch: int = 64, seed: int = 0) -> list[dict]:
 
 
 def ingest_writer(rows: list[dict], root, chunk: int) -> float:
-    from spectrace.exporters.segments import SegmentWriter
+    from spectrace.store.writer import SegmentWriter
 
     shutil.rmtree(root, ignore_errors=True)
     writer = SegmentWriter(root, host="bench-host", max_buffer_rows=max(chunk, 200_000))
@@ -83,7 +83,7 @@ def verify_step_columns(rows: list[dict], chunk: int) -> list[tuple[dict, int]]:
 
 
 def ingest_columns(sets: list[tuple[dict, int]], root) -> float:
-    from spectrace.exporters.segments import SegmentWriter
+    from spectrace.store.writer import SegmentWriter
 
     shutil.rmtree(root, ignore_errors=True)
     writer = SegmentWriter(root, host="bench-host", max_buffer_rows=max(n for _, n in sets))
@@ -127,7 +127,7 @@ def ingest_capture(steps: int, batch: int, k: int, root, steps_per_flush: int) -
 def ingest_duckdb(rows: list[dict], root, chunk: int) -> float:
     import duckdb
 
-    from spectrace.exporters.segments import to_arrow
+    from spectrace.store.writer import to_arrow
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -143,7 +143,7 @@ def ingest_duckdb(rows: list[dict], root, chunk: int) -> float:
 
 def make_counts_store(root, rows: int, files: int, runs: int = 20, seed: int = 0) -> None:
     """``rows`` verify_counts rows in store layout, ``files`` segments spread over ``runs`` runs."""
-    from spectrace.exporters.segments import arrow_schema
+    from spectrace.store.writer import arrow_schema
 
     shutil.rmtree(root, ignore_errors=True)
     schema = arrow_schema("verify_counts")

@@ -33,10 +33,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.common import SCRATCH, loadavg, write_result
-from spectrace.exporters import compaction, segments
-from spectrace.exporters.segments import SegmentWriter
-from spectrace.queries.store import files as store_files
-from spectrace.queries.store import open as open_store
+from spectrace.store import compaction, writer as segments
+from spectrace.store.writer import SegmentWriter
+from spectrace.store.read import files as store_files
+from spectrace.store.read import open as open_store
 
 HOUR = compaction.HOUR_NS
 SEC = 10**9

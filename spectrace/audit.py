@@ -394,7 +394,7 @@ def draft_root_causes(declared: dict | None, resolved: dict | None) -> tuple[set
 
 
 def with_runtime(plans: list[LayerPlan], layers: list[dict[str, Any]]) -> list[LayerPlan]:
-    """``plans`` with what each layer runs (``spectrace.read.layers`` rows, in build order).
+    """``plans`` with what each layer runs (``spectrace.vllm_objects.layers`` rows, in build order).
 
     Layer i of the build is layer i of the config; layers the config does not know get
     a plan of their own, and plans beyond the built layers are dropped.

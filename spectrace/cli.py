@@ -53,7 +53,7 @@ def _since_ns(text: str | None) -> int | None:
 
 def _open(args: argparse.Namespace):
     """The store at ``--dir``, or with ``--lake`` the fleet lake (``$SPECTRACE_LAKE`` by default)."""
-    from spectrace.queries.store import StoreError, open as open_store
+    from spectrace.store.read import StoreError, open as open_store
 
     since = _since_ns(getattr(args, "since", None))
     try:
@@ -61,7 +61,7 @@ def _open(args: argparse.Namespace):
             return open_store(args.dir, since=since)
         if since is not None:
             raise UsageError("--since reads the store at --dir; over the lake, filter on ts in the SQL")
-        from spectrace.queries import lake
+        from spectrace.lake import read as lake
         from spectrace.queries.lake_cli import default_catalog
 
         catalog = args.lake or default_catalog()

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from spectrace.queries import report
-    from spectrace.queries.store import open as open_store
+    from spectrace.store.read import open as open_store
     from spectrace.testing.engine import EngineSpec, run_engines
     from spectrace.testing.models import build_dflash, build_zoo
 

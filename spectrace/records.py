@@ -1,6 +1,6 @@
 """The record model: every table spectrace writes, with its columns and types.
 
-Writers (``spectrace.exporters``) and readers (``spectrace.queries``) both use
+Writers (``spectrace.pipeline`` and its sinks) and readers (``spectrace.store``, ``spectrace.lake``) both use
 these definitions, so a column exists in exactly one place. Each Parquet segment
 carries ``schema_version``; readers accept segments of every older version
 (missing columns read as NULL).

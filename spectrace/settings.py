@@ -64,7 +64,7 @@ class Settings:
     inject_fault: frozenset[str] = frozenset()
     prometheus_port: int = 9464
     prometheus_host: str = "0.0.0.0"
-    metrics_dir: Path | None = None  # per-server exposition files (spectrace.exporters.exposition)
+    metrics_dir: Path | None = None  # per-server exposition files (spectrace.sinks.exposition)
     max_mb: float = 0.0
     retention_s: float = 7 * 86400.0  # SPECTRACE_RETENTION; 0: keep everything
     compact_interval_s: float = 60.0  # SPECTRACE_COMPACT_INTERVAL; 0: this process never compacts

@@ -19,7 +19,7 @@ import spectrace.store
 from spectrace.cli import main
 from spectrace.dashboards import alerts, promql
 from spectrace.dashboards.export import to_yaml
-from spectrace.exporters.segments import SegmentWriter
+from spectrace.store.writer import SegmentWriter
 from spectrace.queries import named
 from spectrace.testing.prometheus import PrometheusServer
 

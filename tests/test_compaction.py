@@ -17,8 +17,8 @@ import pytest
 
 import spectrace.store
 from spectrace.cli import main
-from spectrace.exporters import compaction
-from spectrace.exporters.segments import SegmentWriter
+from spectrace.store import compaction
+from spectrace.store.writer import SegmentWriter
 
 HOUR = compaction.HOUR_NS
 SEC = 10**9

@@ -9,8 +9,8 @@ import shutil
 import pyarrow.parquet as pq
 
 import spectrace.store
-from spectrace.exporters import compaction
-from spectrace.exporters.segments import SegmentWriter
+from spectrace.store import compaction
+from spectrace.store.writer import SegmentWriter
 
 HOUR, SEC = compaction.HOUR_NS, 10**9
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import spectrace.store
-from spectrace.exporters import compaction
+from spectrace.store import compaction
 from spectrace.testing.engine import method_specs, run_engines
 
 FAST = {"SPECTRACE_FLUSH_INTERVAL": "0.2", "SPECTRACE_COMPACT_INTERVAL": "1"}

@@ -81,7 +81,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_the_package():
     graph = _graph()
     assert "spectrace.tracer.runtime" in graph["spectrace.tracer.verify"]
-    assert "spectrace.read.configs" in graph["spectrace.tracer.runtime"]
+    assert "spectrace.vllm_objects.configs" in graph["spectrace.tracer.runtime"]
     assert "spectrace.audit" in graph["spectrace.doctor.diagnose"]
 
 
@@ -107,9 +107,12 @@ def test_only_the_plugin_imports_the_tracer():
 
 
 def test_read_and_audit_record_nothing():
-    """The read layer and the audit are pure: no runtime, no exporters, no OpenTelemetry."""
+    """The vLLM readers and the audit are pure: no runtime, no pipeline or sinks, no OpenTelemetry."""
     graph = _graph()
-    for name in [n for n in graph if n.startswith("spectrace.read") or n in ("spectrace.audit", "spectrace.acceptance")]:
-        assert not {t for t in graph[name] if t.startswith(("spectrace.tracer", "spectrace.exporters"))}, name
-        source = (ROOT.parent / (name.replace(".", "/") + ".py")).read_text() if not name.endswith("read") else ""
-        assert "opentelemetry" not in source, name
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    pure = [n for n in graph if n.startswith(("spectrace.vllm_objects", "spectrace.audit")) or n == "spectrace.acceptance"]
+    assert "spectrace.vllm_objects.layers" in pure and "spectrace.acceptance" in pure
+    recording = ("spectrace.tracer", "spectrace.pipeline", "spectrace.sinks", "spectrace.store", "spectrace.lake")
+    for name in pure:
+        assert not {t for t in graph[name] if t.startswith(recording)}, name
+        assert "opentelemetry" not in paths[name].read_text(), name

@@ -1,7 +1,7 @@
 """The lake sink, its views and its maintenance against a real PostgreSQL catalog (no vLLM).
 
 Writers are the store's own ``SegmentWriter`` with the lake sink attached, as in a
-traced process; readers are ``spectrace query --lake`` and ``spectrace.queries.lake``.
+traced process; readers are ``spectrace query --lake`` and ``spectrace.lake.read``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 import spectrace.store
 from spectrace.cli import main
-from spectrace.exporters import lake as lake_sink
-from spectrace.exporters.segments import SegmentWriter
-from spectrace.queries import lake
+from spectrace.lake import sink as lake_sink
+from spectrace.store.writer import SegmentWriter
+from spectrace.lake import read as lake
 from spectrace.settings import Settings
 
 DAY_NS = 86_400 * 10**9

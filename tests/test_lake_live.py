@@ -16,7 +16,7 @@ import pytest
 
 from spectrace import lake as lake_connection
 from spectrace.cli import main
-from spectrace.queries import lake
+from spectrace.lake import read as lake
 from spectrace.testing.engine import K, EngineSpec, run_engines
 
 pytestmark = pytest.mark.vllm

@@ -7,7 +7,7 @@ import pytest
 from opentelemetry.sdk.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 
-from spectrace.exporters import metrics
+from spectrace.sinks import metrics
 
 LABELS = {"model": "t", "draft_model": "d", "method": "eagle3", "run_id": "r1"}
 # a flush's acceptance lengths, then a second flush with another run's labels

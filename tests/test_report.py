@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import spectrace.store
 from spectrace import audit
-from spectrace.exporters.segments import SegmentWriter
+from spectrace.store.writer import SegmentWriter
 from spectrace.queries import report
 
 S, F = "sliding_attention", "full_attention"

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import spectrace.store
-from spectrace.exporters import exposition
+from spectrace.sinks import exposition
 from spectrace.testing import wait_until
 from spectrace.testing.engine import base_env
 from spectrace.testing.prometheus import free_port

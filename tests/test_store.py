@@ -15,7 +15,7 @@ import pytest
 
 import spectrace.store
 from spectrace.cli import main
-from spectrace.exporters.segments import SegmentWriter
+from spectrace.store.writer import SegmentWriter
 from spectrace.records import TABLES
 
 
@@ -98,7 +98,7 @@ def test_unwritable_directory_is_one_error_and_no_partial_file(tmp_path, caplog)
 _WRITER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from spectrace.exporters.segments import SegmentWriter
+    from spectrace.store.writer import SegmentWriter
     w = SegmentWriter(sys.argv[1], host="writer", flush_interval_s=0.02)
     w.start()
     deadline = time.time() + float(sys.argv[2])

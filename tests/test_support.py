@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spectrace.read.steps import BOOKKEEPING_FIELDS
+from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 from spectrace.tracer import support
 from spectrace.tracer.hooks import Hook, HookSet
 from spectrace.tracer.stages import all_hooks

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spectrace.read.steps import BOOKKEEPING_FIELDS
+from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 from spectrace.settings import Settings
 from spectrace.tracer import runtime, verify, verify_v2
 

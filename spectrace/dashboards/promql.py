@@ -1,6 +1,6 @@
 """The Prometheus series spectrace exports, and the PromQL built on them.
 
-The metric names below are the exporter's contract (``spectrace.exporters``);
+The metric names below are the exporter's contract (``spectrace.sinks.metrics``);
 the dashboards (``build.py``) and the alert rules (``alerts.py``) both build
 their expressions here, so an acceptance rate means the same thing in a panel
 and in an alert: accepted / drafted tokens at the same position, summed over

@@ -20,7 +20,7 @@ captures the same values, and feeds the results to the same pure audit
   ``qwen3_dflash._resolve_layer_attention``; every other model through its class's own
   per-layer rule and ``Attention.__init__`` (``per_layer_sliding_window``, else
   ``cache_config.sliding_window``). Each built model is read by the live worker's
-  reader, ``spectrace.read.layers`` (a layer's window: its backend implementation's,
+  reader, ``spectrace.vllm_objects.layers`` (a layer's window: its backend implementation's,
   else the ``Attention`` module's).
 - hidden-state taps (eagle3, dflash): the ids the chosen runner would tap, from its own
   resolver (V2: ``eagle3_utils.get_eagle3_aux_layers_from_config``; V1:
@@ -28,7 +28,7 @@ captures the same values, and feeds the results to the same pure audit
   meta-built target's ``get_eagle3_default_aux_hidden_state_layers()``, set on that
   target with its own ``set_aux_hidden_state_layers`` (sorted, de-duplicated); the
   number of taps the drafter takes from its meta-built ``fc``. The same
-  ``spectrace.audit.audit_taps`` as a live run, fed by ``spectrace.read.taps``.
+  ``spectrace.audit.audit_taps`` as a live run, fed by ``spectrace.vllm_objects.taps``.
 - runner: ``--runner`` replaces ``VllmConfig.use_v2_model_runner`` for the whole run
   (``v2`` as with ``VLLM_USE_V2_MODEL_RUNNER=1``, ``v1`` as with ``=0``); for ``v2``
   the host's missing Triton (a CPU build) is not held against the pair.
@@ -40,7 +40,7 @@ The package, in the order doctor works:
 
 - ``sandbox``: the process-wide switches for a dry build (quiet logs, a model runner's
   rules, ``get_config`` captured, a one-process group, builds on the meta device);
-- ``diagnose``: resolution, builds and taps read with ``spectrace.read``, judged by
+- ``diagnose``: resolution, builds and taps read with ``spectrace.vllm_objects``, judged by
   ``spectrace.audit`` — a :class:`Report`;
 - ``render``: the report as text;
 - ``command``: the ``spectrace doctor`` subcommand.

@@ -2,7 +2,7 @@
 
 Config resolution is ``EngineArgs.create_engine_config`` (with every ``get_config``
 call captured, as the live frontend hook does); each model is then built on the meta
-device and read with the same readers as a live worker (``spectrace.read``); every
+device and read with the same readers as a live worker (``spectrace.vllm_objects``); every
 judgement is ``spectrace.audit``'s. A refusal by vLLM (a raised error) becomes a
 ``LOAD_FAILED`` finding explained by ``spectrace.audit.explain_load_error``.
 """
@@ -18,10 +18,10 @@ from typing import Any, Iterator
 from spectrace import audit
 from spectrace.audit import MODEL_FREE_METHODS
 from spectrace.doctor import sandbox
-from spectrace.read import layers as read_layers
-from spectrace.read import taps as read_taps
-from spectrace.read.configs import ConfigCapture, assign_roles, config_to_dict, model_configs
-from spectrace.read.taps import RULE_DFLASH_FC
+from spectrace.vllm_objects import layers as read_layers
+from spectrace.vllm_objects import taps as read_taps
+from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, model_configs
+from spectrace.vllm_objects.taps import RULE_DFLASH_FC
 
 RUNNERS = ("v1", "v2")
 DEFAULT_RUNNER = "v2"

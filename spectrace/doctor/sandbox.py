@@ -21,7 +21,7 @@ import tempfile
 import warnings
 from typing import Any, Iterator
 
-from spectrace.read.configs import ConfigCapture
+from spectrace.vllm_objects.configs import ConfigCapture
 
 _QUIET_LOGGERS = ("vllm", "transformers", "torch", "huggingface_hub", "filelock", "urllib3")
 

@@ -34,8 +34,8 @@ def default_catalog() -> str | None:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from spectrace.queries import lake
-    from spectrace.queries.store import StoreError
+    from spectrace.lake import read as lake
+    from spectrace.store.read import StoreError
 
     catalog = args.catalog or default_catalog()
     if not catalog:

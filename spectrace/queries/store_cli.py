@@ -31,8 +31,8 @@ def _dir(args) -> Path:
 
 def stats(root: Path) -> list[dict]:
     """Per table: files (raw, compacted), bytes, rows a query counts, oldest and newest record."""
-    from spectrace.exporters.compaction import file_stats
-    from spectrace.queries.store import open as open_store
+    from spectrace.store.compaction import file_stats
+    from spectrace.store.read import open as open_store
     from spectrace.records import columns
 
     files = file_stats(root)
@@ -70,7 +70,7 @@ def cmd_stats(args) -> int:
 
 
 def compact(root: Path, *, host: str, idle_s: float, wait: bool) -> dict:
-    from spectrace.exporters import compaction
+    from spectrace.store import compaction
 
     now = time.time_ns()
     newest: dict[str, int] = {}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from spectrace.exporters import exposition
+from spectrace.sinks import exposition
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
 

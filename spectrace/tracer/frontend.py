@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import spectrace
-from spectrace.read.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
+from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.hooks import Hook
 

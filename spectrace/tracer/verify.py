@@ -50,7 +50,7 @@ import numpy as np
 from spectrace import acceptance
 from spectrace import audit
 from spectrace.audit import Finding
-from spectrace.read.steps import bookkeeping_sampled
+from spectrace.vllm_objects.steps import bookkeeping_sampled
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.hooks import Hook
 
@@ -567,7 +567,7 @@ class RunCurve:
 
 def _run_context(vllm_config) -> tuple[list, set[str], str | None, bool | None]:
     """(boundaries, root-cause codes, method, parallel drafting) of one run's configs."""
-    from spectrace.read.configs import config_to_dict, model_configs, read_declared
+    from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
 
     configs = model_configs(vllm_config)
     spec = vllm_config.speculative_config

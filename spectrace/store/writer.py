@@ -14,7 +14,7 @@ run from the flush (``add(table, arrow_table)``, then ``commit()`` once per flus
 ``parquet = False`` leaves the segments unwritten when only such a sink is configured.
 
 Every ``compact_interval_s`` the same thread merges this process's older segments into
-few files per table and hour (``spectrace.exporters.compaction``) and applies the
+few files per table and hour (``spectrace.store.compaction``) and applies the
 retention (``retention_s``) and the size cap (``max_bytes``) to the store.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spectrace.exporters import compaction
+from spectrace.store import compaction
 from spectrace.records import SCHEMA_VERSION, columns
 from spectrace.settings import Settings
 

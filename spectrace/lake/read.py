@@ -1,7 +1,7 @@
 """The lake's read side and its maintenance.
 
 ``open(catalog)`` returns a DuckDB connection with the same views as
-``spectrace.queries.store.open`` (one per table, then ``views.sql``), over the
+``spectrace.store.read.open`` (one per table, then ``views.sql``), over the
 lake's tables: every view and named query that works on one host works on the
 fleet (``host`` tells the replicas apart).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 
 from spectrace import lake
-from spectrace.queries.store import StoreError, _empty, _projection, derived_views
+from spectrace.store.read import StoreError, _empty, _projection, derived_views
 from spectrace.records import TABLES, columns
 
 def table_sql(table: str, present: set[str]) -> str:

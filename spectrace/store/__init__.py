@@ -5,6 +5,6 @@
     >>> con.sql("select * from findings").df()
 """
 
-from spectrace.queries.store import StoreError, open, view_names
+from spectrace.store.read import StoreError, open, view_names
 
 __all__ = ["open", "StoreError", "view_names"]

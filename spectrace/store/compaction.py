@@ -13,7 +13,7 @@ Every flush writes one raw segment per table and run (``segments.py``):
 has been *ready* (``made`` older than ``READY_S``) for another ``READY_S``; then the
 compactor deletes them.
 
-Why a reader never counts a row twice or misses one (``spectrace.queries.store``): a
+Why a reader never counts a row twice or misses one (``spectrace.store.read``): a
 query keeps a file when it is an hour file that is ready, or a raw or part file that is
 ready (raw files always are) and covered by no other ready compacted file of the same
 writer in the same folder (``covers``). Rows live in one raw segment and, later, in
@@ -108,7 +108,7 @@ def _order(seg: Segment) -> tuple:
 
 def visible(segments: list[Segment], now_ns: int, ready_s: float = READY_S) -> list[Segment]:
     """The files a query at ``now_ns`` reads of ``segments`` (one folder's, or several): the
-    store's reader keeps these (``spectrace.queries.store.files``), plus any file whose name
+    store's reader keeps these (``spectrace.store.read.files``), plus any file whose name
     is neither a raw nor a compacted segment's.
 
     A ready file that no ready compacted file ``covers`` (the same answer as asking

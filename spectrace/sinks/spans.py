@@ -1,6 +1,6 @@
 """The DuckDB sink: an OpenTelemetry span exporter that writes Parquet segments.
 
-DuckDB reads the segments (``spectrace.queries.store``); no process ever holds a
+DuckDB reads the segments (``spectrace.store.read``); no process ever holds a
 DuckDB database file open for writing, so readers work while vLLM runs.
 ``export`` only converts and appends to the segment writer's buffer; the
 writer's background thread does the I/O.
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from spectrace.exporters.segments import SegmentWriter
+from spectrace.store.writer import SegmentWriter
 
 
 def _hex(value: int, width: int) -> str:

@@ -111,7 +111,7 @@ def input_rule(draft: Any) -> str | None:
 
 def tap_facts(vllm_config: Any, target: Any, draft: Any) -> dict[str, Any]:
     """What ``spectrace.audit.audit_taps`` judges, read from a built target and drafter."""
-    from spectrace.read.configs import config_to_dict
+    from spectrace.vllm_objects.configs import config_to_dict
 
     spec = vllm_config.speculative_config
     return {

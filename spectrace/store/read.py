@@ -4,7 +4,7 @@
 through) with one view per table (``spectrace.records.TABLES``) plus the derived views in
 ``views.sql``. Which files a view reads is chosen in Python, from the file names alone
 (``files``: ``os.scandir`` per folder, no file opened), right before every query, by the
-compaction rule (``spectrace.exporters.compaction``): so a long-lived connection sees what
+compaction rule (``spectrace.store.compaction``): so a long-lived connection sees what
 writers add while the server runs, each row counts once while files are merged and
 removed, and DuckDB opens only files that are kept, which exist for ``READY_S`` after the
 listing. (DuckDB cannot take the list from a subquery: a filter on ``filename`` is applied
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import duckdb
 
-from spectrace.exporters import compaction
+from spectrace.store import compaction
 from spectrace.records import TABLES, columns
 
 
@@ -108,7 +108,7 @@ def table_sql(table: str, *, has_files: bool = True, since: int | None = None) -
 
 
 def derived_views() -> list[tuple[str, str]]:
-    """(name, SELECT) pairs from queries/views.sql, in file order."""
+    """(name, SELECT) pairs from store/views.sql, in file order."""
     text = (Path(__file__).with_name("views.sql")).read_text()
     parts = re.split(r"^-- view: (\w+)\s*$", text, flags=re.MULTILINE)
     return [(name, body.strip().rstrip(";")) for name, body in zip(parts[1::2], parts[2::2])]

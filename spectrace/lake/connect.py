@@ -1,7 +1,7 @@
 """The fleet lake: DuckLake (a SQL catalog plus Parquet data files) on a PostgreSQL catalog.
 
-Shared by the sink (``spectrace.exporters.lake``, writes), the read side
-(``spectrace.queries.lake``: views, ``spectrace query --lake``) and
+Shared by the sink (``spectrace.lake.sink``, writes), the read side
+(``spectrace.lake.read``: views, ``spectrace query --lake``) and
 ``spectrace lake maintain``. The lake holds the same tables as the embedded
 store (``spectrace.records``), ``JSON`` columns as strings as in the Parquet
 segments, every row with its ``host``.

@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from spectrace.exporters.compaction import pid_alive
+from spectrace.store.compaction import pid_alive
 
 log = logging.getLogger("vllm.spectrace")
 
