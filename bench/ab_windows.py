@@ -126,8 +126,8 @@ def child(request: dict) -> None:
         windows += [dict(run_window(traced, cycles * lifetime), pair=i) for traced in order]
     runtime.resume()
     rt = runtime.get()
-    out = {"windows": windows, "lifetime_steps": lifetime, "compactions": getattr(rt.writer, "compactions", None) if rt else None,
-           "dropped": rt.writer.dropped if rt else None, "errors": dict(rt.errors) if rt else None}
+    out = {"windows": windows, "lifetime_steps": lifetime, "compactions": getattr(rt.pipeline.sink("duckdb"), "compactions", None) if rt else None,
+           "dropped": rt.pipeline.dropped if rt else None, "errors": dict(rt.errors) if rt else None}
     Path(request["out"]).write_text(json.dumps(out))
 
 

@@ -56,7 +56,7 @@ from bench.common import REPO, SCRATCH, loadavg, spread, write_result
 
 CONFIGS = ("off", "duckdb", "otlp")
 # the memory runs compact every 10 s: the writer keeps what it wrote since the last cycle for the next
-# one (at most SegmentWriter.RECENT_ROWS rows), so a run shorter than the 60 s default would only see it fill
+# one (at most SegmentSink.RECENT_ROWS rows), so a run shorter than the 60 s default would only see it fill
 MEMORY_COMPACT_S = 10
 PROMPTS = [f"request {i}: the quick brown fox jumps over the lazy dog" for i in range(32)]
 

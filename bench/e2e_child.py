@@ -82,9 +82,9 @@ def spectrace_state() -> dict:
             worker_steps_buffered=len(rt.verify.worker_steps),
             request_flags=len(rt.verify.request_flags),
             request_traces=len(getattr(rt.verify, "request_traces", {})),
-            writer_buffered=rt.writer._buffered if rt else None,
-            writer_dropped=rt.writer.dropped if rt else None,
-            segments_written=rt.writer.segments_written if rt else None,
+            writer_buffered=rt.pipeline._buffered if rt else None,
+            writer_dropped=rt.pipeline.dropped if rt else None,
+            segments_written=rt.pipeline.sink("duckdb").segments_written if rt and rt.pipeline.sink("duckdb") else None,
             errors=dict(rt.errors) if rt else None,
         )
     return state

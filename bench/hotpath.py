@@ -207,8 +207,8 @@ def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
         t0 = time.perf_counter()
         capture.drain(rt)
         t1 = time.perf_counter()
-        rows = rt.writer._buffered
-        rt.writer.flush()
+        rows = rt.pipeline._buffered
+        rt.pipeline.flush()
         t2 = time.perf_counter()
         drain.append((t1 - t0) / steps)
         write.append((t2 - t1) / steps)
@@ -217,7 +217,7 @@ def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
         "rows_per_drain": rows,
         "drain_us_per_step": {k_: v * 1e6 for k_, v in spread(drain).items() if k_ != "n"},
         "write_us_per_step": {k_: v * 1e6 for k_, v in spread(write).items() if k_ != "n"},
-        "dropped": rt.writer.dropped,
+        "dropped": rt.pipeline.dropped,
     }
 
 

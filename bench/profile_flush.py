@@ -37,15 +37,20 @@ def timed(name: str, fn):
 def instrument() -> None:
     import pyarrow.parquet as pq
 
+    from spectrace import pipeline
     from spectrace.store import compaction, writer as segments
-    from spectrace.tracer import verify
+    from spectrace.tracer import runtime, verify
 
-    writer = segments.SegmentWriter
-    for name in ("flush", "maintain", "_write", "_write_file"):
-        setattr(writer, name, timed(f"SegmentWriter.{name}", getattr(writer, name)))
-    writer._arrow = staticmethod(timed("SegmentWriter._arrow", writer._arrow))
-    on_flush = writer.on_flush
-    writer.on_flush = lambda self, cb: on_flush(self, timed(f"on_flush:{getattr(cb, '__qualname__', cb)}", cb))
+    for name in ("flush", "maintain"):
+        setattr(pipeline.Pipeline, name, timed(f"Pipeline.{name}", getattr(pipeline.Pipeline, name)))
+    pipeline._build = timed("pipeline._build (Arrow tables)", pipeline._build)
+    for name in ("export", "maintain", "_write", "_write_file"):
+        setattr(segments.SegmentSink, name, timed(f"SegmentSink.{name}", getattr(segments.SegmentSink, name)))
+    for name in ("_drain_verification", "_flush_error_counts", "_flush_metric_counters"):  # the flush's sources
+        setattr(runtime.Runtime, name, timed(f"source:{name}", getattr(runtime.Runtime, name)))
+    from spectrace.sinks import exposition
+
+    exposition.ExpositionSink.export = timed("ExpositionSink.export", exposition.ExpositionSink.export)
     segments.pq.write_table = pq.write_table = timed("pq.write_table", pq.write_table)
     compaction._read = timed("compaction._read", compaction._read)
     compaction._write = timed("compaction._write", compaction._write)

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.profile_ingest            # text profiles to stdout
     .venv/bin/python -m bench.profile_ingest --html DIR # also HTML files
 
-Profiles (1) SegmentWriter.extend + flush of 500 k verify_steps rows and (2) the whole
+Profiles (1) Pipeline.extend + flush (the store sink) of 500 k verify_steps rows and (2) the whole
 background path, hot-path step tuples -> drain -> flush, for batch 64, k 5.
 """
 

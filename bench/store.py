@@ -5,9 +5,9 @@ each next to plain DuckDB doing the same work over the same data.
 
 Ingest (one process, one thread, like the background flush), 1 M verify_steps rows, 100 k per flush
   * ``segment writer (columns)``  the rows as the drain hands them since the ingest fix (one
-    list per column) -> ``SegmentWriter.extend_columns`` -> ``flush`` -> Parquet segments.
+    list per column) -> ``Pipeline.extend_columns`` -> ``flush`` -> Parquet segments.
   * ``segment writer (dicts)``  the same rows as dicts (every other table's path, and the
-    verify path before the fix) -> ``SegmentWriter.extend`` -> ``flush`` -> Parquet.
+    verify path before the fix) -> ``Pipeline.extend`` -> ``flush`` -> Parquet.
   * ``capture -> segments``  the whole background path: hot-path step tuples (batch 64,
     k 5) -> ``VerifyCapture.drain`` (verify_steps, verify_counts, acceptance_lengths,
     sampled step spans) -> ``flush`` -> Parquet. Rows counted: verify_steps rows.
@@ -55,10 +55,10 @@ def verify_step_rows(n: int, batch: int = 64, seed: int = 0) -> list[dict]:
 
 
 def ingest_writer(rows: list[dict], root, chunk: int) -> float:
-    from spectrace.store.writer import SegmentWriter
+    from spectrace.testing import store_pipeline
 
     shutil.rmtree(root, ignore_errors=True)
-    writer = SegmentWriter(root, host="bench-host", max_buffer_rows=max(chunk, 200_000))
+    writer = store_pipeline(root, host="bench-host", max_buffer_rows=max(chunk, 200_000), retention_s=0, compact_interval_s=0)
     t0 = time.perf_counter()
     written = 0
     for start in range(0, len(rows), chunk):
@@ -83,10 +83,10 @@ def verify_step_columns(rows: list[dict], chunk: int) -> list[tuple[dict, int]]:
 
 
 def ingest_columns(sets: list[tuple[dict, int]], root) -> float:
-    from spectrace.store.writer import SegmentWriter
+    from spectrace.testing import store_pipeline
 
     shutil.rmtree(root, ignore_errors=True)
-    writer = SegmentWriter(root, host="bench-host", max_buffer_rows=max(n for _, n in sets))
+    writer = store_pipeline(root, host="bench-host", max_buffer_rows=max(n for _, n in sets), retention_s=0, compact_interval_s=0)
     t0 = time.perf_counter()
     written = 0
     for columns, n in sets:
@@ -117,9 +117,9 @@ def ingest_capture(steps: int, batch: int, k: int, root, steps_per_flush: int) -
         for _ in range(min(steps_per_flush, steps - start)):
             hook(sched, so, mro)
         t0 = time.perf_counter()
-        rt.writer.flush()  # runs the drain first (on_flush), then writes
+        rt.pipeline.flush()  # runs the drain first (the pipeline's first source), then writes
         elapsed += time.perf_counter() - t0
-    assert rt.writer.dropped == 0
+    assert rt.pipeline.dropped == 0
     runtime._runtime = None
     return elapsed, steps * batch
 
@@ -127,7 +127,7 @@ def ingest_capture(steps: int, batch: int, k: int, root, steps_per_flush: int) -
 def ingest_duckdb(rows: list[dict], root, chunk: int) -> float:
     import duckdb
 
-    from spectrace.store.writer import to_arrow
+    from spectrace.pipeline import to_arrow
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -143,7 +143,7 @@ def ingest_duckdb(rows: list[dict], root, chunk: int) -> float:
 
 def make_counts_store(root, rows: int, files: int, runs: int = 20, seed: int = 0) -> None:
     """``rows`` verify_counts rows in store layout, ``files`` segments spread over ``runs`` runs."""
-    from spectrace.store.writer import arrow_schema
+    from spectrace.pipeline import arrow_schema
 
     shutil.rmtree(root, ignore_errors=True)
     schema = arrow_schema("verify_counts")

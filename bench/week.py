@@ -1,7 +1,7 @@
 """A simulated week of serving: today's layout (raw segments) against the compacted store.
 
 One engine at batch 64, k 5, 30 steps/s, one flush a second, plus its worker: two real
-`SegmentWriter`s with a clock the benchmark controls. Per flush the engine core writes the
+store pipelines (`spectrace.testing.store_pipeline`) with a clock the benchmark controls. Per flush the engine core writes the
 rows its drain writes (verify_counts per position and context bucket, acceptance_lengths,
 verify_steps at `SPECTRACE_STEP_SAMPLE` 0.01, a span every 100 steps), the worker its
 verify_counts. The first `--hours` simulated hours go through the real writers and the real
@@ -33,8 +33,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.common import SCRATCH, loadavg, write_result
-from spectrace.store import compaction, writer as segments
-from spectrace.store.writer import SegmentWriter
+from spectrace import pipeline as pipelines
+from spectrace.pipeline import Pipeline
+from spectrace.store import compaction
+from spectrace.testing import store_pipeline
 from spectrace.store.read import files as store_files
 from spectrace.store.read import open as open_store
 
@@ -59,7 +61,7 @@ class Clock:
         return self.now
 
 
-def _flush_rows(core: SegmentWriter, worker: SegmentWriter, clock: Clock, rng, run_id: str) -> None:
+def _flush_rows(core: Pipeline, worker: Pipeline, clock: Clock, rng, run_id: str) -> None:
     ts = clock.now
     steps = STEPS_PER_S * BATCH
     accepted = rng.binomial(steps // len(BUCKETS), [0.8 ** (p + 1) for p in range(K)], size=(len(BUCKETS), K))
@@ -109,9 +111,8 @@ def simulate(root: Path, hours: float, start_ns: int, seed: int = 0) -> dict:
     clock = Clock(start_ns)
     writers = []
     for host in ("engine", "worker"):
-        writer = SegmentWriter(root, host=host)
-        writer.clock, writer.start_ns = clock, clock.now
-        writers.append(writer)
+        # compaction is driven below, once a simulated minute; retention is off (the week is kept)
+        writers.append(store_pipeline(root, host=host, clock=clock, retention_s=0, compact_interval_s=60))
     core, worker = writers
     rng = np.random.default_rng(seed)
     flush_cpu = compact_cpu = 0.0
@@ -126,10 +127,11 @@ def simulate(root: Path, hours: float, start_ns: int, seed: int = 0) -> dict:
         if (second + 1) % 60 == 0:  # SPECTRACE_COMPACT_INTERVAL=60
             for writer in writers:
                 writer.maintain()
-    compact_cpu = sum(w.compaction_cpu_s for w in writers)
-    raw_files_written = sum(w.segments_written for w in writers)
+    stores = [w.sink("duckdb") for w in writers]
+    compact_cpu = sum(s.compaction_cpu_s for s in stores)
+    raw_files_written = sum(s.segments_written for s in stores)
     return {"flush_cpu_s": flush_cpu, "compaction_cpu_s": compact_cpu, "raw_files_written": raw_files_written,
-            "end_ns": clock.now, "errors": sum(w.compaction_errors for w in writers)}
+            "end_ns": clock.now, "errors": sum(s.compaction_errors for s in stores)}
 
 
 _SHIFT = re.compile(r"^(?P<w>.+-\d+)-(?P<lo>\d+)-(?P<hi>\d+)-(?P<made>\d+)\.hour\.parquet$")
@@ -159,12 +161,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--arrow-pool", choices=["spectrace", "default"], default="spectrace",
-                        help="the Arrow pool the writers build their tables in: spectrace's (segments.POOL, the "
+                        help="the Arrow pool the writers build their tables in: spectrace's (spectrace.pipeline.POOL, the "
                              "system allocator) or Arrow's default (mimalloc), to compare the two")
     parser.add_argument("--name", default="week", help="results file: bench/results/<name>.json")
     args = parser.parse_args(argv)
     if args.arrow_pool == "default":
-        segments.POOL = pa.default_memory_pool()
+        pipelines.POOL = pa.default_memory_pool()
     hours = 0.25 if args.quick else 1.0
     load0 = loadavg()
     base = SCRATCH / "week"
@@ -191,9 +193,7 @@ def main(argv=None) -> int:
     clock = Clock(first)
     writers = []
     for host in ("engine", "worker"):
-        w = SegmentWriter(raw_root, host=host)
-        w.clock, w.start_ns = clock, clock.now
-        writers.append(w)
+        writers.append(store_pipeline(raw_root, host=host, clock=clock, retention_s=0, compact_interval_s=0))
     rng = np.random.default_rng(0)
     for _ in range(int(hours * 3600)):
         _flush_rows(writers[0], writers[1], clock, rng, "week")
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     result["last_hour_plan_excerpt"] = [line.strip("│ ").strip() for line in plan.splitlines()
                                         if re.search(r"Scanning Files|Total Files Read|rows|File Filters|Filters", line)][:40]
     result["load_after"] = loadavg()
-    result["arrow_pool"] = segments.POOL.backend_name
+    result["arrow_pool"] = pipelines.POOL.backend_name
     write_result(args.name, result)
     print({k: v for k, v in result.items() if k != "last_hour_plan_excerpt"})
     return 0

@@ -19,7 +19,7 @@ import spectrace.store
 from spectrace.cli import main
 from spectrace.dashboards import alerts, promql
 from spectrace.dashboards.export import to_yaml
-from spectrace.store.writer import SegmentWriter
+from spectrace.testing import store_pipeline
 from spectrace.queries import named
 from spectrace.testing.prometheus import PrometheusServer
 
@@ -360,7 +360,7 @@ def test_drop_rule_on_backfilled_24h_baseline(backfilled_prometheus):
 @pytest.fixture
 def store(tmp_path):
     """Runs of one deployment: two healthy, one collapsed, one dropped; findings for two runs."""
-    writer = SegmentWriter(tmp_path / "store", host="testhost")
+    writer = store_pipeline(tmp_path / "store", retention_s=0, compact_interval_s=0)
     base = 1_700_000_000_000_000_000
     hour = 3_600_000_000_000
     runs = {  # run -> (hours after base, drafted per position, rate at position 0, rate at position 1)

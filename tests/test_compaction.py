@@ -18,7 +18,7 @@ import pytest
 import spectrace.store
 from spectrace.cli import main
 from spectrace.store import compaction
-from spectrace.store.writer import SegmentWriter
+from spectrace.testing import store_pipeline
 
 HOUR = compaction.HOUR_NS
 SEC = 10**9
@@ -33,10 +33,12 @@ class Clock:
 
 
 def _writer(root, clock, host="testhost"):
-    writer = SegmentWriter(root, host=host)
-    writer.clock = clock
-    writer.start_ns = clock()
-    return writer
+    """A pipeline with the store sink (compaction on, no retention or cap unless a test sets them)."""
+    return store_pipeline(root, host=host, clock=clock, retention_s=0, compact_interval_s=60)
+
+
+def store(pipeline):
+    return pipeline.sink("duckdb")
 
 
 def _flush(writer, clock, run_id, n_flushes, *, step_s=1.0, drafted=1):
@@ -167,7 +169,7 @@ def test_writer_compacts_its_own_segments_only(tmp_path):
     assert sum(n.startswith("b-") and n.endswith(".part.parquet") for n in names) == 0
     assert sum(n.startswith("a-") and n.endswith(".part.parquet") for n in names) == 1
     assert sum(n.startswith("b-") for n in names) == 20
-    assert mine.compaction_errors == 0 and mine.compactions == 1
+    assert store(mine).compaction_errors == 0 and store(mine).compactions == 1
 
 
 def test_retention_removes_old_hours_and_records_them(tmp_path, caplog):
@@ -176,7 +178,7 @@ def test_retention_removes_old_hours_and_records_them(tmp_path, caplog):
     _flush(writer, clock, "old", 10)
     clock.now += 10 * HOUR
     _flush(writer, clock, "new", 10)
-    writer.retention_s = 5 * 3600
+    store(writer).retention_s = 5 * 3600
     writer.maintain()
     writer.flush()
     assert _count(tmp_path) == (10, 10)
@@ -190,18 +192,18 @@ def test_retention_removes_old_hours_and_records_them(tmp_path, caplog):
 def test_cap_is_checked_at_the_cycle_and_when_own_writes_may_cross_it(tmp_path):
     clock = Clock(5000 * HOUR)
     writer = _writer(tmp_path, clock)
-    writer.max_bytes = 10**9
+    store(writer).max_bytes = 10**9
     calls = []
-    original = writer.enforce_cap
-    writer.enforce_cap = lambda **kw: (calls.append(1), original(**kw))
+    original = store(writer).enforce_cap
+    store(writer).enforce_cap = lambda **kw: (calls.append(1), original(**kw))
     _flush(writer, clock, "r1", 3)
     assert len(calls) == 1  # the first flush scans once; under the cap, the next flushes do not list the store
-    past_spacing = 6 * writer.flush_interval_s  # past the 5-flush spacing, not the once-a-minute rescan
-    writer._cap_checked = time.time() - past_spacing
+    past_spacing = 6 * store(writer).flush_interval_s  # past the 5-flush spacing, not the once-a-minute rescan
+    store(writer)._cap_checked = time.time() - past_spacing
     _flush(writer, clock, "r1", 3)
     assert len(calls) == 1
-    writer._store_bytes = 2 * 10**9  # own writes crossed the cap: scan
-    writer._cap_checked = time.time() - past_spacing
+    store(writer)._store_bytes = 2 * 10**9  # own writes crossed the cap: scan
+    store(writer)._cap_checked = time.time() - past_spacing
     _flush(writer, clock, "r1", 1)
     assert len(calls) == 2
 

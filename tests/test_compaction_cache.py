@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 
 import spectrace.store
 from spectrace.store import compaction
-from spectrace.store.writer import SegmentWriter
+from spectrace.store.writer import SegmentSink
+from spectrace.testing import store_pipeline
 
 HOUR, SEC = compaction.HOUR_NS, 10**9
 
@@ -24,9 +25,8 @@ class Clock:
 
 
 def _write(root, clock, n, *, compacting=True):
-    writer = SegmentWriter(root, host="h")
-    writer.clock, writer.start_ns = clock, clock.now
-    writer.compact_interval_s = 60.0 if compacting else 0.0
+    """n flushes through a store pipeline; returns its store sink."""
+    writer = store_pipeline(root, host="h", clock=clock, retention_s=0, compact_interval_s=60.0 if compacting else 0.0)
     for i in range(n):
         writer.extend_columns(
             "verify_counts",
@@ -37,7 +37,7 @@ def _write(root, clock, n, *, compacting=True):
         writer.append("spans", {"run_id": "r", "name": f"s{i}", "start_time": clock.now, "attributes": '{"a": 1}'})
         writer.flush()
         clock.now += SEC
-    return writer
+    return writer.sink("duckdb")
 
 
 def _parts(root):
@@ -59,8 +59,8 @@ def test_the_cycle_merges_what_the_writer_wrote_without_reading_it_back(tmp_path
     shutil.copytree(tmp_path / "cached", tmp_path / "disk")
     for part in _parts(tmp_path / "disk"):
         part.unlink()
-    disk = SegmentWriter(tmp_path / "disk", host="h")
-    disk.clock, disk.start_ns = Clock(cached.clock.now), start
+    disk = store_pipeline(tmp_path / "disk", host="h", clock=Clock(cached.clock.now), retention_s=0, compact_interval_s=60).sink("duckdb")
+    disk.start_ns = start
     disk._last_t = cached._last_t
     disk.maintain()
     assert len(reads) == 50
@@ -77,7 +77,7 @@ def test_the_cycle_merges_what_the_writer_wrote_without_reading_it_back(tmp_path
 
 
 def test_the_cache_is_bounded_and_off_without_compaction(tmp_path, monkeypatch):
-    monkeypatch.setattr(SegmentWriter, "RECENT_ROWS", 10)
+    monkeypatch.setattr(SegmentSink, "RECENT_ROWS", 10)
     writer = _write(tmp_path / "a", Clock(6000 * HOUR), 8)
     assert writer._recent_rows <= 10 and len(writer._recent) < 16
     writer.maintain()  # the rest is read from disk: the same rows either way

@@ -1,5 +1,5 @@
 """A process forked from a traced one records its own rows, even when the parent's flush
-thread held the store's locks at the fork (no vLLM: the runtime and the real segment store)."""
+thread held the pipeline's and the store's locks at the fork (no vLLM: the runtime and the real segment store)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
         held, release = threading.Event(), threading.Event()
 
         def flush_in_progress():  # what the flush thread holds while it writes
-            with rt.writer._io_lock, rt.writer._lock, rt.verify._lock:
+            with rt.pipeline._flush_lock, rt.pipeline._lock, rt.pipeline.sink("duckdb")._io_lock, rt.verify._lock:
                 held.set()
                 release.wait(30)
 
@@ -47,7 +47,7 @@ def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
                 fresh = (
                     child is not rt
                     and child.pid == os.getpid()
-                    and child.writer is not rt.writer
+                    and child.pipeline is not rt.pipeline
                     and child.verify is not rt.verify
                     and child.hooks is rt.hooks
                 )
@@ -92,11 +92,11 @@ def test_pause_switches_every_hook_off_and_resume_back_on(tmp_path):
         runtime.pause()
         with runtime.guard("some.hook") as got:
             assert got is None  # the hooks find no runtime: they return at once
-        assert runtime.get() is None and rt.writer.paused
+        assert runtime.get() is None and rt.pipeline.paused
         runtime.resume()
         with runtime.guard("some.hook") as got:
             assert got is rt
-        assert not rt.writer.paused
+        assert not rt.pipeline.paused
         rt.flush()
     finally:
         runtime.stop()

@@ -1,7 +1,7 @@
 """The lake sink, its views and its maintenance against a real PostgreSQL catalog (no vLLM).
 
-Writers are the store's own ``SegmentWriter`` with the lake sink attached, as in a
-traced process; readers are ``spectrace query --lake`` and ``spectrace.lake.read``.
+Writers are pipelines built from the sink registry with the lake sink, as in a traced
+process; readers are ``spectrace query --lake`` and ``spectrace.lake.read``.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import pytest
 
 import spectrace.store
 from spectrace.cli import main
-from spectrace.lake import sink as lake_sink
-from spectrace.store.writer import SegmentWriter
+from spectrace.pipeline import Pipeline
+from spectrace.sinks import build
 from spectrace.lake import read as lake
 from spectrace.settings import Settings
 
 DAY_NS = 86_400 * 10**9
 
 
-def writer_for(postgres, tmp_path, host: str, *, exporters: str = "lake", max_rows: int = 200_000) -> SegmentWriter:
+def writer_for(postgres, tmp_path, host: str, *, exporters: str = "lake", max_rows: int = 200_000) -> Pipeline:
     settings = Settings.from_env({
         "SPECTRACE_EXPORTER": exporters,
         "SPECTRACE_LAKE": postgres.catalog,
@@ -30,20 +30,26 @@ def writer_for(postgres, tmp_path, host: str, *, exporters: str = "lake", max_ro
         "SPECTRACE_DIR": str(tmp_path / f"store-{host}"),
         "SPECTRACE_MAX_BUFFER_ROWS": str(max_rows),
     })
-    writer = SegmentWriter(settings.dir, host=settings.host, max_buffer_rows=settings.max_buffer_rows)
-    if "duckdb" not in settings.exporters:
-        writer.enabled = False  # as the runtime does
-    assert lake_sink.attach(writer, settings) == "lake"
+    writer, status = build(settings)  # as the runtime builds its pipeline
+    assert status["lake"] == "lake"
+    _HOSTS[id(writer)] = host
     return writer
 
 
-def counts(writer: SegmentWriter, run_id: str, drafted: list[int], accepted: list[int], *, ts: int | None = None) -> None:
+def counts(writer: Pipeline, run_id: str, drafted: list[int], accepted: list[int], *, ts: int | None = None) -> None:
     n = len(drafted)
     writer.extend_columns("verify_counts", {
-        "run_id": run_id, "host": writer.host, "process_role": "engine_core", "ts": [ts or time.time_ns()] * n,
+        "run_id": run_id, "host": _host(writer), "process_role": "engine_core", "ts": [ts or time.time_ns()] * n,
         "source": "engine_core", "position": list(range(n)), "context_bucket": "0-127",
         "drafted": drafted, "accepted": accepted,
     }, n)
+
+
+_HOSTS: dict[int, str] = {}  # pipeline -> the host it was built for
+
+
+def _host(writer: Pipeline) -> str:
+    return _HOSTS[id(writer)]
 
 
 def query(catalog: str, sql: str, capsys) -> list[dict]:
@@ -74,7 +80,7 @@ def test_two_hosts_one_lake_without_parquet(postgres, tmp_path, capsys):
     assert query(postgres.catalog, "select count(*) as n from findings", capsys) == [{"n": 0}]  # exists, empty
     # only the lake is configured: no segment anywhere
     assert not list(tmp_path.glob("store-*/**/*.parquet"))
-    assert a.sinks[0].stats()["commits"] == 4 and a.dropped == 0
+    assert a.sink("lake").stats()["commits"] == 4 and a.dropped == 0
 
 
 def test_lake_beside_the_store_gets_the_same_rows(postgres, tmp_path):
@@ -85,7 +91,7 @@ def test_lake_beside_the_store_gets_the_same_rows(postgres, tmp_path):
         writer.flush()
     writer.close()
     sql = "select position, sum(drafted), sum(accepted) from verify_counts group by all order by all"
-    store, fleet = spectrace.store.open(writer.root), lake.open(postgres.catalog)
+    store, fleet = spectrace.store.open(writer.sink("duckdb").root), lake.open(postgres.catalog)
     assert store.execute(sql).fetchall() == fleet.execute(sql).fetchall() == [(0, 20, 6), (1, 20, 4)]
     sql = "select host, hook, sum(count) from internal_errors group by all"
     assert store.execute(sql).fetchall() == fleet.execute(sql).fetchall() == [("replica-a", "h", 6)]
@@ -94,7 +100,7 @@ def test_lake_beside_the_store_gets_the_same_rows(postgres, tmp_path):
 
 def test_catalog_down_keeps_rows_to_the_bound_then_drops_and_counts_then_resumes(postgres, tmp_path, caplog):
     writer = writer_for(postgres, tmp_path, "replica-a", max_rows=100)
-    sink = writer.sinks[0]
+    sink = writer.sink("lake")
     counts(writer, "run-a", [1] * 10, [1] * 10)
     writer.flush()
     assert sink.stats()["rows_written"] == 10

@@ -79,7 +79,7 @@ def test_fleet_acceptance_per_host_equals_each_engines_vllm_counters(fleet, untr
         assert [r["accepted"] for r in mine] == result.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
         assert sum(r["drafted"] for r in mine) == result.metrics["vllm:spec_decode_num_draft_tokens"]
         assert result.tokens == untraced[HOSTS[host]].tokens  # tracing changed nothing
-        assert result.exporter["dropped"] == 0 and result.exporter["LakeSink"]["failures"] == 0
+        assert result.exporter["dropped"] == 0 and result.exporter["lake"]["failures"] == 0
     total = query(postgres.catalog, "select sum(drafted) as drafted, sum(accepted) as accepted "
                                     "from verify_counts where source = 'engine_core'", capsys)
     assert total == [{
@@ -113,7 +113,7 @@ def test_fleet_acceptance_per_host_equals_each_engines_vllm_counters(fleet, untr
     assert files_after < files_before, (files_before, files_after)
     with capsys.disabled():  # measured, for the record (pytest -s)
         print(f"\nlake: data files {files_before} -> {files_after};",
-              {host: r.exporter["LakeSink"] for host, r in results.items()})
+              {host: r.exporter["lake"] for host, r in results.items()})
 
 
 def test_catalog_stopped_while_serving(zoo, scratch, cache_root, postgres, untraced, tmp_path):
@@ -168,7 +168,7 @@ def test_catalog_stopped_while_serving(zoo, scratch, cache_root, postgres, untra
     assert outage.ok and after.ok, (outage.error, after.error)
     assert outage.tokens == untraced["self"].tokens
     assert after.tokens == untraced["self"].tokens
-    sink = outage.exporter["LakeSink"]
+    sink = outage.exporter["lake"]
     assert outage.exporter["dropped"] == sink["dropped"] > 0
     assert sink["failures"] > 0 and "Connection refused" in sink["last_error"]
     # back: the next engine's rows all arrive, none dropped
@@ -183,4 +183,4 @@ def test_catalog_stopped_while_serving(zoo, scratch, cache_root, postgres, untra
     con.close()
     assert lost <= outage.metrics["vllm:spec_decode_num_draft_tokens"]
     print(f"\noutage: {outage.seconds} s (untraced engine {untraced['self'].seconds} s); drafted in lake {lost} of "
-          f"{outage.metrics['vllm:spec_decode_num_draft_tokens']};", sink, after.exporter["LakeSink"])
+          f"{outage.metrics['vllm:spec_decode_num_draft_tokens']};", sink, after.exporter["lake"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import spectrace.store
 from spectrace import audit
-from spectrace.store.writer import SegmentWriter
+from spectrace.testing import store_pipeline
 from spectrace.queries import report
 
 S, F = "sliding_attention", "full_attention"
@@ -14,7 +14,7 @@ DERIVED = ([S] * 5 + [F]) * 2
 
 
 def _store(tmp_path, plans: list[audit.LayerPlan]):
-    writer = SegmentWriter(tmp_path, host="testhost")
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
     writer.append("runs", {"run_id": "r1", "process_role": "frontend", "started_at": 1, "target_model": "gemma"})
     writer.extend("attention_layout", [{"run_id": "r1", "model_role": "target", **plan.as_row()} for plan in plans])
     writer.flush()

@@ -15,12 +15,12 @@ import pytest
 
 import spectrace.store
 from spectrace.cli import main
-from spectrace.store.writer import SegmentWriter
+from spectrace.testing import store_pipeline
 from spectrace.records import TABLES
 
 
-def _writer(root, **kwargs):
-    return SegmentWriter(root, host="testhost", **kwargs)
+def _writer(root, **settings):
+    return store_pipeline(root, retention_s=0, compact_interval_s=0, **settings)
 
 
 def test_rows_round_trip_through_segments(tmp_path):
@@ -88,18 +88,19 @@ def test_unwritable_directory_is_one_error_and_no_partial_file(tmp_path, caplog)
     writer = _writer(blocker / "store")
     writer.append("runs", {"run_id": "r"})
     writer.append("runs", {"run_id": "r"})
-    assert writer.flush() == 0
+    assert writer.flush() == 2  # handed to the store sink, which could not write them
+    assert writer.sink("duckdb").stats()["segments_written"] == 0
     writer.append("runs", {"run_id": "r"})
     writer.flush()
-    assert writer.write_errors == 2 and writer.dropped == 3
+    assert writer.sink("duckdb").write_errors == 2 and writer.dropped == 3
     assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
 
 
 _WRITER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from spectrace.store.writer import SegmentWriter
-    w = SegmentWriter(sys.argv[1], host="writer", flush_interval_s=0.02)
+    from spectrace.testing import store_pipeline
+    w = store_pipeline(sys.argv[1], host="writer", flush_interval_s=0.02, retention_s=0, compact_interval_s=0)
     w.start()
     deadline = time.time() + float(sys.argv[2])
     i = 0

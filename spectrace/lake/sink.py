@@ -1,12 +1,11 @@
 """The lake sink (``SPECTRACE_EXPORTER=lake``): every flush's rows into one DuckLake.
 
-The segment writer's background flush builds one Arrow table per table and run
-(``SegmentWriter._write``) and hands each to ``LakeSink.add``; at the end of the
-flush ``LakeSink.commit`` inserts them all in one transaction. The engine's
-threads only append to the writer's buffer: they never wait on the catalog.
+The pipeline's flush builds one Arrow table per table and run and hands the batch to
+``LakeSink.export``, which inserts them all in one transaction. The engine's threads
+only append to the pipeline's buffer: they never wait on the catalog.
 
 Catalog down or slow: the rows stay pending, up to ``max_rows``; beyond that new
-rows are dropped and counted (the writer's ``dropped``, hence
+rows are dropped and counted (``on_drop``: the pipeline's ``dropped``, hence
 ``spectrace.export.dropped``). One log line when the catalog goes away, one when
 it is back; retries back off up to ``RETRY_MAX_S``. Never raises.
 """
@@ -21,6 +20,8 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from spectrace import lake
+from spectrace.pipeline import Batch
+from spectrace.settings import Settings
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -28,6 +29,10 @@ RETRY_MAX_S = 10.0
 
 
 class LakeSink:
+    name = "lake"
+    status = "lake"
+    takes_tables = True  # stores the records tables: the runtime turns spans into rows for it
+
     def __init__(
         self,
         catalog: str,
@@ -54,7 +59,22 @@ class LakeSink:
         self._backoff = 0.0
         self.last_error: str | None = None
 
+    @classmethod
+    def from_settings(cls, settings: Settings, *, on_drop: Callable[[int], None] | None = None) -> "LakeSink":
+        """The lake sink of these settings; raises ``LakeError`` when it cannot run at all."""
+        if not settings.lake:
+            raise lake.LakeError("SPECTRACE_EXPORTER has lake but SPECTRACE_LAKE is not set")
+        for name in lake.EXTENSIONS:
+            lake.extension_file(name)
+        return cls(settings.lake, data_path=settings.lake_data, max_rows=settings.max_buffer_rows, on_drop=on_drop)
+
     # -- called from the flush thread ------------------------------------------
+
+    def export(self, batch: Batch) -> None:
+        """Queue the batch's parts and insert everything pending in one transaction."""
+        for part in batch:
+            self.add(part.table, part.arrow)
+        self.commit()
 
     def add(self, table: str, rows: pa.Table) -> None:
         n = rows.num_rows
@@ -170,29 +190,3 @@ class LakeSink:
             "connect_s": self.connect_seconds[-10:],
             "last_error": self.last_error,
         }
-
-
-def attach(writer, settings) -> str:
-    """Add the lake sink to ``writer`` (a ``SegmentWriter``). Returns the status for the run record.
-
-    With ``duckdb`` among the exporters the Parquet segments are written as before;
-    with the lake alone they are not.
-    """
-    if not settings.lake:
-        log.error("spectrace: SPECTRACE_EXPORTER has lake but SPECTRACE_LAKE is not set; the lake sink is off")
-        return "unavailable: SPECTRACE_LAKE is not set"
-    try:
-        for name in lake.EXTENSIONS:
-            lake.extension_file(name)
-    except lake.LakeError as exc:
-        log.error("spectrace: lake sink unavailable: %s", exc)
-        return f"unavailable: {exc}"
-
-    def count(n: int) -> None:
-        with writer._lock:  # the hot side counts its own drops under this lock
-            writer.dropped += n
-
-    writer.sinks.append(LakeSink(settings.lake, data_path=settings.lake_data, max_rows=settings.max_buffer_rows, on_drop=count))
-    writer.parquet = "duckdb" in settings.exporters
-    writer.enabled = True
-    return "lake"

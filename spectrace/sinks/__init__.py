@@ -1,0 +1,89 @@
+"""The pipeline's sinks, and the registry a process chooses them from.
+
+Each sink takes every flush's :class:`~spectrace.pipeline.Batch` (``export``):
+
+- ``duckdb``: the per-process Parquet store (``spectrace.store.writer.SegmentSink``);
+- ``lake``: one DuckLake for the fleet (``spectrace.lake.sink.LakeSink``);
+- ``prometheus``: this process's exposition file, served on vLLM's ``/metrics``
+  (``spectrace.sinks.exposition.ExpositionSink``);
+- ``otlp``: spans and metrics to an OTLP collector, scheduled by the OpenTelemetry SDK
+  (``spectrace.sinks.otel.OtlpSink``);
+- ``memory``: every batch kept as rows, for tests (``spectrace.sinks.memory.MemorySink``;
+  not selectable by ``SPECTRACE_EXPORTER``).
+
+``spans`` turns finished OpenTelemetry spans into rows of the ``spans`` table; ``metrics``
+is the process's OpenTelemetry instruments, read by the ``prometheus`` and ``otlp`` sinks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+from spectrace.pipeline import Pipeline, Sink
+from spectrace.settings import Settings
+
+log = logging.getLogger("vllm.spectrace")
+
+
+def _store(settings: Settings, pipeline: Pipeline) -> Sink:
+    from spectrace.store.writer import SegmentSink
+
+    return SegmentSink.from_settings(settings, on_drop=pipeline.count_dropped, record=pipeline.append)
+
+
+def _lake(settings: Settings, pipeline: Pipeline) -> Sink:
+    from spectrace.lake.sink import LakeSink
+
+    return LakeSink.from_settings(settings, on_drop=pipeline.count_dropped)
+
+
+def _exposition(settings: Settings, pipeline: Pipeline) -> Sink:
+    from spectrace.sinks.exposition import ExpositionSink
+
+    return ExpositionSink.from_settings(settings)
+
+
+def _otlp(settings: Settings, pipeline: Pipeline) -> Sink:
+    from spectrace.sinks.otel import OtlpSink
+
+    return OtlpSink(on_drop=pipeline.count_dropped)
+
+
+# Each entry builds one sink from the settings; the order here is the order sinks get a batch.
+SINKS: dict[str, Callable[[Settings, Pipeline], Sink]] = {
+    "duckdb": _store,
+    "lake": _lake,
+    "prometheus": _exposition,
+    "otlp": _otlp,
+}
+
+
+def build(
+    settings: Settings,
+    *,
+    sources: Sequence[Callable[[], None]] = (),
+    on_error: Callable[[str, BaseException], None] | None = None,
+) -> tuple[Pipeline, dict[str, str]]:
+    """The process's pipeline with the sinks ``settings.exporters`` names, and each sink's status.
+
+    A sink that cannot be built (a missing extra, no catalog) is one log line and a status
+    ``unavailable: ...``; the others run. An unknown name is logged and skipped.
+    """
+    pipeline = Pipeline.from_settings(settings, sources=sources, on_error=on_error)
+    status: dict[str, str] = {}
+    unknown = [name for name in settings.exporters if name not in SINKS]
+    if unknown:
+        log.error("spectrace: unknown SPECTRACE_EXPORTER value(s) %s; known: %s", unknown, ", ".join(SINKS))
+    for name in SINKS:  # registry order, whatever order the variable lists them in
+        if name not in settings.exporters:
+            continue
+        try:
+            sink = SINKS[name](settings, pipeline)
+        except Exception as exc:
+            status[name] = f"unavailable: {exc}"
+            log.error("spectrace: the %s sink is unavailable: %s", name, exc)
+            continue
+        pipeline.add_sink(sink)
+        status[name] = getattr(sink, "status", name)
+    return pipeline, status

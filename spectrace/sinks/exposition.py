@@ -193,6 +193,46 @@ class ProcessFile:
                 pass
 
 
+class ExpositionSink:
+    """The pipeline's ``prometheus`` sink: this process's series, rewritten after every flush.
+
+    Its OpenTelemetry reader (``metric_reader()``) is what the process's meter provider
+    exports into; the file (and the per-server directory) is made then, at the first hook
+    that builds telemetry, not when the sink is chosen. ``export`` runs after the flush's
+    sources have updated the counters, so each file holds the flush's counts.
+    """
+
+    name = "prometheus"
+
+    def __init__(self, metrics_dir: Path | None) -> None:
+        try:
+            import opentelemetry.exporter.prometheus  # noqa: F401
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise MissingExtra("SPECTRACE_EXPORTER=prometheus needs opentelemetry-exporter-prometheus and prometheus-client") from None
+        self.metrics_dir = metrics_dir
+        self.file: ProcessFile | None = None
+        self.status = "prometheus"
+
+    @classmethod
+    def from_settings(cls, settings) -> "ExpositionSink":
+        return cls(settings.metrics_dir)
+
+    def metric_reader(self):
+        if self.file is None:
+            self.file = ProcessFile(server_dir(self.metrics_dir))
+            self.status = str(self.file.path)
+        return self.file.reader
+
+    def export(self, batch) -> None:
+        if self.file is not None:
+            self.file.write()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 # -- reading (the API server, or the offline endpoint) ----------------------
 
 

@@ -142,3 +142,37 @@ def otlp_metric_reader():
         raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
     interval = int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
     return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()), export_interval_millis=interval)
+
+
+class OtlpSink:
+    """The pipeline's ``otlp`` sink: spans and metrics to an OTLP collector.
+
+    The OpenTelemetry SDK schedules this export itself (a batch span processor and a periodic
+    metric reader, each on its own thread), so ``export`` has nothing to do with the flush's
+    tables; the process's tracer and meter providers take ``span_processor()`` and
+    ``metric_reader()`` when telemetry is built. Spans the full queue drops go to ``on_drop``.
+    """
+
+    name = "otlp"
+    status = "otlp"
+
+    def __init__(self, on_drop=None) -> None:
+        self.on_drop = on_drop
+        for signal in ("TRACES", "METRICS"):  # a missing extra is found when the sink is chosen
+            module = "grpc" if _protocol(signal) == "grpc" else "http"
+            try:
+                __import__(f"opentelemetry.exporter.otlp.proto.{module}")
+            except ImportError:
+                raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
+
+    def span_processor(self):
+        return CountingBatchSpanProcessor(otlp_span_exporter(), on_drop=self.on_drop or (lambda n: None))
+
+    def metric_reader(self):
+        return otlp_metric_reader()
+
+    def export(self, batch) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # the providers' shutdown flushes and stops the SDK's threads

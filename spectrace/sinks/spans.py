@@ -1,9 +1,9 @@
-"""The DuckDB sink: an OpenTelemetry span exporter that writes Parquet segments.
+"""Spans as rows of the ``spans`` table: an OpenTelemetry span exporter into the pipeline.
 
-DuckDB reads the segments (``spectrace.store.read``); no process ever holds a
-DuckDB database file open for writing, so readers work while vLLM runs.
-``export`` only converts and appends to the segment writer's buffer; the
-writer's background thread does the I/O.
+``export`` only converts each finished span to a row and appends it to the pipeline's
+buffer; the pipeline's flush hands it to the table sinks (the store, the lake) with
+every other table. The row has the shape of the OpenTelemetry Collector's ClickHouse
+``otel_traces`` table.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from spectrace.store.writer import SegmentWriter
+from spectrace.pipeline import Pipeline
 
 
 def _hex(value: int, width: int) -> str:
@@ -75,19 +75,19 @@ def span_row(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
-class DuckDBSpanExporter(SpanExporter):
-    """Appends finished spans to the ``spans`` table of the segment store."""
+class SpanRows(SpanExporter):
+    """Appends finished spans to the pipeline's ``spans`` table."""
 
-    def __init__(self, writer: SegmentWriter) -> None:
-        self.writer = writer
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.writer.extend("spans", [span_row(s) for s in spans])
+        self.pipeline.extend("spans", [span_row(s) for s in spans])
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        self.writer.flush()
+        self.pipeline.flush()
         return True
 
     def shutdown(self) -> None:
-        self.writer.flush()
+        self.pipeline.flush()

@@ -1,21 +1,16 @@
-"""Per-process Parquet segments: the DuckDB store's write side.
+"""Per-process Parquet segments: the DuckDB store's write side, a sink of the pipeline.
 
 Every process writes its own files, never a file another process writes:
 ``<dir>/<table>/run=<run_id>/<host>-<pid>-<time_ns>-<seq>.parquet``. A segment is written
 under a hidden temporary name and moved into place with ``os.replace``, so a
 reader globbing ``*.parquet`` never sees half a file.
 
-Appends only touch an in-memory list under a lock; a background thread writes
-every ``flush_interval_s``. The buffer is bounded: rows beyond
-``max_buffer_rows`` are dropped and counted (``dropped``), never block the caller.
-
-Other table sinks (``sinks``: the lake) receive the same Arrow table per table and
-run from the flush (``add(table, arrow_table)``, then ``commit()`` once per flush);
-``parquet = False`` leaves the segments unwritten when only such a sink is configured.
-
-Every ``compact_interval_s`` the same thread merges this process's older segments into
-few files per table and hour (``spectrace.store.compaction``) and applies the
-retention (``retention_s``) and the size cap (``max_bytes``) to the store.
+:class:`SegmentSink` receives each flush's :class:`~spectrace.pipeline.Batch` from the
+pipeline (``export``) and writes one segment per table and run. Its ``maintain()``, which the
+pipeline runs every ``SPECTRACE_COMPACT_INTERVAL``, merges this process's older segments into
+few files per table and hour (``spectrace.store.compaction``) and applies the retention
+(``SPECTRACE_RETENTION``) and the size cap (``SPECTRACE_MAX_MB``) to the store. Its settings
+come from :class:`~spectrace.settings.Settings` (``from_settings``): it has no defaults of its own.
 """
 
 from __future__ import annotations
@@ -26,27 +21,16 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spectrace.store import compaction
-from spectrace.records import SCHEMA_VERSION, columns
+from spectrace.pipeline import Batch
 from spectrace.settings import Settings
+from spectrace.store import compaction
 
 log = logging.getLogger("vllm.spectrace")
-
-_ARROW = {
-    "VARCHAR": pa.string(),
-    "JSON": pa.string(),
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "TIMESTAMP_NS": pa.timestamp("ns"),
-}
 
 
 def _scandir(path) -> list:
@@ -56,71 +40,11 @@ def _scandir(path) -> list:
         return []
 
 
-def arrow_schema(table: str) -> pa.Schema:
-    return pa.schema(
-        [(name, _ARROW[kind]) for name, kind in columns(table)],
-        metadata={b"spectrace.schema_version": str(SCHEMA_VERSION).encode()},
-    )
+class SegmentSink:
+    """Writes each flush's parts as Parquet segments; compacts, expires and caps the store."""
 
-
-# The tables a flush builds are kept until the next compaction cycle (``SegmentWriter._recent``).
-# Kept in Arrow's default pool (mimalloc in the pyarrow wheels), they made every later write up to
-# five times slower at batch 256 (bench/hotpath.py's drain table; the system and jemalloc pools show
-# no slowdown): they are built in the system allocator's pool instead.
-POOL = pa.system_memory_pool()
-
-
-def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows (dicts) to an Arrow table of ``table``'s schema; missing keys are NULL."""
-    schema = arrow_schema(table)
-    # One C++ pass over the dicts (a struct array), not a Python loop per column:
-    # same per-field conversion, missing keys NULL, other keys ignored.
-    arrays = pa.array(rows, type=pa.struct(schema), memory_pool=POOL).flatten(memory_pool=POOL)
-    i = schema.get_field_index("schema_version")
-    arrays[i] = pa.array([SCHEMA_VERSION] * len(rows), type=schema.field(i).type, memory_pool=POOL)
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-_SEQUENCES = (list, tuple, np.ndarray)
-
-
-def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
-    """Columns to an Arrow table of ``table``'s schema: each value is a sequence of ``n``
-    values (list, tuple, NumPy array) or one value for every row; missing columns are NULL."""
-    schema = arrow_schema(table)
-    arrays = []
-    for fld in schema:
-        value = SCHEMA_VERSION if fld.name == "schema_version" else columns.get(fld.name)
-        arrays.append(pa.array(value if isinstance(value, _SEQUENCES) else [value] * n, type=fld.type, memory_pool=POOL))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _split_by_run(columns: dict[str, Any], n: int) -> list[tuple[dict[str, Any], int]]:
-    """Column sets of one run each (run_id one value), in order of first appearance."""
-    runs = columns.get("run_id")
-    if not isinstance(runs, _SEQUENCES):
-        return [(columns, n)]
-    runs = list(runs)
-    if runs.count(runs[0]) == n:
-        return [({**columns, "run_id": runs[0]}, n)]
-    rows_of: dict[Any, list[int]] = defaultdict(list)
-    for i, run_id in enumerate(runs):
-        rows_of[run_id].append(i)
-    return [
-        (
-            {
-                key: [value[i] for i in rows] if isinstance(value, _SEQUENCES) else value
-                for key, value in {**columns, "run_id": run_id}.items()
-            },
-            len(rows),
-        )
-        for run_id, rows in rows_of.items()
-    ]
-
-
-class SegmentWriter:
-    """Buffers rows per table and writes them as Parquet segments in the background."""
-
+    name = "duckdb"
+    takes_tables = True  # stores the records tables: the runtime turns spans into rows for it
     RECENT_ROWS = 500_000  # rows of written segments kept for the next compaction cycle
 
     def __init__(
@@ -128,42 +52,35 @@ class SegmentWriter:
         root: Path,
         *,
         host: str,
-        flush_interval_s: float = Settings.flush_interval_s,
-        max_buffer_rows: int = Settings.max_buffer_rows,
+        max_bytes: int,
+        retention_s: float,
+        compact: bool,
+        flush_interval_s: float,
+        on_drop: Callable[[int], None] | None = None,
+        record: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.host = host
-        self.enabled = True  # False: rows are aggregated and exported elsewhere, never written
-        self.parquet = True  # False: rows go to ``sinks`` only, no segment is written
-        self.sinks: list = []  # add(table, arrow_table) per table x run, commit() per flush
-        self.flush_interval_s = flush_interval_s
-        self.max_buffer_rows = max_buffer_rows
-        self.dropped = 0
+        self.max_bytes = max_bytes  # 0: no cap (SPECTRACE_MAX_MB)
+        self.retention_s = retention_s  # 0: keep everything (SPECTRACE_RETENTION)
+        self.compact = compact  # False: maintain() applies retention and the cap only (SPECTRACE_COMPACT_INTERVAL=0)
+        self.flush_interval_s = flush_interval_s  # spaces the cap's scans between cycles
+        self.on_drop = on_drop  # rows this sink could not write (the pipeline counts them)
+        self.record = record  # rows this sink records about itself (store_evictions), into the next flush
+        self.status = str(self.root)
         self.write_errors = 0
         self.segments_written = 0
-        self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._columns: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)  # extend_columns
-        self._buffered = 0
-        self._lock = threading.Lock()
-        self._io_lock = threading.Lock()
+        self.dropped = 0
+        self._io_lock = threading.Lock()  # the newest segment time, between a flush and maintenance
         self._seq = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._error_logged = False
-        self._before_flush: list = []
-        self.paused = False
-        self.max_bytes = 0  # 0: no cap (SPECTRACE_MAX_MB)
         self.active_runs: set[str] = set()  # runs this process still writes: never evicted
-        self.evictions: list[dict[str, Any]] = []
         self._cap_checked = 0.0
         self._over_cap = False
         self._cap_logged = False
-        self.compact_interval_s = 0.0  # 0: this process never compacts (SPECTRACE_COMPACT_INTERVAL)
-        self.retention_s = 0.0  # 0: keep everything (SPECTRACE_RETENTION)
         self.clock = time.time_ns  # names segments; a benchmark replays a week with its own
         self.start_ns = self.clock()
         self._last_t = 0  # the newest segment time this writer named (strictly increasing)
-        self._maintained = time.monotonic()
         self._store_bytes = -1  # at the last scan of the store plus what this process wrote since; -1: not scanned
         self.compactions = 0
         self.compaction_cpu_s = 0.0
@@ -174,89 +91,62 @@ class SegmentWriter:
         self._recent_rows = 0
         self._folders: set[Path] = set()  # run folders known to exist
 
-    # -- hot side -------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Settings, *, on_drop=None, record=None) -> "SegmentSink":
+        return cls(
+            settings.dir,
+            host=settings.host,
+            max_bytes=int(settings.max_mb * 1e6),
+            retention_s=settings.retention_s,
+            compact=settings.compact_interval_s > 0,
+            flush_interval_s=settings.flush_interval_s,
+            on_drop=on_drop,
+            record=record,
+        )
 
-    def append(self, table: str, row: dict[str, Any]) -> None:
-        with self._lock:
-            if self._buffered >= self.max_buffer_rows:
-                self.dropped += 1
-                return
-            self._rows[table].append(row)
-            self._buffered += 1
+    def _dropped(self, n: int) -> None:
+        self.dropped += n
+        if self.on_drop is not None:
+            self.on_drop(n)
 
-    def extend(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        rows = list(rows)
-        with self._lock:
-            room = self.max_buffer_rows - self._buffered
-            if room < len(rows):
-                self.dropped += len(rows) - max(room, 0)
-                rows = rows[: max(room, 0)]
-            self._rows[table].extend(rows)
-            self._buffered += len(rows)
+    def _evicted(self, row: dict[str, Any]) -> None:
+        if self.record is not None:
+            self.record("store_evictions", row)
 
-    def extend_columns(self, table: str, columns: dict[str, Any], n: int) -> None:
-        """Append ``n`` rows given as columns (see ``columns_to_arrow``): no dict per row.
+    # -- the pipeline's calls ----------------------------------------------------
 
-        For high-volume producers (the verification drain). Bounded and counted like
-        ``extend`` (the rows beyond the bound are the last ones); rows are grouped by
-        ``run_id`` (one value, or one per row) as ``extend``'s are.
-        """
-        if n <= 0:
-            return
-        with self._lock:
-            room = self.max_buffer_rows - self._buffered
-            if room < n:
-                self.dropped += n - max(room, 0)
-                n = max(room, 0)
-                if not n:
-                    return
-                columns = {key: value[:n] if isinstance(value, _SEQUENCES) else value for key, value in columns.items()}
-            self._rows[table]  # noqa: B018  (keeps the order tables are written in at flush)
-            self._columns[table].extend(_split_by_run(columns, n))
-            self._buffered += n
-
-    def on_flush(self, callback) -> None:
-        """Call ``callback()`` at the start of every flush (to drain aggregators)."""
-        self._before_flush.append(callback)
-
-    # -- background side ------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="spectrace-flush", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.flush_interval_s):
-            if self.paused:  # tracing switched off at run time (spectrace.tracer.runtime.pause)
-                continue
-            self.flush()
-            if self.compact_interval_s and time.monotonic() - self._maintained >= self.compact_interval_s:
-                self.maintain()
+    def export(self, batch: Batch) -> None:
+        """One segment per table and run of the batch (from the pipeline's flush)."""
+        if (
+            self.max_bytes
+            and time.time() - self._cap_checked >= 5 * self.flush_interval_s
+            # the store is scanned at each compaction cycle; in between only when this process's own
+            # writes may have crossed the cap (or once a minute, for what other processes wrote)
+            and (
+                not 0 <= self._store_bytes <= self.max_bytes
+                or time.time() - self._cap_checked >= 60 * self.flush_interval_s
+            )
+        ):
+            self._cap_checked = time.time()
+            try:
+                self.enforce_cap()
+            except Exception:
+                log.exception("spectrace: enforcing SPECTRACE_MAX_MB failed")
+        with self._io_lock:
+            for part in batch:
+                self._write(part.table, part.run_id, part.arrow)
 
     def maintain(self) -> None:
         """One compaction cycle of this process's own segments, then retention and the cap.
 
-        Runs on the flush thread between flushes; never raises (errors are logged once
-        and counted). Holds the write lock only to read the newest segment time.
+        The pipeline runs it on the flush thread between flushes; never raises (errors are
+        logged once and counted). Holds the write lock only to read the newest segment time.
         """
-        self._maintained = time.monotonic()
-        if not (self.enabled and self.parquet):
-            return
         cpu = time.thread_time()
         try:
             with self._io_lock:  # every segment named so far is on disk; later ones are named after `now`
                 newest, now = self._last_t, self.clock()
             key, start = f"{self.host}-{os.getpid()}", self.start_ns
-            compactor = compaction.Compactor(
-                self.root,
-                lambda seg: seg.writer == key and start <= seg.lo and seg.hi <= newest,
-                closed=lambda hour, _: (hour + 1) * compaction.HOUR_NS <= now,
-                clock=self.clock,
-                cache=self._recent,
-            )
             if self.retention_s:  # before merging: nothing is merged only to be removed
                 expired = compaction.expire(self.root, self.clock() - int(self.retention_s * 1e9))
                 for record in expired:
@@ -264,9 +154,16 @@ class SegmentWriter:
                         "spectrace: SPECTRACE_RETENTION: removed %d files (%.1f MB) of run %s older than %.0f s",
                         record["segments"], record["bytes"] / 1e6, record["evicted_run_id"], self.retention_s,
                     )
-                    self.evictions.append({"ts": self.clock(), "reason": "retention", **record})
-            compactor.cycle()
-            self.compactions += 1
+                    self._evicted({"ts": self.clock(), "reason": "retention", **record})
+            if self.compact:
+                compaction.Compactor(
+                    self.root,
+                    lambda seg: seg.writer == key and start <= seg.lo and seg.hi <= newest,
+                    closed=lambda hour, _: (hour + 1) * compaction.HOUR_NS <= now,
+                    clock=self.clock,
+                    cache=self._recent,
+                ).cycle()
+                self.compactions += 1
             if self.max_bytes:
                 self._cap_checked = time.time()
                 self.enforce_cap()
@@ -279,73 +176,17 @@ class SegmentWriter:
             self.compaction_cpu_s += time.thread_time() - cpu
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self._thread = None
-        self.flush()
-        for sink in self.sinks:
-            try:
-                sink.close()
-            except Exception:
-                log.exception("spectrace: closing %s failed", type(sink).__name__)
+        self._recent, self._recent_rows = {}, 0
 
-    def flush(self) -> int:
-        """Write every buffered row now. Returns the number of rows written."""
-        for callback in list(self._before_flush):
-            try:
-                callback()
-            except Exception:  # an aggregator must never stop the store
-                log.exception("spectrace: flush callback failed")
-        with self._io_lock:
-            with self._lock:
-                pending, self._rows = self._rows, defaultdict(list)
-                pending_columns, self._columns = self._columns, defaultdict(list)
-                self._buffered = 0
-            written = 0
-            if not self.enabled:
-                return 0
-            if (
-                self.max_bytes
-                and self.parquet
-                and time.time() - self._cap_checked >= 5 * self.flush_interval_s
-                # the store is scanned at each compaction cycle; in between only when this process's own
-                # writes may have crossed the cap (or once a minute, for what other processes wrote)
-                and (
-                    not 0 <= self._store_bytes <= self.max_bytes
-                    or time.time() - self._cap_checked >= 60 * self.flush_interval_s
-                )
-            ):
-                self._cap_checked = time.time()
-                try:
-                    self.enforce_cap()
-                except Exception:
-                    log.exception("spectrace: enforcing SPECTRACE_MAX_MB failed")
-            if self.evictions:  # from the cap, and from the compaction cycle's retention
-                evicted, self.evictions = self.evictions, []
-                pending["store_evictions"].extend(evicted)
-            for table in {**pending, **pending_columns}:
-                rows = pending.get(table, [])
-                run_ids = [row.get("run_id") or "none" for row in rows]
-                by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
-                if run_ids and run_ids.count(run_ids[0]) == len(run_ids):
-                    by_run[run_ids[0]] = rows  # the usual case: one run, no regrouping
-                else:
-                    for run_id, row in zip(run_ids, rows):
-                        by_run[run_id].append(row)
-                column_sets: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)
-                for columns, n in pending_columns.get(table, ()):
-                    column_sets[columns.get("run_id") or "none"].append((columns, n))
-                for run_id in {**by_run, **column_sets}:
-                    run_rows, run_columns = by_run.get(run_id, []), column_sets.get(run_id, [])
-                    if self._write(table, run_id, run_rows, run_columns):
-                        written += len(run_rows) + sum(n for _, n in run_columns)
-            for sink in self.sinks:
-                try:
-                    sink.commit()
-                except Exception:  # a sink never stops the store
-                    log.exception("spectrace: %s commit failed", type(sink).__name__)
-            return written
+    def stats(self) -> dict[str, Any]:
+        return {
+            "segments_written": self.segments_written,
+            "write_errors": self.write_errors,
+            "dropped": self.dropped,
+            "compactions": self.compactions,
+            "compaction_errors": self.compaction_errors,
+            "compaction_cpu_s": round(self.compaction_cpu_s, 4),
+        }
 
     # -- size cap ---------------------------------------------------------------
 
@@ -396,7 +237,7 @@ class SegmentWriter:
                 "spectrace: store over SPECTRACE_MAX_MB (%.1f MB): removed %d segments (%.1f MB) of finished run %s",
                 self.max_bytes / 1e6, removed, freed / 1e6, run_id,
             )
-            self.evictions.append(
+            self._evicted(
                 {"ts": self.clock(), "evicted_run_id": run_id, "segments": removed, "bytes": freed, "reason": "max_mb"}
             )
         self._store_bytes = total
@@ -408,12 +249,6 @@ class SegmentWriter:
                 "dropped and counted until there is room",
                 self.root,
             )
-
-    @staticmethod
-    def _arrow(table: str, rows: list[dict[str, Any]], column_sets) -> pa.Table:
-        parts = [to_arrow(table, rows)] if rows or not column_sets else []
-        parts += [columns_to_arrow(table, columns, n) for columns, n in column_sets]
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts, memory_pool=POOL)
 
     def _write_file(self, folder: Path, tmp: Path, arrow: pa.Table) -> None:
         for attempt in (1, 2):
@@ -429,24 +264,10 @@ class SegmentWriter:
                 if attempt == 2:
                     raise
 
-    def _write(
-        self, table: str, run_id: str, rows: list[dict[str, Any]], column_sets: list[tuple[dict[str, Any], int]] = ()
-    ) -> bool:
-        count = len(rows) + sum(n for _, n in column_sets)
-        if self.sinks:
-            try:
-                arrow = self._arrow(table, rows, column_sets)
-            except Exception:
-                self.write_errors += 1
-                self.dropped += count
-                log.exception("spectrace: cannot build the %s batch; dropped and counted", table)
-                return False
-            for sink in self.sinks:
-                sink.add(table, arrow)
-            if not self.parquet:
-                return True
+    def _write(self, table: str, run_id: str, arrow: pa.Table) -> bool:
+        count = arrow.num_rows
         if self._over_cap:
-            self.dropped += count
+            self._dropped(count)
             return False
         folder = self.root / table / f"run={run_id}"
         self._seq += 1
@@ -455,17 +276,16 @@ class SegmentWriter:
         name = f"{self.host}-{os.getpid()}-{self._last_t}-{self._seq:06d}.parquet"
         tmp = folder / f".{name}.tmp"
         try:
-            arrow = arrow if self.sinks else self._arrow(table, rows, column_sets)
             self._write_file(folder, tmp, arrow)
             os.replace(tmp, folder / name)
-            if self.compact_interval_s and self._recent_rows + arrow.num_rows <= self.RECENT_ROWS:
+            if self.compact and self._recent_rows + arrow.num_rows <= self.RECENT_ROWS:
                 self._recent[folder / name] = arrow
                 self._recent_rows += arrow.num_rows
             if self.max_bytes and self._store_bytes >= 0:
                 self._store_bytes += (folder / name).stat().st_size
         except Exception as exc:
             self.write_errors += 1
-            self.dropped += count
+            self._dropped(count)
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:

@@ -17,3 +17,19 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
         if time.time() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def store_pipeline(root, *, host: str = "testhost", clock=None, **settings):
+    """A pipeline with the store sink only, built as a traced process builds it (the sink registry,
+    from a ``Settings``), writing to ``root``. ``settings``: any other ``Settings`` field, stated by the
+    test (retention, compaction, cap, buffer); ``clock``: the store's clock (a replayed week)."""
+    from pathlib import Path
+
+    from spectrace.sinks import build
+    from spectrace.settings import Settings
+
+    pipeline, _ = build(Settings(dir=Path(root), host=host, exporters=("duckdb",), **settings))
+    if clock is not None:
+        store = pipeline.sink("duckdb")
+        store.clock, store.start_ns = clock, clock()
+    return pipeline

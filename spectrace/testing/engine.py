@@ -313,17 +313,14 @@ def _wait_for(path: Path, timeout_s: float = 300.0) -> None:
 
 
 def _exporter_stats() -> dict[str, Any]:
-    """The writer's drop count and each extra sink's counters (the lake's)."""
+    """The pipeline's counters (``dropped``, ``errors``, ...) and each sink's own, by sink name."""
     try:
         from spectrace.tracer import runtime
 
         rt = runtime.get()
         if rt is None:
             return {}
-        stats: dict[str, Any] = {"dropped": rt.writer.dropped, "write_errors": rt.writer.write_errors}
-        for sink in rt.writer.sinks:
-            stats[type(sink).__name__] = sink.stats()
-        return stats
+        return rt.pipeline.stats()
     except Exception as exc:
         return {"error": repr(exc)}
 

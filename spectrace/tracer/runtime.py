@@ -1,4 +1,4 @@
-"""Per-process tracing state: settings, the store writer, the tracer, the run.
+"""Per-process tracing state: settings, the flush pipeline, the tracer, the run.
 
 One :class:`Runtime` per process, created by the plugin when ``SPECTRACE=1``.
 
@@ -47,9 +47,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import spectrace
-from spectrace.sinks.spans import DuckDBSpanExporter
-from spectrace.sinks import otel
-from spectrace.store.writer import SegmentWriter
+from spectrace import sinks as sink_registry
+from spectrace.sinks.spans import SpanRows
 from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import Settings
 from spectrace.tracer.hooks import Hook, HookSet
@@ -120,38 +119,19 @@ class Runtime:
         self.runs: dict[str, Run] = {}
         self._runs_started = 0
         self._lock = threading.RLock()
-        self.writer = SegmentWriter(
-            settings.dir,
-            host=self.host,
-            flush_interval_s=settings.flush_interval_s,
-            max_buffer_rows=settings.max_buffer_rows,
-        )
-        self.writer.max_bytes = int(settings.max_mb * 1e6)
-        self.writer.retention_s = settings.retention_s
-        self.writer.compact_interval_s = settings.compact_interval_s
-        self.writer.on_flush(self._flush_error_counts)
         self.provider: TracerProvider | None = None
         self._tracer = None
         self.metrics = None
-        self.exporter_status: dict[str, str] = {}
         self._dropped_reported = 0
-        self._span_drops = 0
-        unknown = [name for name in settings.exporters if name not in (*otel.KNOWN, "lake")]
-        if unknown:
-            log.error("spectrace: unknown SPECTRACE_EXPORTER value(s) %s; known: %s", unknown, ", ".join(otel.KNOWN))
-        if "duckdb" not in settings.exporters:
-            self.writer.enabled = False
-        if "lake" in settings.exporters:  # the fleet sink, fed by the writer's flush (spectrace.lake.sink)
-            from spectrace.lake import sink as lake_sink
-
-            self.exporter_status["lake"] = lake.attach(self.writer, settings)
+        self.verify = make_capture() if make_capture is not None else None
+        # The flush, in this order: the verification capture's drain (its rows, counts and
+        # findings), the hook error counts, then the metric counters; then every sink.
+        sources = [self._drain_verification] if self.verify is not None else []
+        sources += [self._flush_error_counts, self._flush_metric_counters]
+        self.pipeline, self.exporter_status = sink_registry.build(settings, sources=sources, on_error=self.count_error)
         inherited = os.environ.get(ACTIVE_RUN_ENV)
         if inherited:
             self.set_run(Run.from_env_value(inherited))
-        self.verify = make_capture() if make_capture is not None else None
-        if self.verify is not None:
-            self.writer.on_flush(lambda: self.verify.drain(self))
-        self.writer.on_flush(self._flush_metric_counters)
 
     # -- telemetry (built at the first hook that fires: then role and run are known) --
 
@@ -187,33 +167,20 @@ class Runtime:
                 return
             resource = self._resource(role)
             provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-            if {"duckdb", "lake"} & set(self.settings.exporters):
-                provider.add_span_processor(SimpleSpanProcessor(DuckDBSpanExporter(self.writer)))
             readers = []
-            if "otlp" in self.settings.exporters:
+            sinks = self.pipeline.sinks
+            if any(getattr(sink, "takes_tables", False) for sink in sinks):
+                provider.add_span_processor(SimpleSpanProcessor(SpanRows(self.pipeline)))
+            for sink in sinks:  # the sinks that take spans or metrics from the SDK (otlp, prometheus)
                 try:
-                    provider.add_span_processor(
-                        otel.CountingBatchSpanProcessor(otel.otlp_span_exporter(), on_drop=self._count_span_drop)
-                    )
-                    readers.append(otel.otlp_metric_reader())
-                    self.exporter_status["otlp"] = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "default endpoint")
+                    if hasattr(sink, "span_processor"):
+                        provider.add_span_processor(sink.span_processor())
+                    if hasattr(sink, "metric_reader"):
+                        readers.append(sink.metric_reader())
+                    self.exporter_status[sink.name] = sink.status
                 except Exception as exc:
-                    self.exporter_status["otlp"] = f"unavailable: {exc}"
-                    log.error("spectrace: OTLP export unavailable: %s", exc)
-            if "prometheus" in self.settings.exporters:
-                try:
-                    from spectrace.sinks import exposition
-
-                    exposed = exposition.ProcessFile(
-                        exposition.server_dir(self.settings.metrics_dir),
-                        on_error=lambda exc: self.count_error("exporter.prometheus", exc),
-                    )
-                    readers.append(exposed.reader)
-                    self.writer.on_flush(exposed.write)
-                    self.exporter_status["prometheus"] = str(exposed.path)
-                except Exception as exc:
-                    self.exporter_status["prometheus"] = f"unavailable: {exc}"
-                    log.error("spectrace: Prometheus endpoint unavailable: %s", exc)
+                    self.exporter_status[sink.name] = f"unavailable: {exc}"
+                    log.error("spectrace: the %s sink is unavailable: %s", sink.name, exc)
             if readers:
                 from spectrace.sinks.metrics import Metrics
 
@@ -221,11 +188,11 @@ class Runtime:
             self.provider = provider
             self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
 
-    def _count_span_drop(self, n: int) -> None:
-        self._span_drops += n
+    def _drain_verification(self) -> None:
+        self.verify.drain(self)
 
     def _flush_metric_counters(self) -> None:
-        dropped = self.writer.dropped + self._span_drops
+        dropped = self.pipeline.dropped
         if self.metrics is not None:
             delta = dropped - self._dropped_reported
             if delta > 0:
@@ -277,7 +244,7 @@ class Runtime:
         except Exception as exc:
             self.count_error("process.shutdown", exc)
         finally:
-            self.writer.close()
+            self.pipeline.close()
             if self.metrics is not None:
                 try:
                     self.metrics.shutdown()
@@ -292,7 +259,9 @@ class Runtime:
     def set_run(self, run: "Run | None") -> None:
         if run is not None:
             self.runs[run.run_id] = run
-            self.writer.active_runs = {run.run_id}
+            store = self.pipeline.sink("duckdb")
+            if store is not None:
+                store.active_runs = {run.run_id}  # never evicted by the size cap while this process writes it
         self.run = run
 
     def run_by_id(self, run_id: str | None) -> "Run | None":
@@ -376,15 +345,15 @@ class Runtime:
         }
 
     def record(self, table: str, row: dict[str, Any], *, role: str, rank: int | None = None, run: "Run | None" = None) -> None:
-        self.writer.append(table, {**self.common(role, rank, run_id=run.run_id if run else None), **row})
+        self.pipeline.append(table, {**self.common(role, rank, run_id=run.run_id if run else None), **row})
 
     def records(self, table: str, rows: list[dict[str, Any]], *, role: str, rank: int | None = None) -> None:
         common = self.common(role, rank)
-        self.writer.extend(table, [{**common, **row} for row in rows])
+        self.pipeline.extend(table, [{**common, **row} for row in rows])
 
     def flush(self) -> None:
         """Write everything buffered now (records a failing load must not lose)."""
-        self.writer.flush()
+        self.pipeline.flush()
 
     def start_span(
         self,
@@ -454,7 +423,7 @@ class Runtime:
             }
             self._errors_written.update(self.errors)
         for hook, delta in deltas.items():
-            self.writer.append(
+            self.pipeline.append(
                 "internal_errors",
                 {**self.common("process"), "ts": time.time_ns(), "hook": hook, "error": "", "count": delta},
             )
@@ -506,7 +475,7 @@ def start(settings: Settings | None = None, *, hooks: list[Hook] | None = None, 
             rt = Runtime(settings or Settings.from_env(), make_capture)
             rt.install(hooks or [])
         _runtime, _parent = rt, None
-        rt.writer.start()
+        rt.pipeline.start()
         atexit.register(rt.shutdown)
         return rt
 
@@ -533,14 +502,14 @@ def pause() -> None:
     with _start_lock:
         if _runtime is not None:
             _paused, _runtime = _runtime, None
-            _paused.writer.paused = True
+            _paused.pipeline.paused = True
 
 
 def resume() -> None:
     global _runtime, _paused
     with _start_lock:
         if _paused is not None:
-            _paused.writer.paused = False
+            _paused.pipeline.paused = False
             _runtime, _paused = _paused, None
 
 

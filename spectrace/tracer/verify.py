@@ -97,7 +97,7 @@ class VerifyCapture:
             engine = _take(self.engine_steps)
             worker = _take(self.worker_steps)
             if self.dropped_steps:
-                rt.writer.dropped += self.dropped_steps
+                rt.pipeline.count_dropped(self.dropped_steps)
                 self.dropped_steps = 0
             if engine:
                 self._drain_engine(rt, engine)
@@ -176,13 +176,13 @@ class VerifyCapture:
                 "structured_output": structured,
                 "draft_token_ids": [json.dumps(list(d)) for d in draft_ids] if record_tokens else None,
             }
-            rt.writer.extend_columns("verify_steps", columns, len(kept))
+            rt.pipeline.extend_columns("verify_steps", columns, len(kept))
         for run_id, batch in per_run.items():
             curve = self._curve(rt, run_id)
             shapes = acceptance.one_token_rows(draft_rows[run_id], draft_accepted[run_id])
             curve.add_shapes(shapes)
             if shapes["rows"]:
-                rt.writer.append(
+                rt.pipeline.append(
                     "draft_shapes",
                     {**common, "run_id": run_id, "ts": time.time_ns(), "rows": shapes["rows"], "repeated_rows": shapes["repeated"],
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
@@ -251,8 +251,8 @@ class VerifyCapture:
             for length, count in enumerate(lengths)
             if count
         ]
-        rt.writer.extend("verify_counts", rows)
-        rt.writer.extend("acceptance_lengths", length_rows)
+        rt.pipeline.extend("verify_counts", rows)
+        rt.pipeline.extend("acceptance_lengths", length_rows)
         if rt.metrics is not None:
             labels = rt.labels(run_id)
             if source == ENGINE:
@@ -379,7 +379,7 @@ class VerifyCapture:
             if curve.boundaries:
                 rows = [b.as_dict() for b in curve.boundaries]
                 common = rt.common(ENGINE, run_id=run_id)
-                rt.writer.extend("context_boundaries", [{**common, "ts": time.time_ns(), **row} for row in rows])
+                rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **row} for row in rows])
                 if rt.metrics is not None and hasattr(rt.metrics, "boundaries"):
                     rt.metrics.boundaries(rows, rt.labels(run_id))
         return curve
@@ -444,7 +444,7 @@ class VerifyCapture:
         now = time.time_ns()
         for (run_id, rank), t in totals.items():
             t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
-            rt.writer.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
+            rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
             detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
             evidence = detector.observe(t)
             if rt.metrics is not None and hasattr(rt.metrics, "speculation"):
