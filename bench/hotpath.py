@@ -177,7 +177,7 @@ def measure(batch: int, k: int, *, reps: int, n: int, rt) -> dict:
     out["engine_hook"]["unit"] = "µs/step"
     # sanity: the hook really captured (one tuple per call) and the stats really ran
     engine_hook(sched_self, so, mro)
-    assert len(capture.engine_steps) == 1 and capture.engine_steps[-1][3] is so.scheduled_spec_decode_tokens
+    assert len(capture.engine_steps) == 1 and capture.engine_steps[-1].drafts is so.scheduled_spec_decode_tokens
     capture.engine_steps.clear()
     stats = None
     for d, a, rid in stats_args:

@@ -80,7 +80,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_package():
     graph = _graph()
-    assert "spectrace.tracer.runtime" in graph["spectrace.tracer.verify"]
+    assert "spectrace.tracer.runtime" in graph["spectrace.tracer.verify.hooks"]
     assert "spectrace.vllm_objects.configs" in graph["spectrace.tracer.runtime"]
     assert "spectrace.audit" in graph["spectrace.doctor.diagnose"]
 

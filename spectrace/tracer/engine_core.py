@@ -9,35 +9,27 @@ spans the KV-cache set-up.
 
 from __future__ import annotations
 
+from spectrace.tracer.around import around
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
 
 ROLE = "engine_core"
 
 
-def wrap_initialize_kv_caches(original, hook: str):
-    def _initialize_kv_caches(self, vllm_config, *args, **kwargs):
-        span = None
-        with runtime.guard(hook) as rt:
-            if rt is not None:
-                rt.note_vllm_config(vllm_config)
-                if rt.verify is not None and rt.run is not None:
-                    rt.verify.note_config(rt.run.run_id, vllm_config)  # the run's context boundaries
-                rt.enter_role(ROLE)
-                span = rt.start_span("spectrace.engine_core.init_kv_caches", role=ROLE)
-        try:
-            result = original(self, vllm_config, *args, **kwargs)
-        except BaseException as exc:
-            with runtime.guard(hook) as rt:
-                if rt is not None:
-                    rt.end_span(span, exc)
-            raise
-        with runtime.guard(hook) as rt:
-            if rt is not None:
-                rt.end_span(span)
-        return result
+def _kv_caches_start(rt, engine_core, vllm_config, *args, **kwargs):
+    rt.note_vllm_config(vllm_config)
+    if rt.verify is not None and rt.run is not None:
+        rt.verify.note_config(rt.run.run_id, vllm_config)  # the run's context boundaries
+    rt.enter_role(ROLE)
+    return rt.start_span("spectrace.engine_core.init_kv_caches", role=ROLE)
 
-    return _initialize_kv_caches
+
+# EngineCore._initialize_kv_caches: the engine core's role, its run's config, one span
+wrap_initialize_kv_caches = around(
+    before=_kv_caches_start,
+    after=[(None, lambda rt, span, result, *args, **kwargs: rt.end_span(span))],
+    failed=lambda rt, span, exc, *args, **kwargs: rt.end_span(span, exc),
+)
 
 
 HOOKS = [

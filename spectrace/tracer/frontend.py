@@ -25,6 +25,7 @@ from typing import Any
 import spectrace
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.tracer import audit_live, runtime
+from spectrace.tracer.around import around
 from spectrace.tracer.hooks import Hook
 
 ROLE = "frontend"
@@ -33,64 +34,53 @@ ROLE = "frontend"
 # -- hooks -----------------------------------------------------------------------
 
 
-def wrap_create_engine_config(original, hook: str):
-    def create_engine_config(self, *args, **kwargs):
-        run = None
-        with runtime.guard(hook) as rt:
-            if rt is not None:
-                run = rt.begin_run()
-                rt.enter_role(ROLE)
-        try:
-            vllm_config = original(self, *args, **kwargs)
-        except BaseException as exc:
-            with runtime.guard(hook) as rt:
-                if rt is not None and run is not None:
-                    record_resolution(rt, run, self, None, exc)
-                    rt.end_run_span(exc)
-            raise
-        with runtime.guard(hook) as rt:
-            if rt is not None and run is not None:
-                record_resolution(rt, run, self, vllm_config, None)
-        return vllm_config
-
-    return create_engine_config
+def _begin(rt, engine_args, *args, **kwargs):
+    run = rt.begin_run()
+    rt.enter_role(ROLE)
+    return run
 
 
-def wrap_get_config(original, hook: str):
-    def get_config(model, *args, **kwargs):
-        start = time.time_ns()
-        try:
-            config = original(model, *args, **kwargs)
-        except BaseException as exc:
-            with runtime.guard(hook) as rt:
-                _capture(rt, ConfigCapture(str(model), start, time.time_ns(), None, f"{type(exc).__name__}: {exc}"))
-            raise
-        with runtime.guard(hook) as rt:
-            _capture(rt, ConfigCapture(str(model), start, time.time_ns(), config))
-        return config
+def _resolved(rt, run, vllm_config, engine_args, *args, **kwargs) -> None:
+    if run is not None:
+        record_resolution(rt, run, engine_args, vllm_config, None)
 
-    return get_config
+
+def _resolution_failed(rt, run, exc, engine_args, *args, **kwargs) -> None:
+    if run is not None:
+        record_resolution(rt, run, engine_args, None, exc)
+        rt.end_run_span(exc)
+
+
+# EngineArgs.create_engine_config: a run starts (its root span), the resolution is recorded
+wrap_create_engine_config = around(before=_begin, after=[(None, _resolved)], failed=_resolution_failed)
+
+
+def _started(rt, model, *args, **kwargs) -> int:
+    return time.time_ns()
+
+
+def _config_read(rt, start, config, model, *args, **kwargs) -> None:
+    _capture(rt, ConfigCapture(str(model), start or 0, time.time_ns(), config))
+
+
+def _config_failed(rt, start, exc, model, *args, **kwargs) -> None:
+    _capture(rt, ConfigCapture(str(model), start or 0, time.time_ns(), None, f"{type(exc).__name__}: {exc}"))
+
+
+# vllm.config.model.get_config: what transformers resolved, per model, kept for the run
+wrap_get_config = around(before=_started, after=[(None, _config_read)], failed=_config_failed)
 
 
 def _capture(rt, capture: ConfigCapture) -> None:
-    if rt is not None and rt.run is not None and rt.run.root_span is not None:
+    if rt.run is not None and rt.run.root_span is not None:
         rt.run.model_captures.append(capture)
 
 
-def wrap_engine_init(original, hook: str):
-    def __init__(self, *args, **kwargs):
-        try:
-            original(self, *args, **kwargs)
-        except BaseException as exc:
-            with runtime.guard(hook) as rt:
-                if rt is not None:
-                    rt.end_run_span(exc)
-            raise
-        with runtime.guard(hook) as rt:
-            if rt is not None:
-                rt.end_run_span()
-
-    return __init__
+# LLMEngine / AsyncLLM __init__: the engine is up (or failed): the run's root span ends
+wrap_engine_init = around(
+    after=[(None, lambda rt, state, result, *args, **kwargs: rt.end_run_span())],
+    failed=lambda rt, state, exc, *args, **kwargs: rt.end_run_span(exc),
+)
 
 
 HOOKS = [

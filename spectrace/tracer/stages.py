@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from spectrace.tracer import api_server, engine_core, frontend, runtime, verify, verify_v2, worker
+from spectrace.tracer import api_server, engine_core, frontend, runtime, verify, worker
+from spectrace.tracer.verify import hooks_v2 as verify_v2
 from spectrace.tracer.hooks import Hook
 
 

@@ -7,6 +7,7 @@ the layers hold what they will really execute.
 
 from __future__ import annotations
 
+from spectrace.tracer.around import around
 from spectrace.tracer import layout, runtime, taps
 from spectrace.tracer.hooks import Hook
 
@@ -18,35 +19,50 @@ def _rank(worker) -> int | None:
     return rank if isinstance(rank, int) else None
 
 
-def wrap_load_model(original, hook: str):
-    def load_model(self, *args, **kwargs):
-        rank = _rank(self)
-        span = None
-        with runtime.guard(hook) as rt:
-            if rt is not None:
-                rt.note_vllm_config(self.vllm_config)
-                rt.enter_role(ROLE, rank)
-                span = rt.start_span("spectrace.worker.load_model", role=ROLE, rank=rank)
-        try:
-            result = original(self, *args, **kwargs)
-        except BaseException as exc:
-            with runtime.guard(hook) as rt:
-                if rt is not None:
-                    layout.record_load_error(rt, self, exc, ROLE, rank, span)
-                    rt.end_span(span, exc)
-            raise
-        with runtime.guard("worker.layout") as rt:
-            if rt is not None:
-                layout.record_runtime_layout(rt, self, ROLE, rank, span)
-        with runtime.guard("worker.taps") as rt:
-            if rt is not None:
-                taps.record_taps(rt, self, ROLE, rank, span)
-        with runtime.guard(hook) as rt:
-            if rt is not None:
-                rt.end_span(span)
-        return result
+class _Load:
+    """What ``load_model``'s hook keeps between before and after: the rank and the span."""
 
-    return load_model
+    __slots__ = ("rank", "span")
+
+    def __init__(self, rank: int | None, span) -> None:
+        self.rank = rank
+        self.span = span
+
+
+def _load_start(rt, worker, *args, **kwargs) -> _Load:
+    rank = _rank(worker)
+    rt.note_vllm_config(worker.vllm_config)
+    rt.enter_role(ROLE, rank)
+    return _Load(rank, rt.start_span("spectrace.worker.load_model", role=ROLE, rank=rank))
+
+
+def _load_failed(rt, load, exc, worker, *args, **kwargs) -> None:
+    rank, span = (load.rank, load.span) if load is not None else (_rank(worker), None)
+    layout.record_load_error(rt, worker, exc, ROLE, rank, span)
+    rt.end_span(span, exc)
+
+
+def _layout(rt, load, result, worker, *args, **kwargs) -> None:
+    if load is not None:
+        layout.record_runtime_layout(rt, worker, ROLE, load.rank, load.span)
+
+
+def _taps(rt, load, result, worker, *args, **kwargs) -> None:
+    if load is not None:
+        taps.record_taps(rt, worker, ROLE, load.rank, load.span)
+
+
+def _load_done(rt, load, result, worker, *args, **kwargs) -> None:
+    if load is not None:
+        rt.end_span(load.span)
+
+
+# Worker.load_model: the worker's role and rank, then what the built model runs (layout, taps)
+wrap_load_model = around(
+    before=_load_start,
+    after=[("worker.layout", _layout), ("worker.taps", _taps), (None, _load_done)],
+    failed=_load_failed,
+)
 
 
 HOOKS = [

@@ -1,33 +1,12 @@
-"""Per-step draft verification, captured where vLLM already holds it on the host.
+"""The verification drain: what the hooks captured, turned into rows, counts and findings.
 
-Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
-    ``Scheduler.update_from_output(scheduler_output, model_runner_output)`` runs
-    once per step for either model runner, with or without async scheduling.
-    The hook appends one tuple per step to a buffer: references to the step's
-    draft dict, its row index and cached-request data (new objects every step),
-    plus the per-request sampled-token counts taken with one C-level
-    ``map(len, ...)`` before vLLM trims anything. No device synchronisation, no
-    per-request Python loop on the engine's thread.
-    ``Scheduler.add_request`` notes once per request whether it is greedy and
-    structured.
-
-Worker (V1 model runner, ``v1/worker/gpu_model_runner.py``)
-    ``GPUModelRunner._bookkeeping_sync`` returns the rejection sampler's host
-    output (``valid_sampled_token_ids``) on synchronous scheduling; the hook
-    keeps its lengths. Dummy and profiling runs never pass through it; prefill
-    steps have no drafts and are skipped.
-
-Worker host times (V1 model runner): ``GPUModelRunner.execute_model`` (the
-target forward), ``sample_tokens`` (verification, drafting, bookkeeping) and
-``propose_draft_token_ids`` (drafting) are timed with the host clock around the
-call: one ``perf_counter_ns`` pair per call, no device synchronisation. On CPU
-the host clock is the compute time; on CUDA the V1 runner's bookkeeping copies
-to the host inside ``sample_tokens``, so a step's whole time is right while its
-drafting share reads as launch time.
-
-Everything else (per-request accepted counts, positions, context buckets and
-the run's own context ranges, one-token draft rows, rows, spans, the collapse,
-cliff and cost detectors) happens in the store's background flush.
+Runs on the pipeline's flush thread (its first source, ``Runtime._drain_verification``),
+never on vLLM's. Per flush: the engine core's steps (``EngineStep``) become ``verify_steps``
+rows, per-position counts by context range (``verify_counts``), acceptance lengths and
+one-token draft rows; the worker's steps (``WorkerStep``) the worker-side counts; the
+worker's step times (``StepTiming``) ``speculation_steps``. The detectors (collapse,
+cliffs, dummy drafts, speculation not paying) and the engine/worker agreement judge what
+accumulated; every finding is built by ``spectrace.audit``.
 
 Counting rules follow vLLM's ``Scheduler.update_from_output`` /
 ``make_spec_decoding_stats``: accepted = max(sampled - num_sampled_per_step, 0),
@@ -43,41 +22,29 @@ import logging
 import random
 import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 
 import numpy as np
 
 from spectrace import acceptance
 from spectrace import audit
 from spectrace.audit import Finding
-from spectrace.vllm_objects.steps import bookkeeping_sampled
 from spectrace.tracer import audit_live, runtime
-from spectrace.tracer.hooks import Hook
+from spectrace.tracer.verify.capture import ENGINE, WORKER, Capture, StepTiming
 
 log = logging.getLogger("vllm.spectrace")
 
-ENGINE = "engine_core"
-WORKER = "worker"
 
-_MAX_REQUEST_FLAGS = 100_000
-
-
-class VerifyCapture:
-    """The per-process buffer the hot path appends to, and its background drain.
+class VerifyCapture(Capture):
+    """The per-process capture (:class:`Capture`, what the hooks append to) and its background
+    drain: rows, counts, metrics and findings, from the flush thread.
 
     One per :class:`~spectrace.tracer.runtime.Runtime` (``rt.verify``): a forked child
     builds its own, with fresh locks and queues.
     """
 
     def __init__(self) -> None:
-        # deques: the engine thread appends while the flush thread pops, and neither
-        # ever loses the other's item (a list swapped under the appender could).
-        self.engine_steps: deque[tuple] = deque()
-        self.worker_steps: deque[tuple] = deque()
-        self.dropped_steps = 0  # steps not buffered because the flush fell behind
-        self.engine_step_no = 0
-        self.request_flags: dict[str, tuple[bool, bool]] = {}
-        self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
+        super().__init__()
         self.detectors: dict[str, acceptance.CollapseDetector] = {}
         self.totals: dict[tuple[str, str, int | None], list[int]] = defaultdict(lambda: [0, 0])
         self._span_countdown = 0
@@ -86,23 +53,21 @@ class VerifyCapture:
         self._checked: set[str] = set()
         self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
         self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
-        self.worker_timings: deque[list] = deque()  # [has_drafts, execute ns, sample ns, draft ns] per worker step
-        self.open_timing: list | None = None  # the step being timed now (the drain leaves it)
         self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
 
     # -- background ------------------------------------------------------------
 
     def drain(self, rt: "runtime.Runtime") -> None:
         with self._lock:
-            engine = _take(self.engine_steps)
-            worker = _take(self.worker_steps)
-            if self.dropped_steps:
-                rt.pipeline.count_dropped(self.dropped_steps)
-                self.dropped_steps = 0
+            engine = self.take_engine_steps()
+            worker = self.take_worker_steps()
+            dropped = self.take_dropped()
+            if dropped:
+                rt.pipeline.count_dropped(dropped)
             if engine:
                 self._drain_engine(rt, engine)
             yielded = self._drain_worker(rt, worker) if worker else {}
-            timings = self._take_timings()
+            timings = self.take_timings()
             if timings:
                 self._drain_timings(rt, timings, yielded)
             for run_id in list(self.curves):
@@ -120,7 +85,7 @@ class VerifyCapture:
         marks: dict[str, list[acceptance.StepMark]] = defaultdict(list)
         draft_rows: dict[str, list] = defaultdict(list)
         draft_accepted: dict[str, list[int]] = defaultdict(list)
-        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:
+        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
             batch: list[tuple[int, int, int]] = []
@@ -192,7 +157,7 @@ class VerifyCapture:
     def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
         """Counts the worker's steps; per (run, rank): (draft rows, tokens yielded) for the cross-check."""
         per_key: dict[tuple[str, int | None], list[tuple[int, int, int]]] = {}
-        for ts, run_id, rank, drafts, valid_lens, row_of in steps:
+        for ts, run_id, rank, drafts, valid_lens, row_of in steps:  # WorkerStep
             if row_of is None:  # V2 model runner: drafts per row, aligned with the sampled rows
                 pairs = zip(drafts, valid_lens)
             else:  # V1: request id -> draft token ids, and request id -> row
@@ -419,28 +384,22 @@ class VerifyCapture:
 
     # -- does speculation pay? (worker host times) ------------------------------------
 
-    def _take_timings(self) -> list[list]:
-        queue = self.worker_timings
-        taken = []
-        while len(queue) > 1 or (queue and queue[0][6]):
-            taken.append(queue.popleft())
-        return taken
-
-    def _drain_timings(self, rt, timings: list[list], yielded: dict) -> None:
+    def _drain_timings(self, rt, timings: list[StepTiming], yielded: dict) -> None:
         keys = ("steps", "step_ns", "draft_ns", "scheduled_tokens", "scheduled_tokens_sq", "tokens_x_verify_ns", "requests")
         totals: dict[tuple, dict[str, int]] = {}
-        for run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, _, tokens, requests in timings:
-            if not has_drafts:
+        for timing in timings:
+            if not timing.has_drafts:
                 continue
-            t = totals.setdefault((run_id, rank), dict.fromkeys(keys, 0))
-            step_ns = execute_ns + sample_ns
+            t = totals.setdefault((timing.run_id, timing.rank), dict.fromkeys(keys, 0))
+            step_ns = timing.execute_ns + timing.sample_ns
+            tokens = timing.scheduled_tokens
             t["steps"] += 1
             t["step_ns"] += step_ns
-            t["draft_ns"] += draft_ns
+            t["draft_ns"] += timing.draft_ns
             t["scheduled_tokens"] += tokens
             t["scheduled_tokens_sq"] += tokens * tokens
-            t["tokens_x_verify_ns"] += tokens * (step_ns - draft_ns)
-            t["requests"] += requests
+            t["tokens_x_verify_ns"] += tokens * (step_ns - timing.draft_ns)
+            t["requests"] += timing.requests
         now = time.time_ns()
         for (run_id, rank), t in totals.items():
             t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
@@ -593,147 +552,3 @@ def _run_context(vllm_config) -> tuple[list, set[str], str | None, bool | None]:
     return boundaries, audit.root_causes(findings), method, bool(getattr(spec, "parallel_drafting", False))
 
 
-def _take(queue: deque) -> list:
-    return [queue.popleft() for _ in range(len(queue))]
-
-
-MAX_BUFFERED_STEPS = 100_000
-
-
-# -- hooks (hot path: appends references and ints, nothing else) ----------------------
-
-
-def wrap_update_from_output(original, hook: str):
-    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
-        drafts = scheduler_output.scheduled_spec_decode_tokens
-        if drafts:
-            try:
-                rt = runtime.active(hook)
-                if rt is not None:
-                    capture = rt.verify
-                    sampled = model_runner_output.sampled_token_ids
-                    capture.engine_step_no += 1
-                    if len(capture.engine_steps) >= MAX_BUFFERED_STEPS:
-                        capture.dropped_steps += 1
-                    else:
-                        capture.engine_steps.append(
-                            (
-                                time.time_ns(),
-                                capture.engine_step_no,
-                                rt.run.run_id if rt.run is not None else None,
-                                drafts,
-                                list(map(len, sampled)) if sampled else None,
-                                model_runner_output.req_id_to_index,
-                                scheduler_output.scheduled_cached_reqs,
-                                scheduler_output.num_invalid_spec_tokens,
-                                self.num_sampled_tokens_per_step,
-                            )
-                        )
-            except Exception as exc:
-                runtime.count_hook_error(hook, exc)
-        return original(self, scheduler_output, model_runner_output, *args, **kwargs)
-
-    return update_from_output
-
-
-def wrap_add_request(original, hook: str):
-    def add_request(self, request, *args, **kwargs):
-        try:
-            rt = runtime.active(hook)
-            if rt is not None:
-                capture = rt.verify
-                flags = capture.request_flags
-                if len(flags) >= _MAX_REQUEST_FLAGS:
-                    flags.pop(next(iter(flags)))
-                params = request.sampling_params
-                flags[request.request_id] = (
-                    bool(params is not None and params.temperature == 0),
-                    bool(request.use_structured_output),
-                )
-                headers = getattr(request, "trace_headers", None)
-                if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
-                    contexts = capture.request_traces
-                    if len(contexts) >= _MAX_REQUEST_FLAGS:
-                        contexts.pop(next(iter(contexts)))
-                    contexts[request.request_id] = dict(headers)
-        except Exception as exc:
-            runtime.count_hook_error(hook, exc)
-        return original(self, request, *args, **kwargs)
-
-    return add_request
-
-
-def wrap_bookkeeping_sync(original, hook: str):
-    def _bookkeeping_sync(self, scheduler_output, *args, **kwargs):
-        result = original(self, scheduler_output, *args, **kwargs)
-        drafts = scheduler_output.scheduled_spec_decode_tokens
-        if drafts:
-            try:
-                rt = runtime.active(hook)
-                if rt is not None:
-                    valid, row_of = bookkeeping_sampled(result)
-                    capture = rt.verify
-                    if valid and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
-                        capture.worker_steps.append(
-                            (time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER), drafts, list(map(len, valid)), row_of)
-                        )
-            except Exception as exc:
-                runtime.count_hook_error(hook, exc)
-        return result
-
-    return _bookkeeping_sync
-
-
-def wrap_execute_model(original, hook: str):
-    def execute_model(self, scheduler_output, *args, **kwargs):
-        started = time.perf_counter_ns()
-        result = original(self, scheduler_output, *args, **kwargs)
-        elapsed = time.perf_counter_ns() - started
-        try:
-            rt = runtime.active(hook)
-            if rt is not None:
-                capture = rt.verify
-                # [run, rank, verifies drafts, execute ns, sample ns, draft ns, done, scheduled tokens, requests]
-                step = [rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                        bool(scheduler_output.scheduled_spec_decode_tokens), elapsed, 0, 0, result is not None,
-                        scheduler_output.total_num_scheduled_tokens, len(scheduler_output.num_scheduled_tokens)]
-                capture.open_timing = step
-                if len(capture.worker_timings) < MAX_BUFFERED_STEPS:
-                    capture.worker_timings.append(step)
-        except Exception as exc:
-            runtime.count_hook_error(hook, exc)
-        return result
-
-    return execute_model
-
-
-def _timed(slot: int, done: bool):
-    def wrap(original, hook: str):
-        def timed(self, *args, **kwargs):
-            started = time.perf_counter_ns()
-            result = original(self, *args, **kwargs)
-            elapsed = time.perf_counter_ns() - started
-            try:
-                rt = runtime.active(hook)
-                step = rt.verify.open_timing if rt is not None else None
-                if step is not None:
-                    step[slot] += elapsed
-                    if done:
-                        step[6] = True
-            except Exception as exc:
-                runtime.count_hook_error(hook, exc)
-            return result
-
-        return timed
-
-    return wrap
-
-
-HOOKS = [
-    Hook("worker.execute_model", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", wrap_execute_model),
-    Hook("worker.sample_tokens", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens", _timed(4, True)),
-    Hook("worker.propose_drafts", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids", _timed(5, False)),
-    Hook("engine_core.verify", "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", wrap_update_from_output),
-    Hook("engine_core.add_request", "vllm.v1.core.sched.scheduler:Scheduler.add_request", wrap_add_request),
-    Hook("worker.verify", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", wrap_bookkeeping_sync),
-]

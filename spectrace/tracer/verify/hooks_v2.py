@@ -24,7 +24,7 @@ import time
 
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify import MAX_BUFFERED_STEPS, WORKER
+from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, WORKER, WorkerStep
 
 _DRAFTS = "_spectrace_drafts"  # set on an AsyncOutput: its rows' draft counts
 
@@ -42,12 +42,11 @@ def wrap_sample_tokens(original, hook: str):
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         output = original(self, *args, **kwargs)
-        if drafts is not None:
-            try:
-                if hasattr(output, "get_output"):  # AsyncOutput: counted when vLLM reads it
-                    setattr(output, _DRAFTS, drafts)
-            except Exception as exc:
-                runtime.count_hook_error(hook, exc)
+        try:
+            if drafts is not None and hasattr(output, "get_output"):  # AsyncOutput: counted when vLLM reads it
+                setattr(output, _DRAFTS, drafts)
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
         return output
 
     return sample_tokens
@@ -56,20 +55,19 @@ def wrap_sample_tokens(original, hook: str):
 def wrap_get_output(original, hook: str):
     def get_output(self, *args, **kwargs):
         output = original(self, *args, **kwargs)
-        drafts = self.__dict__.pop(_DRAFTS, None)
-        if drafts is not None:
-            try:
-                rt = runtime.active(hook)
-                if rt is not None:
-                    sampled = output.sampled_token_ids
-                    capture = rt.verify
-                    if sampled and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
-                        capture.worker_steps.append(
-                            (time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                             drafts, list(map(len, sampled)), None)
-                        )
-            except Exception as exc:
-                runtime.count_hook_error(hook, exc)
+        try:
+            drafts = self.__dict__.pop(_DRAFTS, None)
+            rt = runtime.active(hook) if drafts is not None else None
+            if rt is not None:
+                sampled = output.sampled_token_ids
+                capture = rt.verify
+                if sampled and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
+                    capture.worker_steps.append(
+                        WorkerStep(time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
+                                   drafts, list(map(len, sampled)), None)
+                    )
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
         return output
 
     return get_output

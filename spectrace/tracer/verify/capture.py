@@ -1,0 +1,103 @@
+"""The verification capture: what the per-step hooks append, and nothing else.
+
+The hooks (``spectrace.tracer.verify.hooks``) run on vLLM's threads, once per engine or
+worker step. They append one record per step to a bounded deque here, holding only what
+vLLM already holds on the host (references to its per-step objects, ints, lists of ints);
+the drain (``spectrace.tracer.verify.drain``) takes them on the flush thread.
+
+Records are named (:class:`EngineStep`, :class:`WorkerStep`: ``NamedTuple``;
+:class:`StepTiming`: a ``__slots__`` object the timing hooks fill in as the step runs).
+Built with positional arguments they cost what a tuple costs (bench/hotpath.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+ENGINE = "engine_core"
+WORKER = "worker"
+
+MAX_BUFFERED_STEPS = 100_000  # per deque: beyond it a step is dropped and counted
+MAX_REQUEST_FLAGS = 100_000  # requests remembered (greedy, structured; trace headers)
+
+
+class EngineStep(NamedTuple):
+    """One engine-core step that verified drafts (``Scheduler.update_from_output``)."""
+
+    ts: int  # time.time_ns() at the hook
+    step_no: int  # the engine core's step number in this process
+    run_id: str | None
+    drafts: dict  # scheduler_output.scheduled_spec_decode_tokens: request id -> draft token ids
+    sampled_lens: list[int] | None  # tokens sampled per row (accepted + 1), before vLLM trims
+    row_of: dict  # model_runner_output.req_id_to_index
+    cached: Any  # scheduler_output.scheduled_cached_reqs (request ids, computed tokens)
+    invalid: dict | None  # scheduler_output.num_invalid_spec_tokens (structured output)
+    num_sampled: int  # Scheduler.num_sampled_tokens_per_step
+
+
+class WorkerStep(NamedTuple):
+    """One worker step's verification output (V1 ``_bookkeeping_sync``, V2 ``AsyncOutput``)."""
+
+    ts: int
+    run_id: str | None
+    rank: int | None
+    drafts: Any  # V1: request id -> draft token ids; V2: draft count per row
+    valid_lens: list[int]  # tokens each row yielded (accepted + 1)
+    row_of: dict | None  # V1: request id -> row; V2: None (rows aligned with ``drafts``)
+
+
+class StepTiming:
+    """One worker step's host times, filled in by the timing hooks as the step runs."""
+
+    __slots__ = ("run_id", "rank", "has_drafts", "execute_ns", "sample_ns", "draft_ns", "done", "scheduled_tokens", "requests")
+
+    def __init__(self, run_id: str | None, rank: int | None, has_drafts: bool, execute_ns: int, done: bool,
+                 scheduled_tokens: int, requests: int) -> None:
+        self.run_id = run_id
+        self.rank = rank
+        self.has_drafts = has_drafts  # the step verified drafts
+        self.execute_ns = execute_ns  # GPUModelRunner.execute_model (the target forward)
+        self.sample_ns = 0  # sample_tokens (verification, drafting, bookkeeping)
+        self.draft_ns = 0  # propose_draft_token_ids (drafting, inside sample_tokens)
+        self.done = done  # no sample_tokens will follow (execute_model returned the output)
+        self.scheduled_tokens = scheduled_tokens
+        self.requests = requests
+
+
+class Capture:
+    """The per-process buffers the hot path appends to (one per runtime; a forked child builds its own)."""
+
+    def __init__(self) -> None:
+        # deques: the engine thread appends while the flush thread pops, and neither
+        # ever loses the other's item (a list swapped under the appender could).
+        self.engine_steps: deque[EngineStep] = deque()
+        self.worker_steps: deque[WorkerStep] = deque()
+        self.worker_timings: deque[StepTiming] = deque()
+        self.open_timing: StepTiming | None = None  # the step being timed now (the drain leaves it)
+        self.dropped_steps = 0  # steps not buffered because the flush fell behind
+        self.engine_step_no = 0
+        self.request_flags: dict[str, tuple[bool, bool]] = {}  # request id -> (greedy, structured output)
+        self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
+
+    # -- the drain's side (flush thread) ---------------------------------------------
+
+    def take_engine_steps(self) -> list[EngineStep]:
+        queue = self.engine_steps
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def take_worker_steps(self) -> list[WorkerStep]:
+        queue = self.worker_steps
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def take_timings(self) -> list[StepTiming]:
+        """Every finished step's timing (the newest stays while its sample_tokens may still run)."""
+        queue = self.worker_timings
+        taken = []
+        while len(queue) > 1 or (queue and queue[0].done):
+            taken.append(queue.popleft())
+        return taken
+
+    def take_dropped(self) -> int:
+        dropped, self.dropped_steps = self.dropped_steps, 0
+        return dropped

@@ -1,0 +1,182 @@
+"""The per-step verification hooks (V1 model runner and the engine core's scheduler).
+
+Hot path: each hook appends one record (``spectrace.tracer.verify.capture``) of references
+and ints vLLM already holds on the host; no device synchronisation, no per-request Python
+loop on the engine's thread. Everything else happens in the drain, on the flush thread.
+
+Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
+    ``Scheduler.update_from_output(scheduler_output, model_runner_output)`` runs once per
+    step for either model runner, with or without async scheduling: one ``EngineStep``
+    (the step's draft dict, row index and cached-request data — new objects every step —
+    plus the per-request sampled-token counts taken with one C-level ``map(len, ...)``
+    before vLLM trims anything). ``Scheduler.add_request`` notes once per request whether
+    it is greedy and structured.
+
+Worker (V1 model runner, ``v1/worker/gpu_model_runner.py``)
+    ``GPUModelRunner._bookkeeping_sync`` returns the rejection sampler's host output
+    (``valid_sampled_token_ids``) on synchronous scheduling: one ``WorkerStep`` with its
+    lengths. Dummy and profiling runs never pass through it; prefill steps have no drafts.
+    (The V2 model runner's hooks: ``hooks_v2``.)
+
+Worker host times (V1): ``execute_model`` (the target forward), ``sample_tokens``
+(verification, drafting, bookkeeping) and ``propose_draft_token_ids`` (drafting) are timed
+with the host clock around the call: one ``perf_counter_ns`` pair per call into a
+``StepTiming``. On CPU the host clock is the compute time; on CUDA the V1 runner's
+bookkeeping copies to the host inside ``sample_tokens``, so a step's whole time is right
+while its drafting share reads as launch time.
+
+Error boundary: in every hook only the wrapped call stands outside the ``try``; every read
+of a vLLM object is inside it, so a vLLM that changed shape costs a counted hook error,
+never vLLM's result (tests/test_hook_boundary.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from spectrace.tracer import runtime
+from spectrace.tracer.hooks import Hook
+from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, StepTiming, WorkerStep
+from spectrace.vllm_objects.steps import bookkeeping_sampled
+
+
+def wrap_update_from_output(original, hook: str):
+    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
+        try:
+            drafts = scheduler_output.scheduled_spec_decode_tokens
+            rt = runtime.active(hook) if drafts else None
+            if rt is not None:
+                capture = rt.verify
+                sampled = model_runner_output.sampled_token_ids
+                capture.engine_step_no += 1
+                if len(capture.engine_steps) >= MAX_BUFFERED_STEPS:
+                    capture.dropped_steps += 1
+                else:
+                    capture.engine_steps.append(
+                        EngineStep(
+                            time.time_ns(),
+                            capture.engine_step_no,
+                            rt.run.run_id if rt.run is not None else None,
+                            drafts,
+                            list(map(len, sampled)) if sampled else None,
+                            model_runner_output.req_id_to_index,
+                            scheduler_output.scheduled_cached_reqs,
+                            scheduler_output.num_invalid_spec_tokens,
+                            self.num_sampled_tokens_per_step,
+                        )
+                    )
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return original(self, scheduler_output, model_runner_output, *args, **kwargs)
+
+    return update_from_output
+
+
+def wrap_add_request(original, hook: str):
+    def add_request(self, request, *args, **kwargs):
+        try:
+            rt = runtime.active(hook)
+            if rt is not None:
+                capture = rt.verify
+                flags = capture.request_flags
+                if len(flags) >= MAX_REQUEST_FLAGS:
+                    flags.pop(next(iter(flags)))
+                params = request.sampling_params
+                flags[request.request_id] = (
+                    bool(params is not None and params.temperature == 0),
+                    bool(request.use_structured_output),
+                )
+                headers = getattr(request, "trace_headers", None)
+                if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
+                    contexts = capture.request_traces
+                    if len(contexts) >= MAX_REQUEST_FLAGS:
+                        contexts.pop(next(iter(contexts)))
+                    contexts[request.request_id] = dict(headers)
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return original(self, request, *args, **kwargs)
+
+    return add_request
+
+
+def wrap_bookkeeping_sync(original, hook: str):
+    def _bookkeeping_sync(self, scheduler_output, *args, **kwargs):
+        result = original(self, scheduler_output, *args, **kwargs)
+        try:
+            drafts = scheduler_output.scheduled_spec_decode_tokens
+            rt = runtime.active(hook) if drafts else None
+            if rt is not None:
+                valid, row_of = bookkeeping_sampled(result)
+                capture = rt.verify
+                if valid and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
+                    capture.worker_steps.append(
+                        WorkerStep(time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
+                                   drafts, list(map(len, valid)), row_of)
+                    )
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return result
+
+    return _bookkeeping_sync
+
+
+def wrap_execute_model(original, hook: str):
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        started = time.perf_counter_ns()
+        result = original(self, scheduler_output, *args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
+        try:
+            rt = runtime.active(hook)
+            if rt is not None:
+                capture = rt.verify
+                step = StepTiming(
+                    rt.run.run_id if rt.run is not None else None,
+                    rt.ranks.get(WORKER),
+                    bool(scheduler_output.scheduled_spec_decode_tokens),
+                    elapsed,
+                    result is not None,  # the output is here: no sample_tokens follows
+                    scheduler_output.total_num_scheduled_tokens,
+                    len(scheduler_output.num_scheduled_tokens),
+                )
+                capture.open_timing = step
+                if len(capture.worker_timings) < MAX_BUFFERED_STEPS:
+                    capture.worker_timings.append(step)
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return result
+
+    return execute_model
+
+
+def _timed(field: str, done: bool):
+    """A hook that adds the call's host time to the open step's ``field`` (and marks it done)."""
+
+    def wrap(original, hook: str):
+        def timed(self, *args, **kwargs):
+            started = time.perf_counter_ns()
+            result = original(self, *args, **kwargs)
+            elapsed = time.perf_counter_ns() - started
+            try:
+                rt = runtime.active(hook)
+                step = rt.verify.open_timing if rt is not None else None
+                if step is not None:
+                    setattr(step, field, getattr(step, field) + elapsed)
+                    if done:
+                        step.done = True
+            except Exception as exc:
+                runtime.count_hook_error(hook, exc)
+            return result
+
+        return timed
+
+    return wrap
+
+
+HOOKS = [
+    Hook("worker.execute_model", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model", wrap_execute_model),
+    Hook("worker.sample_tokens", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens", _timed("sample_ns", True)),
+    Hook("worker.propose_drafts", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids", _timed("draft_ns", False)),
+    Hook("engine_core.verify", "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", wrap_update_from_output),
+    Hook("engine_core.add_request", "vllm.v1.core.sched.scheduler:Scheduler.add_request", wrap_add_request),
+    Hook("worker.verify", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", wrap_bookkeeping_sync),
+]
