@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from spectrace.pipeline import Batch
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Timestamps as their integer nanoseconds (Python's datetime has microseconds only)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(pa.int64()))
+    return table
 
 
 class MemorySink:
@@ -35,12 +45,13 @@ class MemorySink:
         self.closed = True
 
     def rows(self, table: str, *, drop: tuple[str, ...] = ("schema_version",)) -> list[dict[str, Any]]:
-        """Every row of ``table`` exported so far, in order, as dicts (``drop``: columns left out)."""
+        """Every row of ``table`` exported so far, in order, as dicts (``drop``: columns left out;
+        timestamps as integer nanoseconds)."""
         out = []
         for batch in self.batches:
             for part in batch:
                 if part.table == table:
-                    out.extend({k: v for k, v in row.items() if k not in drop} for row in part.arrow.to_pylist())
+                    out.extend({k: v for k, v in row.items() if k not in drop} for row in _plain(part.arrow).to_pylist())
         return out
 
     def table_names(self) -> set[str]:

@@ -1,0 +1,131 @@
+"""The verification counting rules and the findings the drain builds, on whole records (no vLLM).
+
+A runtime as the plugin makes it, with an in-memory sink in place of the store: the capture is
+fed the records the per-step hooks append (``EngineStep``, ``WorkerStep``, built from plain
+objects in the shapes vLLM 0.32 hands the hooks), the pipeline flushes, and the test reads back
+every row the sinks got. The same rules are checked against the real engine by
+tests/test_verification_live.py and tests/test_acceptance_curve_live.py (counts equal vLLM's).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from spectrace.settings import Settings
+from spectrace.sinks.memory import MemorySink
+from spectrace.tracer import runtime, verify
+from spectrace.tracer.verify import EngineStep, WorkerStep
+
+RUN = "run-counting"
+VOLATILE = ("schema_version", "ts", "pid", "host")  # clock, process and machine: not the rules'
+
+
+@pytest.fixture
+def traced(tmp_path):
+    """(runtime, memory sink): exporters off, the memory sink the pipeline's only sink."""
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=(), span_every_steps=0, collapse_window_tokens=100,
+                                collapse_min_tokens=50), hooks=[], make_capture=verify.VerifyCapture)
+    sink = MemorySink()
+    rt.pipeline.add_sink(sink)
+    rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
+    try:
+        yield rt, sink
+    finally:
+        runtime.stop()
+
+
+def cached(contexts: dict[str, int]):
+    """scheduler_output.scheduled_cached_reqs: request ids and their computed tokens."""
+    return SimpleNamespace(req_ids=list(contexts), num_computed_tokens=list(contexts.values()))
+
+
+def engine_step(step_no, drafts, sampled, *, contexts=None, invalid=None, num_sampled=1) -> EngineStep:
+    """One engine-core step: ``drafts`` request -> draft ids; ``sampled`` request -> tokens sampled."""
+    rows = {req: i for i, req in enumerate(sampled)}
+    return EngineStep(1_000 + step_no, step_no, RUN, drafts, list(sampled.values()), rows,
+                      cached(contexts or {}), invalid, num_sampled)
+
+
+def rows(sink: MemorySink, table: str, **where) -> list[dict]:
+    return [r for r in sink.rows(table, drop=VOLATILE) if all(r.get(k) == v for k, v in where.items())]
+
+
+def test_engine_counts_follow_vllms_rules_per_position_and_request_step(traced):
+    rt, sink = traced
+    capture = rt.verify
+    capture.request_flags.update({"a": (True, False), "b": (True, True)})
+    capture.engine_steps.extend([
+        # a: 3 drafts, 3 sampled -> 2 accepted; b: 3 drafts, one invalidated by the grammar, 1 sampled -> 0 accepted;
+        # c: drafts but no row in the output (finished): skipped; d: no drafts: skipped
+        engine_step(1, {"a": [5, 6, 7], "b": [1, 2, 3], "c": [9, 9], "d": []}, {"a": 3, "b": 1, "d": 1},
+                    contexts={"a": 40, "b": 700}, invalid={"b": 1}),
+        # a: 4 sampled of 3 drafts -> all 3 accepted; b: nothing sampled this step -> skipped
+        engine_step(2, {"a": [5, 6, 7], "b": [1, 2]}, {"a": 4, "b": 0}, contexts={"a": 43, "b": 701}),
+    ])
+    rt.flush()
+
+    steps = rows(sink, "verify_steps")
+    assert steps == [
+        {"run_id": RUN, "process_role": "engine_core", "rank": None, "step": 1, "request_id": "a", "context_len": 40,
+         "num_drafted": 3, "num_accepted": 2, "greedy": True, "structured_output": False, "draft_token_ids": None},
+        {"run_id": RUN, "process_role": "engine_core", "rank": None, "step": 1, "request_id": "b", "context_len": 700,
+         "num_drafted": 2, "num_accepted": 0, "greedy": True, "structured_output": True, "draft_token_ids": None},
+        {"run_id": RUN, "process_role": "engine_core", "rank": None, "step": 2, "request_id": "a", "context_len": 43,
+         "num_drafted": 3, "num_accepted": 3, "greedy": True, "structured_output": False, "draft_token_ids": None},
+    ]
+    counts = {(r["position"], r["context_bucket"]): (r["drafted"], r["accepted"]) for r in rows(sink, "verify_counts", source="engine_core")}
+    # positions: a drafted 3+3 (accepted 2+3: positions 0,1 twice and 2 once); b drafted 2 (positions 0, 1), accepted none
+    assert counts == {(0, "0-512"): (2, 2), (1, "0-512"): (2, 2), (2, "0-512"): (2, 1), (0, "512-1k"): (1, 0), (1, "512-1k"): (1, 0)}
+    lengths = {r["length"]: r["count"] for r in rows(sink, "acceptance_lengths", source="engine_core")}
+    assert lengths == {1: 1, 3: 1, 4: 1}  # accepted + 1 per counted request-step
+    assert capture.totals[("engine_core", RUN, None)] == [8, 5]
+
+
+def test_worker_counts_and_agreement_with_the_engine_core(traced):
+    rt, sink = traced
+    capture = rt.verify
+    capture.engine_steps.append(engine_step(1, {"a": [1, 2], "b": [3, 4]}, {"a": 3, "b": 2}))
+    # V1 worker output for the same step: rows by request id; a yielded 3 (2 accepted), b yielded 2 (1 accepted)
+    capture.worker_steps.append(WorkerStep(1_001, RUN, 0, {"a": [1, 2], "b": [3, 4], "c": []}, [3, 2, 1], {"a": 0, "b": 1, "c": 2}))
+    rt.flush()
+    assert {(r["position"], r["drafted"], r["accepted"]) for r in rows(sink, "verify_counts", source="worker")} == {(0, 2, 2), (1, 2, 1)}
+    capture.check_agreement(rt)
+    rt.flush()
+    assert rows(sink, "findings") == []  # both sides counted 4 drafted / 3 accepted
+
+    # a worker that verified less than the engine core reports: one VERIFY_DISAGREEMENT for the run
+    other = "run-disagree"
+    capture.engine_steps.append(EngineStep(2_000, 2, other, {"a": [1, 2]}, [3], {"a": 0}, cached({}), None, 1))
+    capture.worker_steps.append(WorkerStep(2_001, other, 0, [2], [1], None))  # V2 shape: counts per row
+    capture.check_agreement(rt)
+    rt.flush()
+    (finding,) = rows(sink, "findings")
+    assert finding["run_id"] == other and finding["code"] == "VERIFY_DISAGREEMENT" and finding["severity"] == "error"
+    assert json.loads(finding["evidence"]) == {"engine_core": [2, 2], "worker": [2, 0], "rank": 0, "run_id": other}
+
+
+def test_collapse_and_recovery_are_findings_with_their_onset(traced):
+    rt, sink = traced
+    capture = rt.verify
+    step = 0
+    for accepted in [3] * 20 + [0] * 40 + [3] * 60:  # healthy, collapsed, recovered (one request, k 3)
+        step += 1
+        capture.engine_steps.append(engine_step(step, {"a": [1, 2, 3]}, {"a": accepted + 1}, contexts={"a": 10 + step}))
+        if step % 10 == 0:
+            rt.flush()
+    codes = [(r["code"], r["severity"], r["caused_by"]) for r in rows(sink, "findings")]
+    assert codes == [("ACCEPTANCE_COLLAPSE", "error", None), ("ACCEPTANCE_RECOVERED", "info", "ACCEPTANCE_COLLAPSE")]
+    collapse = json.loads(rows(sink, "findings", code="ACCEPTANCE_COLLAPSE")[0]["evidence"])
+    assert collapse["onset_step"] == 21 and collapse["onset_context_len"] == 31  # the first step below the threshold
+    assert collapse["position_0_rate"] < 0.1
+
+
+def test_a_full_buffer_drops_steps_and_counts_them(traced):
+    rt, sink = traced
+    capture = rt.verify
+    capture.dropped_steps = 7  # what the hooks counted when the deque was full
+    rt.flush()
+    assert rt.pipeline.dropped == 7 and capture.dropped_steps == 0
