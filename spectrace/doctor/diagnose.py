@@ -3,8 +3,9 @@
 Config resolution is ``EngineArgs.create_engine_config`` (with every ``get_config``
 call captured, as the live frontend hook does); each model is then built on the meta
 device and read with the same readers as a live worker (``spectrace.read``); every
-judgement is ``spectrace.audit``'s. A refusal by vLLM (a raised error) becomes a
-``LOAD_FAILED`` finding explained by ``spectrace.audit.explain_load_error``.
+judgement is ``spectrace.audit``'s, composed by ``audit.judge`` as for the live frontend
+and engine core. A refusal by vLLM (a raised error) becomes a ``LOAD_FAILED`` finding
+explained by ``spectrace.audit.explain_load_error``.
 """
 
 from __future__ import annotations
