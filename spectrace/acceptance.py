@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from spectrace.audit import codes
+
 CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+")
 _EDGES = np.array([512, 1024, 2048, 4096, 8192, 16384])
 
@@ -111,7 +113,7 @@ class CollapseDetector:
             onset = self._onset or {}
             evidence.update({f"onset_{k}": v for k, v in onset.items()})
             self._collapsed_at = onset
-            return CollapseEvent("ACCEPTANCE_COLLAPSE", evidence)
+            return CollapseEvent(codes.ACCEPTANCE_COLLAPSE, evidence)
         if not low and self.collapsed:
             self.collapsed = False
             last = steps[-1] if steps else None
@@ -119,7 +121,7 @@ class CollapseDetector:
             if last is not None:
                 evidence.update(recovered_step=last.step, recovered_ts_ns=last.ts_ns, recovered_context_len=last.context_len)
             self._onset = None
-            return CollapseEvent("ACCEPTANCE_RECOVERED", evidence)
+            return CollapseEvent(codes.ACCEPTANCE_RECOVERED, evidence)
         return None
 
 

@@ -201,10 +201,13 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
     for code, severity, role in (("SWA_DROPPED", "error", "draft"), ("TAP_MISMATCH", "error", "draft"),
                                  ("METHOD_INFERRED", "info", "draft"), ("DRAFT_CONTEXT_SHORT", "warning", "draft")):
         add("spectrace_config_finding", "gauge", {"code": code, "severity": severity, "model_role": role})
-    for role, layer, declared, runtime, window in (("target", 0, "full", "full", 0), ("target", 1, "sliding", "sliding", 4096),
-                                                   ("draft", 0, "sliding", "full", 0), ("draft", 1, "unspecified", "full", 0)):
+    # status: the audit's verdict the exporter writes (spectrace.audit.layout_status; tests/test_layout_status.py)
+    for role, layer, declared, runtime, window, status in (
+        ("target", 0, "full", "full", 0, "match"), ("target", 1, "sliding", "sliding", 4096, "match"),
+        ("draft", 0, "full", "sliding", 4096, "MISMATCH"), ("draft", 1, "unspecified", "full", 0, "undeclared"),
+    ):
         add("spectrace_attention_layer", "gauge", {"model_role": role, "layer_index": str(layer), "declared_type": declared,
-                                                   "runtime_type": runtime, "runtime_window": str(window)})
+                                                   "runtime_type": runtime, "runtime_window": str(window), "status": status})
     for tap, expected, tapped in ((0, 2, 2), (1, 16, 16), (2, 29, 30)):
         add("spectrace_hidden_states_tap", "gauge", {"tap": str(tap), "expected_id": str(expected), "tapped_id": str(tapped)})
     add("spectrace_run_info", "gauge", {"vllm_version": "0.32.0", "spectrace_version": "0.1.0",

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from spectrace.audit import codes
+from spectrace.audit import layout as audit_layout
 from spectrace.dashboards import alerts, promql
 
 GENERATED = Path(__file__).with_name("generated")
@@ -328,7 +330,7 @@ def acceptance_dashboard() -> Any:
         k.timeseries_panel("Speed-up estimate", "Estimated speed-up over decoding without drafts: mean acceptance "
                            "length × the steps' time without drafts (verification fitted against scheduled tokens) / their "
                            "time, from the worker's host clock over the last 200 steps that verified drafts (model: README). Below 1 speculation costs more than it saves "
-                           "(SPECULATION_NOT_PAYING).", "suffix: ×", span=24)
+                           f"({codes.SPECULATION_NOT_PAYING}).", "suffix: ×", span=24)
         .min(0).decimals(2)
         .thresholds(k.steps((None, "red"), (1, "green")))
         .with_target(k.query(promql.series(promql.SPEEDUP_ESTIMATE, MATCHERS), "rank {{rank}}"))
@@ -405,8 +407,8 @@ def configuration_dashboard() -> Any:
                 f"count({promql.series(finding, [*MATCHERS, _eq('severity', severity)])} > 0) or vector(0)", instant=True))
         )
     d = d.with_panel(
-        k.stat_panel("Attention layers declared ≠ runtime", "Layers whose runtime attention type differs from the declared "
-               "one (e.g. a sliding window dropped at load).", "none", span=4)
+        k.stat_panel("Attention layers declared ≠ runtime", "Layers a LAYOUT_MISMATCH error names: they run another "
+               "attention type or window than their config says (the audit's verdict).", "none", span=4)
         .thresholds(k.count_steps("red"))
         .with_target(k.query(f"count({promql.layout_mismatches(MATCHERS)}) or vector(0)", instant=True))
     )
@@ -445,13 +447,14 @@ def configuration_dashboard() -> Any:
 
     # -- attention layout
     d = d.with_row(k.row("Attention layout"))
-    layout_colors = {"match": ("match", "green"), "MISMATCH": ("MISMATCH", "red"), "undeclared": ("undeclared", "text")}
+    layout_colors = {status: (status, color) for status, color in zip(audit_layout.LAYOUT_STATUSES, ("red", "orange", "green", "text"))}
     for role, title in (("target", "Target"), ("draft", "Drafter")):
         layout = promql.attention_layout([*MATCHERS, f'model_role="{role}"'])
         d = d.with_panel(
             k.table_panel(f"{title} attention layout: declared vs runtime",
                           f"Per attention layer of the {title.lower()} model: the type the checkpoint declares and "
-                          "the one vLLM built, with the runtime window. MISMATCH in red.", span=12, height=10)
+                          "the one vLLM built, with the runtime window, and the audit's verdict: MISMATCH (a LAYOUT_MISMATCH error) in "
+                          "red, explained (caused by another finding, e.g. SWA_DROPPED) in orange.", span=12, height=10)
             .with_target(k.query(
                 f"max by (instance, run_id, layer_index, declared_type, runtime_type, runtime_window, status) ({layout})",
                 instant=True, table=True))

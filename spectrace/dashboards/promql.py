@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from spectrace.audit import codes
+from spectrace.audit import layout as audit_layout
+
 DRAFTED = "spectrace_verify_drafted_tokens_total"
 ACCEPTED = "spectrace_verify_accepted_tokens_total"
 VERIFY_STEPS = "spectrace_verify_steps_total"
@@ -42,7 +45,8 @@ FLEET_BY_CONTEXT = "spectrace:verify_acceptance_by_context:ratio"
 
 CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+")
 
-TAP_CODES = ("TAP_MISMATCH", "TAP_COUNT_MISMATCH", "TAP_OUT_OF_RANGE")
+# the tap findings that mean the drafter reads the wrong hidden states (errors; TAP_DEFAULTED is a warning)
+TAP_CODES = codes.codes(component="taps", severity="error")
 
 
 def series(metric: str, matchers: Iterable[str] = ()) -> str:
@@ -110,31 +114,20 @@ def lower_of(a: str, b: str) -> str:
     return f"{paren(a)}\n< {paren(b)}\nor {paren(b)}"
 
 
-# declared -> runtime pairs that contradict each other (``linear``: a hybrid model's linear-attention layers)
-MISMATCHED_LAYOUTS = "full -> sliding|sliding -> full|linear -> full|linear -> sliding|full -> linear|sliding -> linear"
-
-
 def attention_layout(matchers: Iterable[str] = ()) -> str:
-    """Attention layers with a ``status`` label: ``match``, ``MISMATCH`` or ``undeclared``.
+    """Attention layers; their ``status`` label is the audit's verdict on the layer.
 
-    PromQL cannot compare two labels, so the pair is joined into one
-    ``layout`` label ("sliding -> full") and classified by regular expression.
+    ``MISMATCH``: a ``LAYOUT_MISMATCH`` error names the layer; ``explained``: a
+    ``LAYOUT_MISMATCH`` caused by another finding (info); ``match``; ``undeclared``
+    (``spectrace.audit.layout_status``). The exporter writes it, so the panel and the
+    findings apply one rule (the declared, resolved and runtime type and window).
     """
-    layers = series(ATTENTION_LAYER, matchers)
-    joined = f'label_join({layers}, "layout", " -> ", "declared_type", "runtime_type")'
-    undeclared = f'label_replace({joined}, "status", "undeclared", "declared_type", "unspecified|")'
-    matched = f'label_replace({undeclared}, "status", "match", "layout", "full -> full|sliding -> sliding|linear -> linear")'
-    return f'label_replace({matched}, "status", "MISMATCH", "layout", "{MISMATCHED_LAYOUTS}")'
+    return series(ATTENTION_LAYER, matchers)
 
 
 def layout_mismatches(matchers: Iterable[str] = ()) -> str:
-    """Attention layers whose runtime type contradicts the declared one."""
-    matchers = list(matchers)
-    sliding_lost = series(ATTENTION_LAYER, [*matchers, 'declared_type="sliding"', 'runtime_type="full"'])
-    sliding_added = series(ATTENTION_LAYER, [*matchers, 'declared_type="full"', 'runtime_type="sliding"'])
-    linear_lost = series(ATTENTION_LAYER, [*matchers, 'declared_type="linear"', 'runtime_type=~"full|sliding"'])
-    linear_added = series(ATTENTION_LAYER, [*matchers, 'declared_type=~"full|sliding"', 'runtime_type="linear"'])
-    return f"{sliding_lost} or {sliding_added} or {linear_lost} or {linear_added}"
+    """Attention layers a ``LAYOUT_MISMATCH`` error names."""
+    return series(ATTENTION_LAYER, [*matchers, f'status="{audit_layout.MISMATCH}"'])
 
 
 def recorded_acceptance(labels: Sequence[str] = (), matchers: Iterable[str] = ()) -> str:

@@ -3,8 +3,9 @@
 Config resolution is ``EngineArgs.create_engine_config`` (with every ``get_config``
 call captured, as the live frontend hook does); each model is then built on the meta
 device and read with the same readers as a live worker (``spectrace.vllm_objects``); every
-judgement is ``spectrace.audit``'s. A refusal by vLLM (a raised error) becomes a
-``LOAD_FAILED`` finding explained by ``spectrace.audit.explain_load_error``.
+judgement is ``spectrace.audit``'s, composed by ``audit.judge`` as for the live frontend
+and engine core. A refusal by vLLM (a raised error) becomes a ``LOAD_FAILED`` finding
+explained by ``spectrace.audit.explain_load_error``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from spectrace import audit
-from spectrace.audit import MODEL_FREE_METHODS
+from spectrace.audit import MODEL_FREE_METHODS, codes
 from spectrace.doctor import sandbox
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
@@ -296,49 +297,54 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Repo
     ]
     report.architectures = {role: audit.architecture(declared[role]) for role in ("target", "draft")}
 
-    # 2. the same audit as the live frontend (tracer.audit_live.audit_resolution)
-    _, by_role = audit.config_findings(models, report.method)
-    for role, role_findings in by_role.items():
-        config_class = type(resolved.get(role)).__name__ if resolved.get(role) is not None else None
-        for finding in role_findings:
-            finding.evidence.setdefault("vllm_rule", RULE_GET_CONFIG)
-            finding.evidence.setdefault("config_class", config_class)
-    findings: list[audit.Finding] = [f for fs in by_role.values() for f in fs]
-    target_resolved = config_to_dict(resolved.get("target"))
-    pair = audit.audit_pair(
-        method=report.method,
-        method_given=method is not None,
-        draft_path=draft,
-        target=target_resolved,
-        draft=declared["draft"],
-        target_max_model_len=report.max_model_len,
-    )
-    for finding in pair:
-        if finding.code in ("METHOD_MISMATCH", "METHOD_INFERRED"):
-            finding.evidence.setdefault("vllm_rule", RULE_SPEC)
-        elif finding.code == "VOCAB_MISMATCH":
-            finding.evidence.setdefault("vllm_rule", RULE_DRAFT_VOCAB if report.method == "draft_model" else RULE_VOCAB)
-        elif finding.code == "DRAFT_CONTEXT_SHORT":
-            finding.evidence.setdefault("vllm_rule", RULE_MAX_LEN)
-            finding.evidence.setdefault("target_max_model_len", report.max_model_len)
-    findings += pair
-    if config_error is not None:
-        load = audit.explain_load_error(_error_text(config_error), findings)
-        _annotate_refusal(load, config_error, runner, phase="config resolution")
-        if resolved.get("target") is None:  # the target's own config did not resolve
-            load.model_role = "target"
-        findings.append(load)
+    # 2. build each model on the meta device (when the configs resolved) and read what its layers run
+    built: dict[str, list[dict[str, Any]]] | None = None
+    built_from: dict[str, dict[str, Any] | None] | None = None
+    findings: list[audit.Finding] = []
+    build_refusal: audit.Finding | None = None
+    if vllm_config is not None:
+        built, findings, build_refusal = _build(report, vllm_config, declared, runner)
+        built_from = {role: config_to_dict(c.hf_config) for role, c in model_configs(vllm_config).items()}
 
-    # 3. layout: what each layer is built with
-    if vllm_config is None:
-        for role in ("target", "draft"):
-            if role in resolved:
-                plans, _ = audit.audit_model_layout(role, declared[role], config_to_dict(resolved[role]), None, method=report.method)
-                report.layout[role] = [plan.as_row() for plan in plans]
-    else:
-        findings += _layout(report, vllm_config, declared, runner)
-    report.findings = findings
+    # 3. the one judge (audit.judge), as the live frontend and engine core call it
+    judged = audit.judge(
+        audit.RunFacts(
+            models,
+            report.method,
+            method_given=method is not None,
+            draft_path=draft,
+            max_model_len=report.max_model_len,
+            built_from=built_from,
+            runtime_layers=built,
+            load_error=_error_text(config_error) if config_error is not None else None,
+        )
+    )
+    report.layout.update({role: [plan.as_row() for plan in plans] for role, plans in judged.plans.items()})
+    for finding in judged.findings:
+        _annotate(report, finding, resolved, config_error)
+    report.findings = judged.findings + findings + ([build_refusal] if build_refusal is not None else [])
     return report
+
+
+def _annotate(report: Report, finding: Any, resolved: dict[str, Any], config_error: BaseException | None) -> None:
+    """The vLLM function behind a finding of the judge (evidence ``vllm_rule``)."""
+    if finding.component == "config":
+        config = resolved.get(finding.model_role)
+        finding.evidence.setdefault("vllm_rule", RULE_GET_CONFIG)
+        finding.evidence.setdefault("config_class", type(config).__name__ if config is not None else None)
+    elif finding.code in (codes.METHOD_MISMATCH, codes.METHOD_INFERRED):
+        finding.evidence.setdefault("vllm_rule", RULE_SPEC)
+    elif finding.code == codes.VOCAB_MISMATCH:
+        finding.evidence.setdefault("vllm_rule", RULE_DRAFT_VOCAB if report.method == "draft_model" else RULE_VOCAB)
+    elif finding.code == codes.DRAFT_CONTEXT_SHORT:
+        finding.evidence.setdefault("vllm_rule", RULE_MAX_LEN)
+        finding.evidence.setdefault("target_max_model_len", report.max_model_len)
+    elif finding.code == codes.LOAD_FAILED and config_error is not None:
+        _annotate_refusal(finding, config_error, report.runner, phase="config resolution")
+        if resolved.get("target") is None:  # the target's own config did not resolve
+            finding.model_role = "target"
+    elif finding.component == "layout":
+        finding.evidence.setdefault("vllm_rule", report.rules.get(finding.model_role))
 
 
 def _annotate_refusal(finding: Any, exc: BaseException, runner: str, *, phase: str) -> None:
@@ -349,7 +355,10 @@ def _annotate_refusal(finding: Any, exc: BaseException, runner: str, *, phase: s
     finding.evidence.setdefault("runner", runner)
 
 
-def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: str) -> list[Any]:
+def _build(
+    report: Report, vllm_config: Any, declared: dict[str, Any], runner: str
+) -> tuple[dict[str, list[dict[str, Any]]], list[Any], Any]:
+    """Each model built on the meta device: its layer rows, the tap findings, and vLLM's refusal to build (or None)."""
     from vllm.model_executor.model_loader.utils import get_model_architecture
 
     findings = []
@@ -402,17 +411,6 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
             findings += _tap_audit(report, vllm_config, kept, classes.get("draft"), tapped, runner)
         kept.clear()
 
-    # the live worker's audit (tracer.layout.record_runtime_layout)
-    for role, model_config in roles:
-        plans, layout_findings = audit.audit_model_layout(
-            role, declared[role], config_to_dict(model_config.hf_config), built.get(role),
-            method=spec.method if spec is not None else None,
-        )
-        report.layout[role] = [plan.as_row() for plan in plans]
-        for finding in layout_findings:
-            finding.evidence.setdefault("vllm_rule", report.rules.get(role))
-            findings.append(finding)
-
     if build_error is not None:
         role, exc, phase = build_error
         # as the live worker (tracer.layout.record_load_error): explained by the drafter's config findings
@@ -426,8 +424,8 @@ def _layout(report: Report, vllm_config: Any, declared: dict[str, Any], runner: 
         if refusal_rule and _raising_function(exc) is None:
             load.evidence["vllm_rule"] = refusal_rule
         _annotate_refusal(load, exc, runner, phase=phase)
-        findings.append(load)
-    return findings
+        return built, findings, load
+    return built, findings, None
 
 
 # -- hidden-state taps -----------------------------------------------------------------------

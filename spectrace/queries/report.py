@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace import audit
+from spectrace.audit import codes
 from spectrace.console import format_table
 
 
@@ -216,8 +217,8 @@ def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
             f"{s}{'' if r is None else ' rank ' + str(r)} {d}/{a}" for s, r, d, a in agreement
         ))
     episodes = con.execute(
-        "select ts, code, evidence from findings where run_id = ? and code in ('ACCEPTANCE_COLLAPSE', 'ACCEPTANCE_RECOVERED') order by ts",
-        [run_id],
+        "select ts, code, evidence from findings where run_id = ? and code in (?, ?) order by ts",
+        [run_id, codes.ACCEPTANCE_COLLAPSE, codes.ACCEPTANCE_RECOVERED],
     ).fetchall()
     lines.append("Collapse timeline: none" if not episodes else "Collapse timeline:")
     lines += _timeline(episodes)
@@ -293,13 +294,13 @@ def _timeline(episodes: list[tuple]) -> list[str]:
     lines = []
     for ts, code, evidence in episodes:
         ev = json.loads(evidence) if isinstance(evidence, str) else (evidence or {})
-        if code == "ACCEPTANCE_COLLAPSE":
+        if code == codes.ACCEPTANCE_COLLAPSE:
             began = f"began at step {ev['onset_step']}, context {ev['onset_context_len']}" if "onset_step" in ev else "onset unknown"
             lines.append(f"  {ts} collapsed ({began}): position 0 {ev.get('position_0_rate', 0):.1%}, "
                          f"overall {ev.get('overall_rate', 0):.1%}")  # fmt: skip
         else:
             at = f" at step {ev['recovered_step']}, context {ev['recovered_context_len']}" if "recovered_step" in ev else ""
             lines.append(f"  {ts} recovered{at}: position 0 {ev.get('position_0_rate', 0):.1%}, overall {ev.get('overall_rate', 0):.1%}")
-    if episodes and episodes[-1][1] == "ACCEPTANCE_COLLAPSE":
+    if episodes and episodes[-1][1] == codes.ACCEPTANCE_COLLAPSE:
         lines.append("  (not recovered)")
     return lines

@@ -8,7 +8,7 @@
 | histogram spectrace.verify.acceptance_length | spectrace_verify_acceptance_length_bucket/_sum/_count | common (buckets 1..k+1) |
 | counter spectrace.worker.verified_drafted_tokens / _accepted_tokens | spectrace_worker_verified_*_total | rank + common |
 | gauge spectrace.config.finding            | spectrace_config_finding                            | code, severity, model_role + common |
-| gauge spectrace.attention.layer           | spectrace_attention_layer                           | model_role, layer_index, declared_type, runtime_type, runtime_window + common |
+| gauge spectrace.attention.layer           | spectrace_attention_layer                           | model_role, layer_index, declared_type, runtime_type, runtime_window, status (the audit's verdict: MISMATCH, explained, match, undeclared) + common |
 | gauge spectrace.hidden_states.tap         | spectrace_hidden_states_tap                         | tap, expected_id, tapped_id + common |
 | gauge spectrace.run.info                  | spectrace_run_info                                  | vllm_version, spectrace_version, num_speculative_tokens, model_runner + common |
 | counters spectrace.speculation.{step_seconds,draft_seconds,request_steps,tokens} | spectrace_speculation_*_total | rank + common |
@@ -168,6 +168,7 @@ class Metrics:
                     "declared_type": str(row["declared_type"]),
                     "runtime_type": str(row["runtime_type"]),
                     "runtime_window": str(row["runtime_window"] or 0),
+                    "status": str(row.get("status") or ""),  # the audit's verdict (spectrace.audit.layout_status)
                 }
 
     def taps(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from spectrace import audit
+from spectrace.audit import codes
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -23,8 +24,8 @@ def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = N
     for finding in findings:
         rt.record("findings", {"ts": now, **finding.as_row()}, role=role, rank=rank, run=run)
         if labels is not None:
-            if finding.code == "ACCEPTANCE_RECOVERED":
-                rt.metrics.finding("ACCEPTANCE_COLLAPSE", "error", finding.model_role, labels, present=False)
+            if finding.code == codes.ACCEPTANCE_RECOVERED:
+                rt.metrics.finding(codes.ACCEPTANCE_COLLAPSE, "error", finding.model_role, labels, present=False)
             else:
                 rt.metrics.finding(finding.code, finding.severity, finding.model_role, labels)
         if span is not None and span.is_recording():
@@ -51,22 +52,21 @@ def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = N
 
 
 def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vllm_config: Any, error: str | None) -> None:
-    """Config audit of one run's resolution (frontend)."""
-    diffs, by_role = audit.config_findings(models, info.get("method"))
-    findings = [f for role_findings in by_role.values() for f in role_findings]
-    target = next((m for m in models if m["model_role"] == "target"), None)
-    draft = next((m for m in models if m["model_role"] == "draft"), None)
-    max_model_len = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None)
-    findings += audit.audit_pair(
-        method=info.get("method"),
-        method_given=not info.get("method_inferred"),
-        draft_path=info.get("draft_model"),
-        target=target["transformers_resolved"] if target else None,
-        draft=draft["declared"] if draft else None,
-        target_max_model_len=max_model_len,
+    """Config audit of one run's resolution (frontend): ``audit.judge`` on what the frontend knows.
+
+    The frontend builds no model, so ``runtime_layers`` stays ``None``: the layout is
+    judged where it runs (the worker, ``tracer.layout``).
+    """
+    judged = audit.judge(
+        audit.RunFacts(
+            models,
+            info.get("method"),
+            method_given=not info.get("method_inferred"),
+            draft_path=info.get("draft_model"),
+            max_model_len=getattr(getattr(vllm_config, "model_config", None), "max_model_len", None),
+            load_error=error,
+        )
     )
-    if error is not None:
-        findings.append(audit.explain_load_error(error, findings))
-    rt.records("config_fields", [d.as_row() for d in diffs], role="frontend")
+    rt.records("config_fields", [d.as_row() for d in judged.diffs], role="frontend")
     span = rt.run.root_span if rt.run is not None else None
-    emit_findings(rt, findings, role="frontend", span=span)
+    emit_findings(rt, judged.findings, role="frontend", span=span)

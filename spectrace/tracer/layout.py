@@ -23,6 +23,7 @@ def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: An
     spec = vllm_config.speculative_config
     method = spec.method if spec is not None else None
     rows = []
+    statuses = []
     findings = []
     for model_role, layers in runtime.items():
         model_config = configs.get(model_role)
@@ -32,10 +33,13 @@ def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: An
             model_role, read_declared(model_config.model), config_to_dict(model_config.hf_config), layers, method=method
         )
         rows += [{"model_role": model_role, **plan.as_row(), "process": role} for plan in plans]
+        statuses += audit.layout_status(plans, model_findings)
         findings += model_findings
     rt.records("attention_layout", rows, role=role, rank=rank)
+    if rt.verify is not None:
+        rt.verify.note_layout(runtime)  # the engine core's judge, when it runs in this process
     if rt.metrics is not None:
-        rt.metrics.layout(rows, rt.labels())
+        rt.metrics.layout([{**row, "status": status} for row, status in zip(rows, statuses)], rt.labels())
     audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)
     rt.flush()
 

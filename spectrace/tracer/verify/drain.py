@@ -28,7 +28,7 @@ import numpy as np
 
 from spectrace import acceptance
 from spectrace import audit
-from spectrace.audit import Finding
+from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify.capture import ENGINE, WORKER, Capture, StepTiming
 
@@ -52,6 +52,7 @@ class VerifyCapture(Capture):
         self._lock = threading.RLock()
         self._checked: set[str] = set()
         self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
+        self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
         self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
 
@@ -250,32 +251,7 @@ class VerifyCapture(Capture):
         event = detector.observe(drafted_at, accepted_at, marks)
         if event is None:
             return
-        collapse = event.code == "ACCEPTANCE_COLLAPSE"
-        ev = event.evidence
-        onset = (
-            f"; it began at step {ev['onset_step']} (context {ev['onset_context_len']})" if collapse and "onset_step" in ev
-            else f" at step {ev['recovered_step']} (context {ev['recovered_context_len']})" if "recovered_step" in ev
-            else ""
-        )
-        finding = Finding(
-            code=event.code,
-            severity="error" if collapse else "info",
-            component="verification",
-            model_role="draft",
-            message=(
-                f"acceptance {'collapsed' if collapse else 'recovered'}: position 0 {ev['position_0_rate']:.1%}, "
-                f"overall {ev['overall_rate']:.1%} over the last {ev['window_drafted_tokens']} drafted tokens "
-                f"(threshold {ev['threshold']:.0%}){onset}"
-            ),
-            evidence=ev,
-            fix=(
-                "check the run's findings (spectrace report): a dropped sliding window, wrong hidden-state taps "
-                "or a mismatched drafter all look like this"
-                if collapse
-                else ""
-            ),
-            caused_by=None if collapse else "ACCEPTANCE_COLLAPSE",
-        )
+        finding = audit.collapse_finding(event)
         run = rt.run_by_id(run_id)
         with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run, attributes={"spectrace.event": event.code}) as span:
             audit_live.emit_findings(rt, [finding], role=ENGINE, span=span, run=run)
@@ -337,10 +313,14 @@ class VerifyCapture(Capture):
             self.run_configs.pop(next(iter(self.run_configs)))
         self.run_configs[run_id] = vllm_config
 
+    def note_layout(self, runtime_layers: dict) -> None:
+        """What the models a worker loaded in this process run (role -> layer rows): the judge's layout facts."""
+        self.runtime_layers = runtime_layers
+
     def _curve(self, rt, run_id: str) -> "RunCurve":
         curve = self.curves.get(run_id)
         if curve is None:
-            curve = self.curves[run_id] = RunCurve.from_config(self.run_configs.get(run_id))
+            curve = self.curves[run_id] = RunCurve.from_config(self.run_configs.get(run_id), self.runtime_layers)
             if curve.boundaries:
                 rows = [b.as_dict() for b in curve.boundaries]
                 common = rt.common(ENGINE, run_id=run_id)
@@ -353,14 +333,14 @@ class VerifyCapture(Capture):
         """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS, each once per run (the rules: spectrace.acceptance)."""
         curve = self.curves[run_id]
         findings = []
-        if "CONTEXT_CLIFF" not in curve.emitted:
+        if codes.CONTEXT_CLIFF not in curve.emitted:
             for boundary in curve.boundaries:
                 cliff = acceptance.context_cliff(curve.by_range_totals(), boundary.tokens)
                 if cliff is not None:
                     findings.append(audit.context_cliff_finding(boundary, cliff, curve.roots, curve.rates_by_range()))
-                    curve.emitted.add("CONTEXT_CLIFF")
+                    curve.emitted.add(codes.CONTEXT_CLIFF)
                     break
-        if "POSITION_CLIFF" not in curve.emitted and curve.drafted_at is not None:
+        if codes.POSITION_CLIFF not in curve.emitted and curve.drafted_at is not None:
             position = acceptance.position_cliff(curve.drafted_at, curve.accepted_at)
             if position is not None:
                 findings.append(
@@ -368,8 +348,8 @@ class VerifyCapture(Capture):
                         position, curve.drafted_at.tolist(), curve.accepted_at.tolist(), curve.method, curve.parallel
                     )
                 )
-                curve.emitted.add("POSITION_CLIFF")
-        if "DUMMY_DRAFTS" not in curve.emitted and acceptance.dummy_drafts(
+                curve.emitted.add(codes.POSITION_CLIFF)
+        if codes.DUMMY_DRAFTS not in curve.emitted and acceptance.dummy_drafts(
             curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted
         ):
             gate = next((b for b in curve.boundaries if b.model_role == "draft" and b.field == "max_position_embeddings"), None)
@@ -378,7 +358,7 @@ class VerifyCapture(Capture):
                     curve.draft_rows, curve.repeated_rows, curve.repeated_by_token, length_gate=gate, roots=curve.roots
                 )
             )
-            curve.emitted.add("DUMMY_DRAFTS")
+            curve.emitted.add(codes.DUMMY_DRAFTS)
         if findings:
             audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
 
@@ -433,7 +413,7 @@ class VerifyCapture(Capture):
                 if findings:
                     audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
 
-    def _agreement(self, run_id: str) -> list[Finding]:
+    def _agreement(self, run_id: str) -> list[audit.Finding]:
         findings = []
         engine = self.totals.get((ENGINE, run_id, None))
         if engine is None:
@@ -441,18 +421,7 @@ class VerifyCapture(Capture):
         for (source, run, rank), worker in list(self.totals.items()):
             if source != WORKER or run != run_id or worker == engine:
                 continue
-            findings.append(
-                Finding(
-                    code="VERIFY_DISAGREEMENT",
-                    severity="error",
-                    component="verification",
-                    model_role="draft",
-                    message=f"engine core counted {engine[0]} drafted / {engine[1]} accepted, "
-                    f"worker rank {rank} verified {worker[0]} / {worker[1]}",
-                    evidence={"engine_core": engine, "worker": worker, "rank": rank, "run_id": run_id},
-                    fix="the numbers vLLM reports are not what the device verified; report to vLLM",
-                )
-            )
+            findings.append(audit.disagreement_finding(engine, worker, rank, run_id))
         return findings
 
 
@@ -485,12 +454,12 @@ class RunCurve:
         self.emitted: set[str] = set()
 
     @classmethod
-    def from_config(cls, vllm_config) -> "RunCurve":
+    def from_config(cls, vllm_config, runtime_layers: dict | None = None) -> "RunCurve":
         """Boundaries and root-cause codes from the run's configs (the audit's rules)."""
         if vllm_config is None:
             return cls([], set(), None, None)
         try:
-            return cls(*_run_context(vllm_config))
+            return cls(*_run_context(vllm_config, runtime_layers))
         except Exception as exc:  # a config this reader does not know: the fixed buckets only
             log.debug("spectrace: no context boundaries for this run: %s", exc)
             return cls([], set(), None, None)
@@ -524,31 +493,25 @@ class RunCurve:
         return {labels.get(b, str(b)): round(a / d, 4) if d else None for b, (d, a) in sorted(self.by_range.items())}
 
 
-def _run_context(vllm_config) -> tuple[list, set[str], str | None, bool | None]:
-    """(boundaries, root-cause codes, method, parallel drafting) of one run's configs."""
+def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list, set[str], str | None, bool | None]:
+    """(boundaries, root-cause codes, method, parallel drafting) of one run's configs: ``audit.judge``.
+
+    ``runtime_layers``: what the models run, where a worker loaded them in this process
+    (``note_layout``). With workers in other processes (tensor parallelism, the
+    multiprocess executor) the engine core holds no built model and no layer rows reach it,
+    so it judges the layout from the configs alone and a LAYOUT_MISMATCH cannot be a root here.
+    """
     from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
 
     configs = model_configs(vllm_config)
     spec = vllm_config.speculative_config
-    method = getattr(spec, "method", None)
-    declared = {role: read_declared(c.model) for role, c in configs.items()}
-    resolved = {role: config_to_dict(c.hf_config) for role, c in configs.items()}
-    max_model_len = vllm_config.model_config.max_model_len
-    boundaries = audit.context_boundaries(
-        method=method,
-        target_declared=declared.get("target"),
-        target_resolved=resolved.get("target"),
-        draft_declared=declared.get("draft"),
-        draft_resolved=resolved.get("draft"),
-        max_model_len=max_model_len,
-    )
-    models = [{"model_role": r, "declared": declared[r], "transformers_resolved": resolved[r]} for r in configs]
-    _, by_role = audit.config_findings(models, method)
-    findings = [f for fs in by_role.values() for f in fs]
-    findings += audit.audit_pair(
-        method=method, method_given=True, draft_path=None, target=resolved.get("target"),
-        draft=declared.get("draft"), target_max_model_len=max_model_len,
-    )
-    return boundaries, audit.root_causes(findings), method, bool(getattr(spec, "parallel_drafting", False))
+    models = [
+        {"model_role": role, "declared": read_declared(c.model), "transformers_resolved": config_to_dict(c.hf_config)}
+        for role, c in configs.items()
+    ]
+    facts = audit.RunFacts(models, getattr(spec, "method", None), max_model_len=vllm_config.model_config.max_model_len,
+                           runtime_layers=runtime_layers)
+    judged = audit.judge(facts)
+    return judged.boundaries, judged.roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
 
 

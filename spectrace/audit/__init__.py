@@ -1,0 +1,79 @@
+"""The audit: pure functions that turn captured config and layout into findings.
+
+Nothing here imports vLLM or touches a process: the live hooks
+(``spectrace.tracer``) and ``spectrace doctor`` feed the same functions with
+plain dicts, and the unit tests feed them hand-written ones. One module per topic:
+
+- ``codes``: the registry of finding codes (code, severities, meaning, fix)
+- ``findings``: the ``Finding`` record
+- ``config_dicts``: reading config dicts (layer kinds, windows, per-layer plans)
+- ``resolution``: declared vs resolved config (``SWA_DROPPED``, ``FIELD_*``)
+- ``layout``: what runs vs its config (``LAYOUT_MISMATCH``), and each layer's verdict
+- ``pair``: method, vocabulary, context of target + drafter
+- ``load``: vLLM's refusals (``LOAD_FAILED``)
+- ``taps``: hidden-state taps (``TAP_*``)
+- ``causality``: DFlash causality (``CAUSAL_INFERRED``)
+- ``window``: a ``draft_model`` drafter gets the target's window
+- ``curve``: the acceptance curve (boundaries, cliffs, dummy drafts, collapse, not paying)
+- ``ranks``: agreement within one engine (``RANK_DISAGREEMENT``, ``VERIFY_DISAGREEMENT``)
+- ``judge``: one function that composes them for a run's facts
+
+Root causes and consequences: each root cause is one ``error`` (or ``warning``)
+finding; what follows from it is reported as ``info`` findings whose
+``caused_by`` names the root cause's code, so a user reads one error, not five.
+Finding codes are stable and documented in README.md (generated from ``codes``).
+"""
+
+from spectrace.audit import codes
+from spectrace.audit.causality import audit_causality
+from spectrace.audit.config_dicts import (
+    ATTENTION_FIELDS,
+    DFLASH_FIELDS,
+    FULL,
+    LINEAR,
+    MODEL_FREE_METHODS,
+    SLIDING,
+    UNSPECIFIED,
+    LayerPlan,
+    architecture,
+    declared_sliding_intent,
+    layer_plans,
+)
+from spectrace.audit.curve import (
+    ContextBoundary,
+    collapse_finding,
+    context_boundaries,
+    context_cliff_finding,
+    dummy_drafts_finding,
+    not_paying_finding,
+    position_cliff_finding,
+)
+from spectrace.audit.findings import Finding
+from spectrace.audit.judge import Judgement, RunFacts, judge
+from spectrace.audit.layout import (
+    LAYOUT_STATUSES,
+    audit_layout,
+    audit_model_layout,
+    config_findings,
+    layout_status,
+    mismatched_layers,
+    with_runtime,
+)
+from spectrace.audit.load import explain_build_error, explain_load_error, runner_refusal
+from spectrace.audit.pair import architecture_method, audit_pair, effective_context
+from spectrace.audit.ranks import disagreement_finding, rank_disagreements
+from spectrace.audit.resolution import FieldDiff, audit_config, draft_root_causes, field_diffs, root_causes
+from spectrace.audit.taps import TAP_FIELDS, TapAudit, audit_taps, declared_taps
+from spectrace.audit.window import reapplied_window, target_window
+
+__all__ = [
+    "ATTENTION_FIELDS", "DFLASH_FIELDS", "FULL", "LAYOUT_STATUSES", "LINEAR", "MODEL_FREE_METHODS", "SLIDING",
+    "TAP_FIELDS", "UNSPECIFIED",
+    "ContextBoundary", "FieldDiff", "Finding", "Judgement", "LayerPlan", "RunFacts", "TapAudit",
+    "architecture", "architecture_method", "audit_causality", "audit_config", "audit_layout", "audit_model_layout",
+    "audit_pair", "audit_taps", "codes", "collapse_finding", "config_findings", "context_boundaries",
+    "context_cliff_finding", "declared_sliding_intent", "declared_taps", "disagreement_finding", "draft_root_causes",
+    "dummy_drafts_finding", "effective_context", "explain_build_error", "explain_load_error", "field_diffs", "judge",
+    "layer_plans", "layout_status", "mismatched_layers", "not_paying_finding", "position_cliff_finding",
+    "rank_disagreements", "reapplied_window", "root_causes", "runner_refusal", "target_window", "with_runtime",
+]

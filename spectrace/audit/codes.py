@@ -1,0 +1,202 @@
+"""The finding codes: one entry per code spectrace emits (code, severities, meaning, fix).
+
+Every ``Finding`` is built with one of the constants below, never a bare string;
+README.md's "Finding codes" table is generated from ``REGISTRY``
+(``python -m tools.readme_codes``) and the PromQL code lists
+(``spectrace.dashboards.promql``) are read from it, so a new code, or a changed
+meaning, reaches the docs and the dashboards from here. A code is stable once
+released: dashboards, alert rules and stored findings name it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    component: str  # the Finding.component of every finding with this code
+    severities: tuple[str, ...]  # every severity it is emitted at, the root cause's first
+    severity_text: str  # the README's severity cell: when which severity
+    meaning: str
+    fix: str
+
+
+REGISTRY: dict[str, Code] = {}
+
+
+def _code(code: str, component: str, severities: tuple[str, ...], severity_text: str, meaning: str, fix: str) -> str:
+    assert code not in REGISTRY and set(severities) <= set(SEVERITIES), code
+    REGISTRY[code] = Code(code, component, severities, severity_text, meaning, fix)
+    return code
+
+
+def codes(*, component: str | None = None, severity: str | None = None) -> tuple[str, ...]:
+    """The registered codes of ``component`` that can be emitted at ``severity``, in registry order."""
+    return tuple(
+        c.code
+        for c in REGISTRY.values()
+        if (component is None or c.component == component) and (severity is None or severity in c.severities)
+    )
+
+
+# -- config: declared vs resolved
+SWA_DROPPED = _code(
+    "SWA_DROPPED", "config", ("error", "warning"),
+    "error (warning when vLLM runs the target's same window anyway: a `draft_model` drafter)",
+    "a declared sliding window or sliding layer that no layer gets after resolution",
+    'add "use_sliding_window": true and an explicit "layer_types" list to config.json, '
+    'or give the window as "dflash_config": {"swa_window_size": N}',
+)
+LAYER_TYPES_DEFAULTED = _code(
+    "LAYER_TYPES_DEFAULTED", "config", ("warning", "info"),
+    "warning (info when caused by `SWA_DROPPED`)",
+    "`layer_types` absent and derived by transformers",
+    'declare "layer_types" explicitly in config.json',
+)
+FIELD_DROPPED = _code(
+    "FIELD_DROPPED", "config", ("warning", "info"),
+    "warning (info when caused by another finding)",
+    "an attention-relevant declared field vanished on resolution",
+    "check why the field is lost on load",
+)
+FIELD_CHANGED = _code(
+    "FIELD_CHANGED", "config", ("warning", "info"),
+    "warning (info when caused by another finding)",
+    "an attention-relevant declared field changed on resolution",
+    "check why the field changes on load",
+)
+# -- layout: what runs
+LAYOUT_MISMATCH = _code(
+    "LAYOUT_MISMATCH", "layout", ("error", "info"),
+    "error (info when caused by `SWA_DROPPED`)",
+    "a layer's runtime type or window differs from its resolved or declared config",
+    "check the vLLM version's support for this config's layer layout",
+)
+CAUSAL_INFERRED = _code(
+    "CAUSAL_INFERRED", "layout", ("warning",),
+    "warning",
+    "a DFlash drafter declares no causality (`is_causal`, `dflash_config.causal`); vLLM chose per layer from "
+    "`layer_types` (sliding causal, full not): live and in `doctor`",
+    'declare how the drafter was trained: "dflash_config": {"causal": true|false} (or "is_causal")',
+)
+# -- the pair: method, vocabulary, context
+METHOD_INFERRED = _code(
+    "METHOD_INFERRED", "method", ("warning", "info"),
+    "warning (info when caused by `METHOD_MISMATCH`)",
+    "no method given; vLLM inferred it from the path",
+    'pass "method" explicitly in --speculative-config',
+)
+METHOD_MISMATCH = _code(
+    "METHOD_MISMATCH", "method", ("error",),
+    "error",
+    "the drafter's architecture says DFlash / EAGLE3 / MTP, the method resolved to something else",
+    'pass the method the architecture implies as "method" in --speculative-config',
+)
+VOCAB_MISMATCH = _code(
+    "VOCAB_MISMATCH", "vocab", ("error",),
+    "error",
+    "draft and target vocabularies cannot line up",
+    "use a drafter trained for this target's tokenizer",
+)
+DRAFT_CONTEXT_SHORT = _code(
+    "DRAFT_CONTEXT_SHORT", "context", ("warning",),
+    "warning",
+    "the drafter's effective context is shorter than the target's",
+    "give the drafter the target's rope scaling (e.g. the same YaRN factor) or cap --max-model-len",
+)
+# -- vLLM's refusals
+LOAD_FAILED = _code(
+    "LOAD_FAILED", "load", ("error", "info"),
+    "error (info when caused)",
+    "vLLM refused to build the model; explained in config terms when a finding accounts for it",
+    "the caused_by finding's fix; else the model runner the error names, or vLLM's error",
+)
+# -- the live acceptance
+ACCEPTANCE_COLLAPSE = _code(
+    "ACCEPTANCE_COLLAPSE", "verification", ("error",),
+    "error",
+    "live acceptance fell below the threshold",
+    "check the run's findings (spectrace report): a dropped sliding window, wrong hidden-state taps "
+    "or a mismatched drafter all look like this",
+)
+ACCEPTANCE_RECOVERED = _code(
+    "ACCEPTANCE_RECOVERED", "verification", ("info",),
+    "info (caused by `ACCEPTANCE_COLLAPSE`)",
+    "live acceptance came back above the threshold",
+    "",
+)
+# -- hidden-state taps
+TAP_DEFAULTED = _code(
+    "TAP_DEFAULTED", "taps", ("warning",),
+    "warning",
+    "the drafter declares no hidden-state layer ids; vLLM uses its default taps",
+    "declare the ids the drafter was trained on (eagle_aux_hidden_state_layer_ids, or "
+    "dflash_config.target_layer_ids for DFlash)",
+)
+TAP_MISMATCH = _code(
+    "TAP_MISMATCH", "taps", ("error", "info"),
+    "error (info when caused by `TAP_COUNT_MISMATCH`)",
+    "the ids vLLM taps differ from the ones the drafter was trained on (same count: silent)",
+    "declare the ids in a field this vLLM reads for this model runner, or upgrade vLLM",
+)
+TAP_COUNT_MISMATCH = _code(
+    "TAP_COUNT_MISMATCH", "taps", ("error",),
+    "error",
+    "the number of taps differs from what the drafter's input projection takes",
+    "declare the drafter's layer ids in a field this vLLM reads",
+)
+TAP_OUT_OF_RANGE = _code(
+    "TAP_OUT_OF_RANGE", "taps", ("error",),
+    "error",
+    "a declared id outside the target's layers",
+    "use a drafter trained for this target, or correct the declared layer ids",
+)
+# -- agreement: engine core vs workers, rank vs rank
+VERIFY_DISAGREEMENT = _code(
+    "VERIFY_DISAGREEMENT", "verification", ("error",),
+    "error",
+    "the engine core's accepted counts differ from what a worker verified",
+    "the numbers vLLM reports are not what the device verified; report to vLLM",
+)
+RANK_DISAGREEMENT = _code(
+    "RANK_DISAGREEMENT", "ranks", ("error",),
+    "error",
+    "two tensor-parallel ranks of one engine built a different layout or window, tap different layers, or verified "
+    "different counts (from the store: `spectrace report`)",
+    "check per-rank config overrides and the vLLM build on each device",
+)
+# -- the acceptance curve
+CONTEXT_CLIFF = _code(
+    "CONTEXT_CLIFF", "verification", ("error", "warning"),
+    "error (warning when a config finding explains it: `caused_by`)",
+    "acceptance past a context boundary from the run's configs (a declared window, the drafter's "
+    "`max_position_embeddings` or rope original length, the target's window) is under half of acceptance before it "
+    "(≥ 100 drafted tokens each side, ≥ 20 % before)",
+    "give the drafter the target's context (its max_position_embeddings, rope scaling and window), "
+    "or cap --max-model-len at the boundary",
+)
+POSITION_CLIFF = _code(
+    "POSITION_CLIFF", "verification", ("error",),
+    "error",
+    "position i accepts ≥ 20 % while position i+1 accepts under 5 % of what position i accepted (≥ 100 drafted each)",
+    "check the drafter's taps and its drafting mode (parallel_drafting), or lower num_speculative_tokens",
+)
+DUMMY_DRAFTS = _code(
+    "DUMMY_DRAFTS", "verification", ("error", "warning"),
+    "error (warning caused by `DRAFT_CONTEXT_SHORT` when they are vLLM's length gate: token 0 for a whole batch once "
+    "its longest context + k passes the drafter's max_model_len)",
+    "≥ 50 % of draft rows (≥ 50 rows of two or more drafts) are one token id repeated and the target rejects them "
+    "(placeholders such as token 0, not predictions); counted in the background from the draft lists vLLM holds, "
+    "no token id stored",
+    "check the drafter's final norm and lm_head weights; for the length gate, give the drafter the target's context",
+)
+SPECULATION_NOT_PAYING = _code(
+    "SPECULATION_NOT_PAYING", "verification", ("warning",),
+    "warning",
+    "the speed-up estimate (below) stays under 1 over the last 200 worker steps (≥ 50)",
+    "turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
+)

@@ -1,0 +1,183 @@
+"""The acceptance curve: boundaries from the run's configs, cliffs, dummy drafts, speculation that does not pay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spectrace.audit import codes
+from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
+from spectrace.audit.findings import Finding
+from spectrace.audit.window import target_window
+
+
+@dataclass
+class ContextBoundary:
+    """A context length where a model's behaviour changes, known from a config."""
+
+    tokens: int
+    model_role: str
+    field: str  # where it comes from: sliding_window, max_position_embeddings, ...
+    explained_by: tuple[str, ...] = ()  # config findings that would explain a cliff here
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "model_role": self.model_role, "field": self.field}
+
+
+def context_boundaries(
+    *,
+    method: str | None,
+    target_declared: dict[str, Any] | None,
+    target_resolved: dict[str, Any] | None,
+    draft_declared: dict[str, Any] | None,
+    draft_resolved: dict[str, Any] | None,
+    max_model_len: int | None = None,
+) -> list[ContextBoundary]:
+    """Each model's declared sliding window, the drafter's ``max_position_embeddings`` and
+    its rope original length, and the target's window; below ``max_model_len`` only."""
+    found: list[ContextBoundary] = []
+
+    def add(tokens: Any, role: str, field_name: str, explained: tuple[str, ...] = ()) -> None:
+        if not _is_window(tokens) or (max_model_len and tokens >= max_model_len):
+            return
+        if any(b.tokens == tokens and b.model_role == role for b in found):
+            return
+        found.append(ContextBoundary(int(tokens), role, field_name, explained))
+
+    drafter_explains = (codes.SWA_DROPPED, codes.LAYOUT_MISMATCH, codes.DRAFT_CONTEXT_SHORT)
+    add(_declared_window(target_declared), "target", "sliding_window (declared)")
+    add(target_window(target_resolved), "target", "sliding_window")
+    if draft_declared is not None and method not in MODEL_FREE_METHODS:
+        add(_declared_window(draft_declared), "draft", "sliding_window (declared)", drafter_explains)
+        add(_resolved_window(draft_resolved), "draft", "sliding_window", drafter_explains)
+        add(_get(draft_declared, "max_position_embeddings", None), "draft", "max_position_embeddings", (codes.DRAFT_CONTEXT_SHORT,))
+        scaling = _get(draft_declared, "rope_scaling", None) or _get(draft_declared, "rope_parameters", None)
+        if isinstance(scaling, dict):
+            add(scaling.get("original_max_position_embeddings"), "draft", "rope original_max_position_embeddings", (codes.DRAFT_CONTEXT_SHORT,))
+    return sorted(found, key=lambda b: b.tokens)
+
+
+def context_cliff_finding(boundary: ContextBoundary, cliff: Any, roots: set[str], rates_by_range: dict[str, Any]) -> Finding:
+    """``CONTEXT_CLIFF`` at ``boundary`` (``cliff``: an ``acceptance.Cliff``)."""
+    caused = next((code for code in boundary.explained_by if code in roots), None)
+    return Finding(
+        code=codes.CONTEXT_CLIFF,
+        severity="warning" if caused else "error",
+        component="verification",
+        model_role=boundary.model_role,
+        message=f"acceptance falls from {cliff.before_rate:.1%} below context {boundary.tokens} to {cliff.after_rate:.1%} "
+        f"past it; {boundary.tokens} is the {boundary.model_role}'s {boundary.field}"
+        + (f" ({caused} explains it)" if caused else ""),
+        evidence={
+            "boundary": boundary.as_dict(),
+            "before": {"drafted": cliff.before_drafted, "accepted": cliff.before_accepted, "rate": round(cliff.before_rate, 4)},
+            "after": {"drafted": cliff.after_drafted, "accepted": cliff.after_accepted, "rate": round(cliff.after_rate, 4)},
+            "rates_by_context": rates_by_range,
+        },
+        fix="give the drafter the target's context (its max_position_embeddings, rope scaling and window), "
+        "or cap --max-model-len at the boundary",
+        caused_by=caused,
+    )
+
+
+def position_cliff_finding(position: int, drafted_at: list[int], accepted_at: list[int], method: str | None, parallel: bool | None) -> Finding:
+    rates = [round(a / d, 4) if d else None for a, d in zip(accepted_at, drafted_at)]
+    hint = (
+        "parallel drafting is on: a drafter not trained for it predicts only position 0"
+        if parallel
+        else "typical of wrong hidden-state taps (position 0 sees the target's states, later ones the drafter's own)"
+        if method in ("eagle", "eagle3", "mtp")
+        else "the drafter's later positions do not follow the target"
+    )
+    return Finding(
+        code=codes.POSITION_CLIFF,
+        severity="error",
+        component="verification",
+        model_role="draft",
+        message=f"position {position} accepts {rates[position]:.1%} of its drafts, position {position + 1} almost none of "
+        f"what position {position} accepted ({accepted_at[position + 1]} of {accepted_at[position]}); {hint}",
+        evidence={"position": position, "drafted_by_position": drafted_at, "accepted_by_position": accepted_at, "rates_by_position": rates, "parallel_drafting": parallel},
+        fix="check the drafter's taps and its drafting mode (parallel_drafting), or lower num_speculative_tokens "
+        f"to {position + 1} until it is fixed",
+    )
+
+
+def dummy_drafts_finding(
+    rows: int, repeated: int, by_token: dict[int, int], *, length_gate: ContextBoundary | None = None, roots: set[str] = frozenset()
+) -> Finding:
+    """``DUMMY_DRAFTS``; ``length_gate``: the drafter's own length, when it is shorter than the run's.
+
+    vLLM 0.32 (``GPUModelRunner._input_fits_in_drafter``) skips the drafter for the whole
+    batch once the batch's longest context + k passes the drafter's max_model_len (its
+    ``max_position_embeddings``) and sends token-0 drafts instead: then the short context
+    (``DRAFT_CONTEXT_SHORT``) is the cause.
+    """
+    token, count = max(by_token.items(), key=lambda item: item[1])
+    gated = length_gate is not None and token == 0
+    caused = codes.DRAFT_CONTEXT_SHORT if gated and codes.DRAFT_CONTEXT_SHORT in roots else None
+    reason = (
+        f"; vLLM sends token-0 drafts for a whole batch once its longest context + k passes the drafter's "
+        f"max_model_len ({length_gate.tokens}, its {length_gate.field})"
+        if gated
+        else "; the drafter emits placeholders, not predictions"
+    )
+    return Finding(
+        code=codes.DUMMY_DRAFTS,
+        severity="warning" if caused else "error",
+        component="verification",
+        model_role="draft",
+        message=f"{repeated / rows:.1%} of draft rows ({repeated} of {rows}) are one token id repeated "
+        f"(most often {token}: {count} rows) and the target rejects them{reason}",
+        evidence={"rows": rows, "repeated_rows": repeated, "share": round(repeated / rows, 4),
+                  "by_token": {str(k): v for k, v in sorted(by_token.items())},
+                  "length_gate": length_gate.as_dict() if gated else None,
+                  "vllm_rule": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._input_fits_in_drafter" if gated else None},
+        fix="give the drafter the target's context length, or cap --max-model-len at it" if gated
+        else "check the drafter's final norm and lm_head weights (a zero norm drafts token 0 everywhere)",
+        caused_by=caused,
+    )
+
+
+def not_paying_finding(evidence: dict[str, Any]) -> Finding:
+    return Finding(
+        code=codes.SPECULATION_NOT_PAYING,
+        severity="warning",
+        component="verification",
+        model_role="draft",
+        message=f"speculation costs more than it saves: estimated speed-up {evidence['speedup_estimate']:.2f}x over "
+        f"{evidence['window_steps']} steps (mean acceptance length {evidence['mean_acceptance_length']:.2f}, "
+        f"drafting {evidence['draft_ms_per_step']:.2f} ms and verifying {evidence['verify_ms_per_step']:.2f} ms per step, "
+        f"{evidence.get('no_draft_ms_per_step', 0):.2f} ms without drafts)",
+        evidence=evidence,
+        fix="turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
+    )
+
+
+def collapse_finding(event: Any) -> Finding:
+    """``ACCEPTANCE_COLLAPSE`` or ``ACCEPTANCE_RECOVERED`` (``event``: an ``acceptance.CollapseEvent``)."""
+    collapse = event.code == codes.ACCEPTANCE_COLLAPSE
+    ev = event.evidence
+    onset = (
+        f"; it began at step {ev['onset_step']} (context {ev['onset_context_len']})" if collapse and "onset_step" in ev
+        else f" at step {ev['recovered_step']} (context {ev['recovered_context_len']})" if "recovered_step" in ev
+        else ""
+    )
+    return Finding(
+        code=codes.ACCEPTANCE_COLLAPSE if collapse else codes.ACCEPTANCE_RECOVERED,
+        severity="error" if collapse else "info",
+        component="verification",
+        model_role="draft",
+        message=(
+            f"acceptance {'collapsed' if collapse else 'recovered'}: position 0 {ev['position_0_rate']:.1%}, "
+            f"overall {ev['overall_rate']:.1%} over the last {ev['window_drafted_tokens']} drafted tokens "
+            f"(threshold {ev['threshold']:.0%}){onset}"
+        ),
+        evidence=ev,
+        fix=(
+            "check the run's findings (spectrace report): a dropped sliding window, wrong hidden-state taps "
+            "or a mismatched drafter all look like this"
+            if collapse
+            else ""
+        ),
+        caused_by=None if collapse else codes.ACCEPTANCE_COLLAPSE,
+    )

@@ -1,0 +1,24 @@
+"""The record every audit function returns: one finding."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str  # error | warning | info
+    component: str  # config | layout | method | vocab | context | load | taps | verification | ranks (codes.Code.component)
+    model_role: str | None
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    caused_by: str | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["evidence"] = json.dumps(self.evidence, sort_keys=True, default=str)
+        return row

@@ -1,0 +1,98 @@
+"""One judge: the facts of a run in, its findings, root causes and context boundaries out.
+
+The frontend (``tracer.audit_live``), the engine core (``tracer.verify``) and
+``spectrace doctor`` each gather what their process can know and call
+:func:`judge`, so the composition (config → pair → refusal → layout → root causes
+→ boundaries) is written once and a fact one caller lacks is visibly ``None``
+instead of a step it skips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectrace.audit.config_dicts import LayerPlan
+from spectrace.audit.curve import ContextBoundary, context_boundaries
+from spectrace.audit.findings import Finding
+from spectrace.audit.layout import audit_model_layout, config_findings, layout_status
+from spectrace.audit.load import explain_load_error
+from spectrace.audit.pair import audit_pair
+from spectrace.audit.resolution import FieldDiff, root_causes
+
+
+@dataclass
+class RunFacts:
+    """Plain data about one run; ``None`` where the calling process cannot know a fact."""
+
+    # one dict per model: model_role, declared (config.json as written), transformers_resolved
+    models: list[dict[str, Any]]
+    method: str | None
+    method_given: bool = True
+    draft_path: str | None = None
+    max_model_len: int | None = None
+    # per role, the resolved config vLLM builds the model from (model_config.hf_config as a
+    # dict) when it is not ``transformers_resolved``; the layout is judged against it
+    built_from: dict[str, dict[str, Any] | None] | None = None
+    # per role, what each built layer runs (``spectrace.vllm_objects.layers`` rows); None: no model was
+    # built or read in this process, so no LAYOUT_MISMATCH can be judged here
+    runtime_layers: dict[str, list[dict[str, Any]] | None] | None = None
+    load_error: str | None = None  # vLLM refused the configs: its error text
+
+
+@dataclass
+class Judgement:
+    findings: list[Finding]
+    roots: set[str]  # codes of the root-cause findings
+    boundaries: list[ContextBoundary]
+    diffs: list[FieldDiff] = field(default_factory=list)
+    plans: dict[str, list[LayerPlan]] = field(default_factory=dict)
+    statuses: dict[str, list[str]] = field(default_factory=dict)  # per role, layout_status of each plan
+
+    def by_role(self, role: str) -> list[Finding]:
+        return [f for f in self.findings if f.model_role == role]
+
+
+def _model(models: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    return next((m for m in models if m["model_role"] == role), {})
+
+
+def judge(facts: RunFacts) -> Judgement:
+    """Config findings, the pair, vLLM's refusal, the layout; then root causes and boundaries."""
+    models = facts.models
+    target, draft = _model(models, "target"), _model(models, "draft")
+    diffs, by_role = config_findings(models, facts.method)
+    findings = [f for role_findings in by_role.values() for f in role_findings]
+    findings += audit_pair(
+        method=facts.method,
+        method_given=facts.method_given,
+        draft_path=facts.draft_path,
+        target=target.get("transformers_resolved"),
+        draft=draft.get("declared"),
+        target_max_model_len=facts.max_model_len,
+    )
+    if facts.load_error is not None:
+        findings.append(explain_load_error(facts.load_error, findings))
+    plans: dict[str, list[LayerPlan]] = {}
+    statuses: dict[str, list[str]] = {}
+    built_from = facts.built_from if facts.built_from is not None else {
+        m["model_role"]: m["transformers_resolved"] for m in models
+    }
+    runtime = facts.runtime_layers or {}
+    declared = {m["model_role"]: m["declared"] for m in models}
+    for role, resolved in built_from.items():
+        role_plans, layout_findings = audit_model_layout(
+            role, declared.get(role), resolved, runtime.get(role), method=facts.method
+        )
+        plans[role] = role_plans
+        statuses[role] = layout_status(role_plans, layout_findings)
+        findings += layout_findings
+    boundaries = context_boundaries(
+        method=facts.method,
+        target_declared=target.get("declared"),
+        target_resolved=built_from.get("target", target.get("transformers_resolved")),
+        draft_declared=draft.get("declared"),
+        draft_resolved=built_from.get("draft", draft.get("transformers_resolved")),
+        max_model_len=facts.max_model_len,
+    )
+    return Judgement(findings, root_causes(findings), boundaries, diffs, plans, statuses)

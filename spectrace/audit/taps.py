@@ -1,0 +1,163 @@
+"""Hidden-state taps: which target layers the drafter was trained on vs which ones vLLM taps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from spectrace.audit import codes
+from spectrace.audit.config_dicts import _get
+from spectrace.audit.findings import Finding
+
+
+# -- hidden-state taps -----------------------------------------------------------------
+#
+# vLLM's tap id k is the hidden state after target layer k-1 (id 0: the embeddings);
+# HF's ``hidden_states[k]``. EAGLE3 checkpoints declare ids in that convention. DFlash
+# (and DSpark, and speculators' ``target_layer_ids``) declare target layer ids, and the
+# DFlash reference (z-lab/dflash ``extract_context_feature``) reads
+# ``hidden_states[layer_id + 1]``: the vLLM id is the declared id + 1.
+
+# (field, convention offset): where drafters declare their taps and how each field's ids
+# map to vLLM ids, roughly in the order vLLM 0.32's resolvers look (V2:
+# v1/worker/gpu/spec_decode/eagle/eagle3_utils.py::get_eagle3_aux_layers_from_config;
+# V1: GPUModelRunner._get_eagle3_aux_layers_from_config, which also reads the nested
+# eagle_config ids and ignores the top-level and *.layer_ids fields). Which ids a
+# runner really taps is read from the loaded model (live) or from the runner's own
+# function (doctor), never from this table.
+TAP_FIELDS: tuple[tuple[str, int], ...] = (
+    ("eagle_aux_hidden_state_layer_ids", 0),
+    ("eagle_config.eagle_aux_hidden_state_layer_ids", 0),
+    ("dflash_config.target_layer_ids", 1),
+    ("dspark_target_layer_ids", 1),
+    ("target_layer_ids", 1),
+    ("dflash_config.layer_ids", 0),
+    ("eagle_config.layer_ids", 0),
+)
+
+
+@dataclass
+class TapAudit:
+    declared_field: str | None
+    declared_ids: list[int] | None
+    expected_ids: list[int] | None
+    tapped_ids: list[int] | None
+    input_taps: int | None  # taps the drafter's input projection (fc) is sized for
+    status: str  # ok | defaulted | mismatch | out_of_range | count_mismatch | unknown
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "declared_field": self.declared_field,
+            "declared_ids": json.dumps(self.declared_ids),
+            "expected_ids": json.dumps(self.expected_ids),
+            "tapped_ids": json.dumps(self.tapped_ids),
+            "input_taps": self.input_taps,
+            "status": self.status,
+        }
+
+
+def declared_taps(draft: dict[str, Any] | None) -> tuple[str | None, list[int] | None, int]:
+    """(field, ids, convention offset) the drafter declares its taps in, or (None, None, 0)."""
+    for field_name, offset in TAP_FIELDS:
+        ids = _get(draft, field_name, None)
+        if isinstance(ids, (list, tuple)) and ids:
+            return field_name, [int(i) for i in ids], offset
+    return None, None, 0
+
+
+def audit_taps(
+    *,
+    draft: dict[str, Any] | None,
+    target_layers: int,
+    tapped_ids: list[int] | None,
+    input_taps: int | None,
+    rule: str = "",
+) -> tuple[TapAudit, list[Finding]]:
+    """Which target layers the drafter was trained on vs which ones vLLM taps.
+
+    ``tapped_ids``: what the loaded target really taps (live), or what vLLM's id
+    resolution gives (doctor). ``input_taps``: how many taps the drafter's input
+    projection takes. ``rule`` names the vLLM function behind ``tapped_ids``.
+    """
+    field_name, declared, offset = declared_taps(draft)
+    expected = sorted({i + offset for i in declared}) if declared else None
+    tapped = sorted(set(tapped_ids)) if tapped_ids is not None else None
+    findings: list[Finding] = []
+    status = "ok"
+    evidence = {
+        "declared_field": field_name,
+        "declared_ids": declared,
+        "expected_ids": expected,
+        "tapped_ids": tapped,
+        "input_taps": input_taps,
+        "target_layers": target_layers,
+        "vllm_rule": rule,
+    }
+    if expected is not None:
+        outside = [i for i in expected if i < 0 or i > target_layers]
+        if outside:
+            status = "out_of_range"
+            findings.append(
+                Finding(
+                    code=codes.TAP_OUT_OF_RANGE,
+                    severity="error",
+                    component="taps",
+                    model_role="draft",
+                    message=f"{field_name} = {declared} asks for hidden state(s) {outside}, but the target has "
+                    f"{target_layers} layers (valid vLLM ids 0..{target_layers})",
+                    evidence=evidence,
+                    fix="use a drafter trained for this target, or correct the declared layer ids",
+                )
+            )
+    if tapped is not None and input_taps is not None and len(tapped) != input_taps:
+        status = "count_mismatch" if status == "ok" else status
+        findings.append(
+            Finding(
+                code=codes.TAP_COUNT_MISMATCH,
+                severity="error",
+                component="taps",
+                model_role="draft",
+                message=f"vLLM taps {len(tapped)} target layer(s) {tapped}, but the drafter's input projection "
+                f"takes {input_taps}",
+                evidence=evidence,
+                fix="declare the drafter's layer ids in a field this vLLM reads (see evidence.declared_field)",
+            )
+        )
+    if expected is None:
+        status = "defaulted" if status == "ok" else status
+        findings.append(
+            Finding(
+                code=codes.TAP_DEFAULTED,
+                severity="warning",
+                component="taps",
+                model_role="draft",
+                message=f"the drafter declares no hidden-state layer ids; vLLM uses its default taps {tapped} "
+                "(right for some checkpoints, wrong for others)",
+                evidence=evidence,
+                fix="declare the ids the drafter was trained on (eagle_aux_hidden_state_layer_ids, or "
+                "dflash_config.target_layer_ids for DFlash)",
+            )
+        )
+    elif tapped is not None and tapped != expected and status not in ("out_of_range",):
+        if status == "ok":
+            status = "mismatch"
+        same_count = len(tapped) == len(expected)
+        caused = codes.TAP_COUNT_MISMATCH if not same_count and status == "count_mismatch" else None
+        findings.append(
+            Finding(
+                code=codes.TAP_MISMATCH,
+                severity="info" if caused else "error",
+                component="taps",
+                model_role="draft",
+                message=f"the drafter was trained on hidden states {expected} ({field_name} = {declared}"
+                + (f", +{offset} for the reference convention" if offset else "")
+                + f"), but vLLM taps {tapped}"
+                + (": same count, so nothing fails and drafts are silently rejected" if same_count else ""),
+                evidence=evidence,
+                fix="declare the ids in a field this vLLM reads for this model runner "
+                "(eagle_aux_hidden_state_layer_ids holds vLLM ids verbatim), or upgrade vLLM",
+                caused_by=caused,
+            )
+        )
+    return TapAudit(field_name, declared, expected, tapped, input_taps, status), findings

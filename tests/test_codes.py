@@ -1,0 +1,106 @@
+"""The finding-code registry (``spectrace.audit.codes``): every code the package emits comes
+from it, and README.md's table and the PromQL code lists are generated from it (fail on drift)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+
+import spectrace
+from spectrace.audit import codes
+from spectrace.dashboards import promql
+
+ROOT = Path(spectrace.__file__).parent
+REPO = ROOT.parent
+REGISTERED = set(codes.REGISTRY)
+
+
+def _readme_codes():
+    spec = importlib.util.spec_from_file_location("readme_codes", REPO / "tools" / "readme_codes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sources():
+    for path in sorted(ROOT.rglob("*.py")):
+        yield path, ast.parse(path.read_text(), str(path))
+
+
+def test_each_constant_is_its_own_code_and_well_formed():
+    constants = {name: value for name, value in vars(codes).items() if name.isupper() and isinstance(value, str)}
+    assert {v for k, v in constants.items() if k != "SEVERITIES"} == REGISTERED
+    assert all(name == value for name, value in constants.items() if value in REGISTERED)
+    assert len(REGISTERED) == 23
+    for entry in codes.REGISTRY.values():
+        assert entry.severities and set(entry.severities) <= set(codes.SEVERITIES), entry.code
+        assert entry.meaning and entry.component, entry.code
+        # the README cell names exactly the severities the code is emitted at
+        named = {s for s in codes.SEVERITIES if re.search(rf"\b{s}\b", entry.severity_text)}
+        assert named == set(entry.severities), entry.code
+
+
+def test_no_bare_code_literal_outside_the_registry():
+    """Every ``code=`` is an expression (a registry constant), and no string equal to a code is
+    written anywhere in the package but in the registry."""
+    bare, literal_codes = [], []
+    for path, tree in _sources():
+        where = path.relative_to(REPO)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg in ("code", "caused_by") and isinstance(node.value, ast.Constant):
+                if node.value.value is not None:
+                    literal_codes.append(f"{where}:{node.value.lineno} {node.arg}={node.value.value!r}")
+            if isinstance(node, ast.Constant) and node.value in REGISTERED and path.name != "codes.py":
+                bare.append(f"{where}:{node.lineno} {node.value!r}")
+    assert literal_codes == [] and bare == []
+
+
+def test_the_check_finds_a_planted_literal():
+    tree = ast.parse('Finding(code="SWA_DROPPED", severity="error")')
+    assert [n.value.value for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg == "code"] == ["SWA_DROPPED"]
+
+
+def test_every_finding_is_built_in_the_audit_package():
+    outside = []
+    for path, tree in _sources():
+        if path.parent.name == "audit":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if name == "Finding":
+                    outside.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert outside == []
+
+
+def test_readme_table_is_the_registrys():
+    """Fails on drift: run `python -m tools.readme_codes` and commit README.md."""
+    tool = _readme_codes()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert tool.render(readme) == readme, "README.md's finding codes are stale: run python -m tools.readme_codes"
+    assert tool.main(["--check"]) == 0
+    for code in REGISTERED:
+        assert f"| `{code}` |" in readme
+
+
+def test_readme_check_fails_on_a_changed_meaning(monkeypatch):
+    tool = _readme_codes()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    entry = codes.REGISTRY["SWA_DROPPED"]
+    monkeypatch.setitem(codes.REGISTRY, "SWA_DROPPED", codes.Code(**{**entry.__dict__, "meaning": "something else"}))
+    assert tool.render(readme) != readme
+    assert "| something else |" in tool.render(readme)
+
+
+def test_promql_and_sql_code_lists_come_from_the_registry():
+    assert promql.TAP_CODES == codes.codes(component="taps", severity="error")
+    assert set(promql.TAP_CODES) == {"TAP_MISMATCH", "TAP_COUNT_MISMATCH", "TAP_OUT_OF_RANGE"}
+    # the SQL twin of the tap alert names the same codes; every code a .sql file names is registered
+    sql = (ROOT / "queries" / "tap_mismatch.sql").read_text()
+    in_list = re.search(r"code IN \(([^)]*)\)", sql).group(1)
+    assert set(re.findall(r"'([A-Z_]+)'", in_list)) == set(promql.TAP_CODES)
+    for path in ROOT.rglob("*.sql"):
+        for named in re.findall(r"code\s*(?:=|IN)\s*\(?\s*'([A-Z_]+)'", path.read_text(), re.I):
+            assert named in REGISTERED, (path.name, named)
