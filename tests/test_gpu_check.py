@@ -7,7 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.vllm  # torch, and gpu_check's imports
 
 
 def test_gpu_check_fails_loudly_without_a_gpu():

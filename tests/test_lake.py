@@ -18,6 +18,8 @@ from spectrace.exporters.segments import SegmentWriter
 from spectrace.queries import lake
 from spectrace.settings import Settings
 
+pytestmark = pytest.mark.server  # PostgreSQL
+
 DAY_NS = 86_400 * 10**9
 
 
