@@ -32,6 +32,7 @@ LANE_OF_FIXTURE = {
     "zoo": "vllm", "cache_root": "vllm",  # every engine fixture below requests them
     "prometheus_binaries": "server", "postgres_binaries": "server",
 }  # fmt: skip
+_heavy_key = pytest.StashKey[str | None]()  # in the unit lane: the first node after which HEAVY was imported
 
 
 def module_marks(path: Path) -> set[str]:
@@ -52,10 +53,7 @@ def pytest_configure(config):
     if config.getoption("unit"):
         expr = config.option.markexpr
         config.option.markexpr = f"({expr}) and {UNIT}" if expr else UNIT
-        config.stash[_heavy_key] = None  # the first node after which torch or vllm was in sys.modules
-
-
-_heavy_key = pytest.StashKey[str | None]()
+        config.stash[_heavy_key] = None
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -94,7 +92,7 @@ def pytest_runtest_protocol(item):
 
 
 def pytest_sessionfinish(session):
-    if session.config.stash.get(_heavy_key, None) is not None:
+    if session.config.stash.get(_heavy_key, None) is not None and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -104,6 +102,7 @@ def pytest_terminal_summary(terminalreporter, config):
         imported = ", ".join(name for name in HEAVY if name in sys.modules)
         terminalreporter.write_line(f"FAILED unit lane: {imported} imported, first seen after {culprit or 'conftest'}"
                                     " (mark it vllm, or import lazily)", red=True, bold=True)
+
 
 @pytest.fixture(scope="session")
 def prometheus_binaries() -> None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.vllm  # torch, and gpu_check's imports
+pytestmark = pytest.mark.vllm  # imports torch
 
 
 def test_gpu_check_fails_loudly_without_a_gpu():
