@@ -1,5 +1,6 @@
 # Set-up and checks. Everything a fresh machine needs is installed from here.
 #   make test   create .venv, install spectrace with the CPU build of vLLM, run the whole suite
+#   make unit   same venv, only the tests that need neither vLLM/torch nor a server (under a minute)
 #   make demo   same venv, then the config-audit demo (real vLLM on CPU, a few minutes)
 
 PYTHON ?= python3
@@ -7,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test demo venv clean prometheus postgres
+.PHONY: test unit demo venv clean prometheus postgres
 
 venv: $(STAMP)
 
@@ -37,6 +38,10 @@ postgres:
 
 test: $(STAMP) prometheus postgres
 	$(BIN)/python -m pytest
+
+# The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.
+unit: $(STAMP)
+	$(BIN)/python -m pytest --unit -q
 
 demo: $(STAMP)
 	$(BIN)/python -m spectrace.demo

@@ -1,22 +1,108 @@
-"""Shared fixtures: the tiny model zoo and real vLLM engine runs.
+"""Shared fixtures: the tiny model zoo and real vLLM engine runs; the test lanes.
 
 Every engine run is real vLLM 0.32 on CPU in a child process (plugins load
 per process). Engines that tests share are started once per session.
+
+Lanes: a test that needs vLLM or torch is marked ``vllm``, one that needs a server
+(Prometheus, promtool, amtool, PostgreSQL, the OTLP receiver) ``server``: a live module
+says so in its ``pytestmark``, and a test that requests a fixture below that needs one
+is marked here. ``pytest --unit`` (``make unit``) runs the rest, imports no module marked
+``vllm`` or ``server`` as a whole, and fails when torch or vLLM got imported anyway.
+Building the zoo needs torch, so its import stays inside the fixtures.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 import spectrace.store
 from spectrace.testing.engine import EngineSpec, method_specs, run_engines
-from spectrace.testing.models import build_dflash, build_zoo
 
 WINDOW = 64
+
+UNIT = "not vllm and not server"
+HEAVY = ("torch", "vllm")  # what the unit lane must never import
+LANE_OF_FIXTURE = {
+    "zoo": "vllm", "cache_root": "vllm",  # every engine fixture below requests them
+    "prometheus_binaries": "server", "postgres_binaries": "server",
+}  # fmt: skip
+_heavy_key = pytest.StashKey[str | None]()  # in the unit lane: the first node after which HEAVY was imported
+
+
+def module_marks(path: Path) -> set[str]:
+    """The marker names in a test module's top-level ``pytestmark``, read without importing it."""
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return {n.attr for n in ast.walk(node.value)
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
+    return set()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--unit", action="store_true",
+                     help=f"the fast lane (make unit): -m '{UNIT}', and fail if torch or vllm got imported")
+
+
+def pytest_configure(config):
+    if config.getoption("unit"):
+        expr = config.option.markexpr
+        config.option.markexpr = f"({expr}) and {UNIT}" if expr else UNIT
+        config.stash[_heavy_key] = None
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("unit") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if module_marks(collection_path) & {"vllm", "server"}:
+            return True  # every test in it is deselected: not even imported
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for lane in sorted({LANE_OF_FIXTURE[f] for f in item.fixturenames if f in LANE_OF_FIXTURE}):
+            if item.get_closest_marker(lane) is None:
+                item.add_marker(lane)
+
+
+def _note_heavy(config, nodeid: str) -> None:
+    if _heavy_key in config.stash and config.stash[_heavy_key] is None:
+        if any(name in sys.modules for name in HEAVY):
+            config.stash[_heavy_key] = nodeid
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    report = yield
+    _note_heavy(collector.config, collector.nodeid)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    result = yield
+    _note_heavy(item.config, item.nodeid)
+    return result
+
+
+def pytest_sessionfinish(session):
+    if session.config.stash.get(_heavy_key, None) is not None and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    culprit = config.stash.get(_heavy_key, None)
+    if culprit is not None:
+        imported = ", ".join(name for name in HEAVY if name in sys.modules)
+        terminalreporter.write_line(f"FAILED unit lane: {imported} imported, first seen after {culprit or 'conftest'}"
+                                    " (mark it vllm, or import lazily)", red=True, bold=True)
+
 
 @pytest.fixture(scope="session")
 def prometheus_binaries() -> None:
@@ -59,6 +145,8 @@ def cache_root(scratch) -> Path:
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> dict[str, str]:
+    from spectrace.testing.models import build_zoo
+
     root = Path(os.environ.get("SPECTRACE_TEST_ZOO", tmp_path_factory.mktemp("zoo") / "models"))
     return {name: str(path) for name, path in build_zoo(root).items()}
 
@@ -83,6 +171,8 @@ def audit_runs(zoo, scratch, cache_root):
 
     Returns (store connection, results by name, drafter path by name).
     """
+    from spectrace.testing.models import build_dflash
+
     root = scratch / "audit-models"
     target = zoo["target"]
     drafters = {
@@ -114,6 +204,8 @@ def audit_runs(zoo, scratch, cache_root):
 def tap_runs(zoo, scratch, cache_root):
     """EAGLE3 with and without declared ids, and a DFlash drafter declaring top-level
     target_layer_ids (which the V1 runner ignores), served live. Returns (con, results, paths)."""
+    from spectrace.testing.models import build_dflash
+
     root = scratch / "tap-models"
     top_level = build_dflash(root / "dflash-top-level-ids", target_dir=zoo["target"], top_level_target_layer_ids=[0, 3, 6])
 

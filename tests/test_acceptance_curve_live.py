@@ -31,6 +31,8 @@ from spectrace import acceptance
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.models import build_target, derive_model
 
+pytestmark = pytest.mark.vllm
+
 K = 3
 WINDOW = 32
 PROMPTS = ["the quick brown fox", "hello world speculative decoding", "a b c d e f g", "once upon a time there was"]

@@ -13,9 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import spectrace.store
 from spectrace.store import compaction
 from spectrace.testing.engine import method_specs, run_engines
+
+pytestmark = pytest.mark.vllm
 
 FAST = {"SPECTRACE_FLUSH_INTERVAL": "0.2", "SPECTRACE_COMPACT_INTERVAL": "1"}
 SQL = (

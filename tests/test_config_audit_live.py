@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.vllm
+
 WINDOW = 64  # the window the audit drafters declare (conftest.audit_runs)
 
 

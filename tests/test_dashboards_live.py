@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from spectrace.dashboards import alerts, build, panel_queries
 from spectrace.dashboards.export import to_yaml
 from spectrace.testing import wait_until
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.prometheus import PrometheusServer, free_port
+
+pytestmark = [pytest.mark.vllm, pytest.mark.server]
 
 COLLAPSE = "SpectraceAcceptanceCollapse"
 

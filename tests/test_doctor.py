@@ -23,6 +23,8 @@ import pytest
 
 from spectrace import cli, doctor
 
+pytestmark = pytest.mark.vllm  # doctor runs vLLM's config and model code in this process (no engine)
+
 S, F = "sliding_attention", "full_attention"
 WINDOW = 2048
 MIXED = [S, S, S, S, F]

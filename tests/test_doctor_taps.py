@@ -20,6 +20,8 @@ from spectrace import cli, doctor
 
 from test_doctor import DFLASH, EAGLE3, GEMMA3_1B, QWEN3_8B, SHAPES
 
+pytestmark = pytest.mark.vllm  # doctor runs vLLM's config and model code in this process (no engine)
+
 RUNNERS = ("v1", "v2")
 V2_IDS = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils.get_eagle3_aux_layers_from_config"
 V1_IDS = "vllm.v1.worker.gpu_model_runner.GPUModelRunner._get_eagle3_aux_layers_from_config"

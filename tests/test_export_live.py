@@ -10,6 +10,8 @@ from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.otlp import OtlpReceiver
 from spectrace.testing.prometheus import PrometheusServer, free_port
 
+pytestmark = [pytest.mark.vllm, pytest.mark.server]
+
 
 def _seeded(zoo, **kwargs) -> EngineSpec:
     return EngineSpec(

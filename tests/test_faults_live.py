@@ -10,11 +10,14 @@ import threading
 import time
 
 import pyarrow.parquet as pq
+import pytest
 
 import spectrace.store
 from spectrace.testing.engine import method_specs, run_engines
 from spectrace.testing.otlp import OtlpReceiver
 from spectrace.testing.prometheus import free_port
+
+pytestmark = [pytest.mark.vllm, pytest.mark.server]
 
 ENV_OTLP = {"SPECTRACE_EXPORTER": "duckdb,otlp", "OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
 

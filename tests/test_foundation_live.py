@@ -7,9 +7,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
 import spectrace.store
 from spectrace.testing.engine import EngineSpec, base_env, run_engines
+
+pytestmark = pytest.mark.vllm
 
 HOOKED = [
     ("vllm.engine.arg_utils", "EngineArgs", "create_engine_config"),

@@ -7,7 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.vllm  # imports torch
 
 
 def test_gpu_check_fails_loudly_without_a_gpu():

@@ -11,6 +11,8 @@ import spectrace.store
 from spectrace.testing.engine import method_specs, run_engines
 from spectrace.tracer import stages
 
+pytestmark = pytest.mark.vllm
+
 # every hook that fires in an engine on CPU, plus the two recording steps of worker.load_model that
 # have their own guard. Elsewhere: the API server's own hooks (api_server.*) fire only under
 # `vllm serve` (tests/test_serve_metrics_live.py); the V2 model runner's (worker.verify_v2*) only on a

@@ -15,6 +15,8 @@ from spectrace.queries import report
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.models import build_qwen3_next, build_tokenizer
 
+pytestmark = pytest.mark.vllm
+
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 EXPECTED = [("linear", "linear", "linear", "MambaSpec")] * 3 + [("full", "full", "full", "FullAttentionSpec")]
 

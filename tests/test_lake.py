@@ -18,6 +18,8 @@ from spectrace.sinks import build
 from spectrace.lake import read as lake
 from spectrace.settings import Settings
 
+pytestmark = pytest.mark.server  # PostgreSQL
+
 DAY_NS = 86_400 * 10**9
 
 

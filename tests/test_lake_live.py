@@ -19,7 +19,7 @@ from spectrace.cli import main
 from spectrace.lake import read as lake
 from spectrace.testing.engine import K, EngineSpec, run_engines
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.server]  # PostgreSQL
 
 HOSTS = {"replica-a": "self", "replica-b": "seeded"}  # host -> engine (drafter) it serves
 

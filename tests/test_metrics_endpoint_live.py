@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections import defaultdict
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spectrace.dashboards import alerts, build, panel_queries
@@ -20,6 +21,8 @@ from spectrace.dashboards.export import to_yaml
 from spectrace.testing import wait_until
 from spectrace.testing.engine import base_env
 from spectrace.testing.prometheus import PrometheusServer, free_port
+
+pytestmark = [pytest.mark.vllm, pytest.mark.server]
 
 COLLAPSE = "SpectraceAcceptanceCollapse"
 

@@ -11,6 +11,8 @@ import spectrace.store
 from spectrace.queries import ranks, report
 from spectrace.testing.engine import method_specs, run_engines
 
+pytestmark = pytest.mark.vllm
+
 
 @pytest.fixture(scope="module")
 def tp2(zoo, scratch, cache_root):

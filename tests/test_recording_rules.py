@@ -11,7 +11,7 @@ import yaml
 from spectrace.dashboards import alerts, build, promql
 from spectrace.dashboards.export import files, ExportOptions, to_yaml
 
-pytestmark = pytest.mark.usefixtures("prometheus_binaries")
+pytestmark = [pytest.mark.server, pytest.mark.usefixtures("prometheus_binaries")]
 
 COMMON = 'job="vllm", model="t", draft_model="d", method="draft_model", model_name="t", run_id="r", otel_scope_name="spectrace"'
 

@@ -10,10 +10,14 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 import spectrace.store
 from spectrace.testing.engine import base_env
 from spectrace.testing.otlp import OtlpReceiver
 from spectrace.testing.prometheus import free_port
+
+pytestmark = [pytest.mark.vllm, pytest.mark.server]
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 

@@ -29,6 +29,8 @@ from spectrace.testing.engine import base_env
 from spectrace.testing.prometheus import free_port
 from spectrace.testing.serve import Server
 
+pytestmark = pytest.mark.vllm
+
 PROMPTS = ["the quick brown fox", "once upon a time there", "in a hole in the ground", "it was a bright cold day"]
 FAULTS = ["api_server.metrics_registry", "api_server.multiprocess_registry"]
 # vLLM's counters that the same greedy requests make equal (speculative decoding first)

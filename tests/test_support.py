@@ -166,6 +166,7 @@ def test_readme_version_table_is_generated():
     assert support.render_readme(text, expected) == text, "python -m spectrace.tracer.support_table readme"
 
 
+@pytest.mark.vllm  # runtime.install reads vllm.__version__, which imports vLLM (8 s)
 def test_switched_off_hook_is_a_hooks_row(site, monkeypatch, tmp_path):
     import spectrace.store
     from spectrace.settings import Settings

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import spectrace.store
+
+pytestmark = pytest.mark.vllm
 
 
 def _taps(con, run_id):

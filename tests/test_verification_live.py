@@ -7,6 +7,8 @@ import pytest
 import spectrace.store
 from spectrace.testing.engine import K
 
+pytestmark = pytest.mark.vllm
+
 
 def _by_position(con, run_id, source):
     rows = con.execute(

@@ -18,6 +18,8 @@ from spectrace.tracer.verify import hooks_v2 as verify_v2
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.worker.gpu.async_utils import AsyncOutput  # noqa: E402
 
+pytestmark = pytest.mark.vllm  # vLLM's own classes, no engine
+
 K = 3
 REQ_IDS = ["a", "b", "c", "d"]
 DRAFTS = np.array([3, 3, 0, 2], dtype=np.int32)  # c is a prefill row; d had its budget trimmed to 2

