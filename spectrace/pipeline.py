@@ -21,13 +21,14 @@ Flush (the background thread every ``flush_interval_s``, and on ``flush()`` / ``
     4. **maintenance**: every ``maintain_interval_s``, the ``maintain()`` of the sinks that
        have one (the store's compaction, retention and size cap), on the same thread.
 
-A sink is any object with ``name``, ``export(batch)`` and ``close()`` (:class:`Sink`); it may
+A sink is any object with ``name``, ``export(batch)`` and ``close()`` (:class:`Sink`). It may
 also offer ``maintain()``, ``stats()``, ``status`` (a line for the run record),
-``takes_tables`` (it stores the records tables, so the runtime also turns spans into
-``spans`` rows), ``metric_reader()`` (an OpenTelemetry metric reader the process's meter
-provider adds) and ``span_processor()`` (one the tracer provider adds). Sinks are chosen once, from
-``spectrace.sinks.SINKS`` by the names in ``SPECTRACE_EXPORTER`` (``spectrace.sinks.build``). A sink reports rows it
-could not keep through ``Pipeline.count_dropped``, never by touching the pipeline's fields.
+``writing(run_id)`` (the run this process writes now), ``takes_tables`` (it stores the
+records tables, so the runtime also turns spans into ``spans`` rows), ``metric_reader()``
+(an OpenTelemetry metric reader the process's meter provider adds) and ``span_processor()``
+(one the tracer provider adds). Sinks are chosen once, from ``spectrace.sinks.SINKS``, by
+the names in ``SPECTRACE_EXPORTER`` (``spectrace.sinks.build``). A sink reports rows it could
+not keep through ``Pipeline.count_dropped``, never by touching the pipeline's fields.
 """
 
 from __future__ import annotations

@@ -104,6 +104,10 @@ class SegmentSink:
             record=record,
         )
 
+    def writing(self, run_id: str) -> None:
+        """This process writes ``run_id`` now: the size cap never evicts it (an earlier run may go)."""
+        self.active_runs = {run_id}
+
     def _dropped(self, n: int) -> None:
         self.dropped += n
         if self.on_drop is not None:

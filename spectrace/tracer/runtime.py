@@ -269,9 +269,9 @@ class Runtime:
     def set_run(self, run: "Run | None") -> None:
         if run is not None:
             self.runs[run.run_id] = run
-            store = self.pipeline.sink("duckdb")
-            if store is not None:
-                store.active_runs = {run.run_id}  # never evicted by the size cap while this process writes it
+            for sink in self.pipeline.sinks:
+                if hasattr(sink, "writing"):
+                    sink.writing(run.run_id)  # the store never evicts the run this process writes
         self.run = run
 
     def run_by_id(self, run_id: str | None) -> "Run | None":
