@@ -129,3 +129,21 @@ def test_a_full_buffer_drops_steps_and_counts_them(traced):
     capture.dropped_steps = 7  # what the hooks counted when the deque was full
     rt.flush()
     assert rt.pipeline.dropped == 7 and capture.dropped_steps == 0
+
+
+def test_steps_of_no_run_are_counted_without_an_error(tmp_path):
+    """An engine whose start was not traced (a fault in the frontend's hook) still has its steps
+    counted, and its series fed, with no run: the drain used to raise on the run's k."""
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("prometheus",), metrics_dir=tmp_path / "metrics",
+                                span_every_steps=0), hooks=[], make_capture=verify.VerifyCapture)
+    try:
+        sink = MemorySink()
+        rt.pipeline.add_sink(sink)
+        rt.enter_role("engine_core")  # telemetry built: the metrics are fed from the drain
+        assert rt.metrics is not None and rt.run is None
+        rt.verify.engine_steps.append(EngineStep(1, 1, None, {"a": [1, 2]}, [2], {"a": 0}, cached({}), None, 1))
+        rt.flush()
+        assert rt.pipeline.errors == {} and rt.errors == {}
+        assert [(r["position"], r["drafted"], r["accepted"]) for r in rows(sink, "verify_counts")] == [(0, 1, 1), (1, 1, 0)]
+    finally:
+        runtime.stop()

@@ -226,7 +226,7 @@ class VerifyCapture(Capture):
                 rt.metrics.acceptance_lengths(
                     [r["length"] for r in length_rows],
                     [r["count"] for r in length_rows],
-                    int(rt.run_by_id(run_id).info.get("num_speculative_tokens") or k),
+                    int(_run_k(rt, run_id) or k),
                     labels,
                 )
             else:
@@ -423,6 +423,13 @@ class VerifyCapture(Capture):
                 continue
             findings.append(audit.disagreement_finding(engine, worker, rank, run_id))
         return findings
+
+
+def _run_k(rt, run_id: str | None) -> int | None:
+    """The run's num_speculative_tokens, where the run is known (steps of no run: a frontend
+    whose engine start was not traced, or a fault injected there)."""
+    run = rt.run_by_id(run_id)
+    return run.info.get("num_speculative_tokens") if run is not None else None
 
 
 def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptance.StepMark:
