@@ -44,6 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from spectrace.records import columns
+
 log = logging.getLogger("vllm.spectrace")
 
 READY_S = 10.0  # a compacted file counts READY_S after it was written; its inputs go READY_S later
@@ -170,6 +172,9 @@ def run_folders(root: Path):
                     yield Path(run.path)
 
 
+_warned: set[str] = set()  # paths compaction warned about, once per process
+
+
 def _read(seg: Segment) -> pa.Table:
     # one file, on this thread: a third of read_table's CPU for the small raw segments
     with pa.OSFile(str(seg.path)) as source:
@@ -212,6 +217,7 @@ class CycleResult:
     bytes_deleted: int = 0
     cpu_s: float = 0.0
     evictions: list[dict] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # what could not be read or merged, and why (left as it is)
 
 
 class Compactor:
@@ -239,7 +245,14 @@ class Compactor:
         result = CycleResult()
         cpu = time.thread_time()
         for folder in run_folders(self.root):
-            self._folder(folder, now_ns or self.clock(), result)
+            try:
+                self._folder(folder, now_ns or self.clock(), result)
+            except OSError as exc:  # an unreadable folder: the others are still compacted
+                result.skipped[str(folder)] = exc.strerror or str(exc)
+        for path, why in result.skipped.items():
+            if path not in _warned:
+                _warned.add(path)
+                log.warning("spectrace: compaction leaves %s as it is: %s", path, why)
         result.cpu_s = time.thread_time() - cpu
         return result
 
@@ -301,6 +314,14 @@ class Compactor:
                 tables = [self.cache.get(s.path) or _read(s) for s in inputs]
             except FileNotFoundError:
                 continue  # removed meanwhile (retention, cap): next cycle
+            except (OSError, pa.ArrowException) as exc:  # a corrupt or unreadable file: its group stays raw
+                result.skipped[str(inputs[0].path.parent)] = f"a file of {writer} cannot be read ({exc})"[:300]
+                continue
+            known = {name for name, _ in columns(folder.parent.name)}
+            foreign = next((s for s, t in zip(inputs, tables) if not set(t.column_names) <= known), None)
+            if foreign is not None:  # never merge a file of another schema into spectrace's
+                result.skipped[str(foreign.path)] = f"not a {folder.parent.name} segment (foreign columns)"
+                continue
             lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)
             made = self.clock()
             _write(folder, f"{writer}-{lo}-{hi}-{made}.{kind}.parquet", tables)

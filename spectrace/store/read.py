@@ -18,14 +18,21 @@ recorded before its segment is written and named, by the same host's clock).
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from spectrace.store import compaction
 from spectrace.records import TABLES, columns
+
+
+log = logging.getLogger("spectrace.store")
 
 
 class StoreError(Exception):
@@ -118,6 +125,25 @@ def has_data(root: Path) -> bool:
     return any(root.glob("*/*/*.parquet"))
 
 
+def _unreadable(table: str, path: str) -> str | None:
+    """Why ``path`` cannot be one of ``table``'s segments (from its Parquet footer), or None.
+
+    A zero-byte, truncated or non-Parquet file, one this user cannot read, or one of another
+    schema (a column no version of spectrace's ``table`` has) is left out of every query."""
+    try:
+        schema = pq.read_schema(path)
+    except PermissionError:
+        return "not readable by this user"
+    except (OSError, pa.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"not a Parquet file ({first[:120]})"
+    known = {name for name, _ in columns(table)}
+    foreign = [name for name in schema.names if name not in known]
+    if foreign:
+        return f"not a {table} segment (columns {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})"
+    return None
+
+
 class Store:
     """A DuckDB connection over the store whose views list the store's files before every query.
 
@@ -134,6 +160,34 @@ class Store:
         self.since = since
         self._shapes = shapes  # per table: its view reads files (True) or is empty; shared by cursors (one catalog)
         self._listed: dict[str, list[str]] = {}  # per table: this connection's variable
+        self._checked: dict[str, tuple[int, int, str | None]] = {}  # path -> (size, mtime_ns, why skipped)
+        self.skipped: dict[str, str] = {}  # files left out of the last listing, and why (one warning each)
+
+    def _readable(self, table: str, paths: list[str]) -> list[str]:
+        """``paths`` less the files that cannot be read as ``table`` segments (each footer read once
+        per size and mtime; a skipped file is warned about once per connection)."""
+        kept = []
+        for path in paths:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue  # removed since the listing (compaction): the covering file is listed
+            except OSError as exc:
+                why = f"cannot stat ({exc.strerror or exc})"
+            else:
+                cached = self._checked.get(path)
+                if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+                    why = cached[2]
+                else:
+                    why = _unreadable(table, path)
+                    self._checked[path] = (st.st_size, st.st_mtime_ns, why)
+            if why is None:
+                kept.append(path)
+                continue
+            if path not in self.skipped:
+                log.warning("spectrace: skipping %s: %s; the store answers from the other files", path, why)
+            self.skipped[path] = why
+        return kept
 
     def refresh(self) -> None:
         """List the files for a query now (``files``) and point the views at them.
@@ -144,7 +198,7 @@ class Store:
         """
         listing = files(self.root, since=self.since)
         for table in TABLES:
-            paths = listing.get(table, [])
+            paths = self._readable(table, listing.get(table, []))
             if paths == self._listed.get(table):
                 continue
             if paths:  # a literal: a Python list as a parameter converts ~10x slower
@@ -173,7 +227,9 @@ class Store:
     del _refreshed
 
     def cursor(self) -> "Store":
-        return Store(self._con.cursor(), self.root, self.since, self._shapes)
+        cursor = Store(self._con.cursor(), self.root, self.since, self._shapes)
+        cursor._checked, cursor.skipped = self._checked, self.skipped
+        return cursor
 
     def close(self) -> None:
         self._con.close()
