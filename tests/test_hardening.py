@@ -94,3 +94,47 @@ def test_store_compact_never_merges_a_file_of_another_schema(tmp_path):
     result = compaction.Compactor(tmp_path, lambda seg: True, closed=lambda hour, now: True).cycle()
     assert result.files_written == 0 and any("gone-1-1001" in p for p in result.skipped)
     assert sorted(p.name for p in folder.iterdir()) == ["gone-1-1000-000001.parquet", "gone-1-1001-000002.parquet"]
+
+
+# -- secrets -----------------------------------------------------------------------
+
+from spectrace.redact import redact  # noqa: E402
+
+SECRETS = ["hunter2", "s3cr3t pass", "glsa_abcdefghijklmnop_1234", "tok_123456"]
+
+
+def test_redact_hides_every_secret_form_and_keeps_the_rest():
+    cases = {
+        "postgres:dbname=spectrace host=db user=sp password=hunter2": "postgres:dbname=spectrace host=db user=sp password=***",
+        "host=db password='s3cr3t pass' port=5432": "host=db password=*** port=5432",
+        "postgresql://sp:hunter2@db:5432/spectrace": "postgresql://sp:***@db:5432/spectrace",
+        "http://admin:hunter2@grafana:3000/": "http://admin:***@grafana:3000/",
+        "PGPASSWORD=hunter2 psql": "PGPASSWORD=*** psql",
+        "Authorization: Bearer glsa_abcdefghijklmnop_1234": "Authorization: Bearer ***",
+        "https://x/?token=tok_123456&a=1": "https://x/?token=***&a=1",
+        "nothing secret at http://grafana:3000/ here": "nothing secret at http://grafana:3000/ here",
+    }
+    for given, expected in cases.items():
+        assert redact(given) == expected
+    assert not any(secret in redact(" ".join(cases)) for secret in SECRETS)
+
+
+def test_an_unreachable_lake_never_echoes_its_password(tmp_path, caplog, capsys):
+    from spectrace.cli import main
+    from spectrace.sinks import build
+    from spectrace.settings import Settings
+
+    catalog = "postgres:dbname=spectrace host=127.0.0.1 port=1 user=sp password=hunter2 connect_timeout=2"
+    caplog.set_level(logging.DEBUG)
+    pipeline, status = build(Settings(dir=tmp_path, exporters=("lake",), lake=catalog, lake_data=str(tmp_path / "data")))
+    pipeline.append("runs", {"run_id": "r"})
+    pipeline.flush()  # the sink tries the catalog: refused
+    sink = pipeline.sink("lake")
+    assert sink.failures == 1 and sink.last_error and "hunter2" not in sink.last_error
+    pipeline.close()
+    assert main(["query", "select 1", "--lake", catalog]) == 2
+    out = capsys.readouterr()
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    for text in (sink.last_error or "", out.out, out.err, logged, str(sink.stats())):
+        assert "hunter2" not in text
+    assert "password=***" in out.err  # the error still names the catalog it could not reach

@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from spectrace.redact import redact
+
 
 def _profile(args: argparse.Namespace):
     from spectrace.dashboards import alerts
@@ -63,7 +65,7 @@ def cmd_push(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     for line in result.lines():
         print(line)
-    print(f"pushed to Grafana {result.grafana_version} at {args.url.rstrip('/')}")
+    print(f"pushed to Grafana {result.grafana_version} at {redact(args.url.rstrip('/'))}")
     return 0
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urljoin, urlparse
 
+from spectrace.redact import redact
 from spectrace.dashboards import alerts, build
 
 
@@ -56,7 +57,7 @@ def _unreachable_reason(exc: Exception) -> str:
 def check_url(url: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise PushError(f"not a Grafana URL: {url!r} (expected http(s)://host[:port][/path])")
+        raise PushError(f"not a Grafana URL: {redact(url)!r} (expected http(s)://host[:port][/path])")
 
 
 class _Grafana:

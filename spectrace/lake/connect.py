@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from spectrace.redact import redact
 from spectrace.records import TABLES, columns
 
 ALIAS = "lake"  # the catalog's name inside a DuckDB connection: lake.<table>
@@ -107,14 +108,15 @@ def connect(catalog: str, *, data_path: str | None = None, read_only: bool = Fal
     except duckdb.Error as exc:
         con.close()
         if read_only and "creating a new DuckLake is explicitly disabled" in str(exc):
-            raise LakeError(f"the lake {catalog!r} does not exist yet (no engine has written to it)") from None
-        raise LakeError(f"cannot attach the lake {catalog!r}: {first_line(exc)}") from None
+            raise LakeError(f"the lake {redact(catalog)!r} does not exist yet (no engine has written to it)") from None
+        raise LakeError(f"cannot attach the lake {redact(catalog)!r}: {first_line(exc)}") from None
     return con
 
 
 def first_line(exc: BaseException) -> str:
+    """The error's first line, with any password, token or URL credential it echoes redacted."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    return redact(text.splitlines()[0]) if text else type(exc).__name__
 
 
 def table_ddl(table: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 
+from spectrace.redact import redact
 from spectrace import lake
 from spectrace.store.read import StoreError, _empty, _projection, derived_views
 from spectrace.records import TABLES, columns
@@ -41,14 +42,14 @@ def open(catalog: str, *, require_data: bool = True) -> duckdb.DuckDBPyConnectio
     try:
         present = lake.existing_tables(con)
         if require_data and not present & set(TABLES):
-            raise StoreError(f"the lake {catalog!r} holds no spectrace tables yet")
+            raise StoreError(f"the lake {redact(catalog)!r} holds no spectrace tables yet")
         for table in TABLES:
             con.execute(f"CREATE VIEW {table} AS {table_sql(table, present)}")
         for name, body in derived_views():
             con.execute(f"CREATE VIEW {name} AS {body}")
     except duckdb.Error as exc:
         con.close()
-        raise StoreError(f"cannot read the lake {catalog!r}: {lake.first_line(exc)}") from None
+        raise StoreError(f"cannot read the lake {redact(catalog)!r}: {lake.first_line(exc)}") from None
     except StoreError:
         con.close()
         raise
