@@ -138,3 +138,37 @@ def test_an_unreachable_lake_never_echoes_its_password(tmp_path, caplog, capsys)
     for text in (sink.last_error or "", out.out, out.err, logged, str(sink.stats())):
         assert "hunter2" not in text
     assert "password=***" in out.err  # the error still names the catalog it could not reach
+
+
+# -- doctor: a config.json is input from anyone ----------------------------------------
+
+import json as _json  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def _model(root, name: str, text: str):
+    folder = root / name
+    folder.mkdir()
+    (folder / "config.json").write_text(text)
+    return str(folder)
+
+
+GOOD = _json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 2})
+
+
+@pytest.mark.parametrize("config, said", [
+    (_json.dumps({"architectures": [None], "model_type": "qwen3"}), "architectures must be a list of class names"),
+    ("[" * 100_000 + "]" * 100_000, "nests deeper than"),
+    (_json.dumps({"model_type": "qwen3", "num_hidden_layers": 10**12}), "num_hidden_layers=1000000000000 is outside"),
+    (_json.dumps({"model_type": "qwen3", "text_config": {"num_hidden_layers": -3}}), "text_config.num_hidden_layers=-3"),
+    (_json.dumps({"model_type": "qwen3", "layer_types": ["full_attention"] * 5000}), "layer_types has 5000 entries"),
+    ('{"model_type": "qwen3", "pad": "' + "x" * (5 << 20) + '"}', "larger than 4 MB"),
+])
+def test_doctor_refuses_a_hostile_config_in_one_line_before_transformers_sees_it(tmp_path, capsys, config, said):
+    from spectrace.cli import main
+
+    target, draft = _model(tmp_path, "target", GOOD), _model(tmp_path, "draft", config)
+    assert main(["doctor", "--target", target, "--draft", draft]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

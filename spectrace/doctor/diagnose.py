@@ -10,7 +10,10 @@ explained by ``spectrace.audit.explain_load_error``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +56,54 @@ class DoctorInputError(Exception):
 # -- inputs ------------------------------------------------------------------------
 
 
+# What doctor hands to transformers and vLLM, bounded first: a config.json is input from anyone.
+MAX_CONFIG_BYTES = 4 << 20  # real configs are a few kB; multimodal ones tens of kB
+MAX_NESTING = 32  # objects and lists inside one another
+MAX_LAYERS = 4096  # any *layers count (num_hidden_layers, text_config.num_hidden_layers, ...), layer_types' length
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (lists and objects), counted up to ``limit + 1``."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        children = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        if not children:
+            break
+        depth += 1
+        level = children
+    return depth
+
+
+def _check_bounds(data: dict[str, Any], file: Path) -> None:
+    """Refuse what would make transformers or vLLM run away (memory, time) or fail with a traceback."""
+    if _depth(data, MAX_NESTING) > MAX_NESTING:
+        raise DoctorInputError(f"{file} nests deeper than {MAX_NESTING} levels: not a model config")
+    stack = [("", data)]
+    while stack:
+        prefix, obj = stack.pop()
+        for key, value in obj.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                stack.append((f"{name}.", value))
+            elif key.endswith("layers") and key.startswith(("num_", "n_")) and not isinstance(value, bool) and isinstance(value, (int, float)):
+                if not 0 <= value <= MAX_LAYERS:
+                    raise DoctorInputError(f"{file}: {name}={value!r} is outside 0..{MAX_LAYERS}")
+            elif key == "layer_types" and isinstance(value, list) and len(value) > MAX_LAYERS:
+                raise DoctorInputError(f"{file}: layer_types has {len(value)} entries (more than {MAX_LAYERS})")
+    architectures = data.get("architectures")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) and a for a in architectures)
+    ):
+        raise DoctorInputError(f"{file}: architectures must be a list of class names, got {architectures!r:.80}")
+
+
 def load_declared(path: str, role: str) -> dict[str, Any]:
-    """The ``config.json`` of a local model directory, as written."""
+    """The ``config.json`` of a local model directory, as written (size, nesting and layer counts bounded)."""
     directory = Path(path)
     if not directory.exists():
         raise DoctorInputError(f"{role} path {path!r} does not exist")
@@ -64,15 +113,22 @@ def load_declared(path: str, role: str) -> dict[str, Any]:
     if not file.is_file():
         raise DoctorInputError(f"{role} directory {path!r} has no config.json")
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise DoctorInputError(f"{file} is larger than {MAX_CONFIG_BYTES >> 20} MB: not a model config")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DoctorInputError(f"cannot read {file}: {exc.__class__.__name__}: {exc}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DoctorInputError(f"{file} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise DoctorInputError(f"{file} nests deeper than {MAX_NESTING} levels: not a model config") from None
     if not isinstance(data, dict):
         raise DoctorInputError(f"{file} must hold a JSON object, not {type(data).__name__}")
+    _check_bounds(data, file)
     return data
 
 
@@ -217,6 +273,24 @@ def _layer_rule(model_config: Any, model_class: Any | None) -> str:
 # -- the diagnosis -------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _terminated_cleanly():
+    """SIGTERM during a diagnosis exits through Python (status 143), so the sandbox's temporary
+    files are removed by their own ``finally``; the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def diagnose(
     target: str,
     draft: str,
@@ -245,7 +319,7 @@ def diagnose(
             known = model_methods()
             if method not in known:
                 raise DoctorInputError(f"unknown method {method!r} (choose from {', '.join(known)})")
-        with sandbox.runner_rules(runner):
+        with sandbox.runner_rules(runner), _terminated_cleanly():
             report = _diagnose(target, draft, declared, method, k, runner, max_model_len)
     report.seconds = time.perf_counter() - started
     return report
