@@ -133,6 +133,7 @@ class Runtime:
         self._tracer = None
         self.metrics = None
         self._dropped_reported = 0
+        self._shut_down = False
         self.verify = make_capture() if make_capture is not None else None
         # The flush, in this order: the verification capture's drain (its rows, counts and
         # findings), the hook error counts, then the metric counters; then every sink.
@@ -244,8 +245,9 @@ class Runtime:
             )
 
     def shutdown(self) -> None:
-        if self.pid != os.getpid():
-            return  # a forked child's inherited atexit: the parent's buffers are not this process's
+        if self.pid != os.getpid() or self._shut_down:
+            return  # a forked child's inherited atexit (the parent's buffers), or stop() then atexit
+        self._shut_down = True
         try:
             if self.verify is not None:
                 self.verify.check_agreement(self)
