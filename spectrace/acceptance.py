@@ -27,10 +27,6 @@ def context_bucket(context_len: int) -> str:
     return CONTEXT_BUCKETS[int(np.searchsorted(_EDGES, context_len, side="right"))]
 
 
-def bucket_indices(context_lens: np.ndarray) -> np.ndarray:
-    return np.searchsorted(_EDGES, context_lens, side="right")
-
-
 def position_counts(drafted: np.ndarray, accepted: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per-position drafted and accepted totals for arrays of request-steps."""
     positions = np.arange(k)

@@ -325,7 +325,7 @@ class VerifyCapture(Capture):
                 rows = [b.as_dict() for b in curve.boundaries]
                 common = rt.common(ENGINE, run_id=run_id)
                 rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **row} for row in rows])
-                if rt.metrics is not None and hasattr(rt.metrics, "boundaries"):
+                if rt.metrics is not None:
                     rt.metrics.boundaries(rows, rt.labels(run_id))
         return curve
 
@@ -386,7 +386,7 @@ class VerifyCapture(Capture):
             rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
             detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
             evidence = detector.observe(t)
-            if rt.metrics is not None and hasattr(rt.metrics, "speculation"):
+            if rt.metrics is not None:
                 window = detector.window()
                 rt.metrics.speculation(
                     t["steps"], t["step_ns"], t["draft_ns"], t["request_steps"], t["tokens"], rank, rt.labels(run_id),
