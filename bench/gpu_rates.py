@@ -123,6 +123,7 @@ def start_runtime(settings: Settings, make_capture, run_id: str):
 # ------------------------------------------------------------------------------------------------------
 
 POINTS = ("256x50", "512x50", "512x100")
+CALIBRATION_STEPS = 60
 GOAL = {"point": "256x50", "k": 7, "slowdown": 0.005, "background_core": 0.02}
 
 
@@ -261,7 +262,7 @@ class Engine:
         thread (median of several; CPU, so a neighbour's load on the machine does not move it)."""
         target = busy * self.period
         self.reps = 1
-        for _ in range(4):
+        for _ in range(CALIBRATION_STEPS // 15):
             times = []
             for _ in range(15):
                 t0 = time.thread_time()
@@ -270,13 +271,14 @@ class Engine:
             per_step = statistics.median(times)
             self.reps = max(1, round(self.reps * target / per_step))
 
-    def run(self, steps: int) -> list[float]:
-        """``steps`` paced steps; each one's time from when it was due to the end of its work."""
+    def run(self, seconds: float) -> list[float]:
+        """Paced steps for ``seconds`` (whole steps); each one's time from when it was due to the end of its work."""
         out = []
         now = time.perf_counter()
         if self.due < now:  # after a pause between windows: start now
             self.due = now
-        for _ in range(steps):
+        end_by = now + seconds
+        while self.due < end_by:
             wait = self.due - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
@@ -445,19 +447,21 @@ def _thread_cpu() -> dict[str, float]:
 
 
 def store_totals(store: Path) -> dict:
-    """Files, rows and bytes the store holds per table (the rows from the Parquet footers)."""
-    import pyarrow.parquet as pq
+    """Files and bytes on disk per table, and the rows the store's reader sees (``spectrace.store.open``:
+    a compacted store holds merged files beside raw ones it has not removed yet; the reader counts each row once)."""
+    import spectrace.store
 
     tables: dict[str, dict[str, int]] = {}
     for path in store.rglob("*.parquet"):
-        table = path.relative_to(store).parts[0]
-        t = tables.setdefault(table, {"files": 0, "rows": 0, "bytes": 0})
+        t = tables.setdefault(path.relative_to(store).parts[0], {"files": 0, "rows": 0, "bytes": 0})
         t["files"] += 1
         t["bytes"] += path.stat().st_size
-        try:
-            t["rows"] += pq.read_metadata(path).num_rows
-        except Exception:
-            pass
+    con = spectrace.store.open(store)
+    try:
+        for table, t in tables.items():
+            t["rows"] = con.sql(f"select count(*) from {table}").fetchone()[0]
+    finally:
+        con.close()
     total = {key: sum(t[key] for t in tables.values()) for key in ("files", "rows", "bytes")}
     return {"tables": tables, **total}
 
@@ -514,9 +518,8 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     set_tracing(False)
     engine.calibrate(args.busy)
     set_tracing(True)
-    engine.run(int(args.warmup * rate))
-    traced_s = args.warmup * 1.0
-    steps_per_window = max(1, round(args.window * rate))
+    engine.run(args.warmup)
+    traced_s, traced_steps = args.warmup * 1.0, engine.i
     windows = []
     pid, tid = os.getpid(), threading.get_native_id()
     rss_series = [_rss_mb()]
@@ -528,13 +531,14 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
             cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
             child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
             delay0 = _thread_sched(tid)[1]
-            step_times = engine.run(steps_per_window)
+            step_times = engine.run(args.window)
             wall = time.perf_counter() - wall0
             cpu, main = time.process_time() - cpu0, time.thread_time() - main0
             run_delay = _thread_sched(tid)[1] - delay0
             child_cpu = _proc_cpu_s(child_pid) - child0 if child_pid else 0.0
             if traced:
                 traced_s += wall
+                traced_steps += len(step_times)
             st = sorted(step_times)
             windows.append({
                 "pair": pair, "traced": traced, "steps": len(step_times), "wall_s": wall,
@@ -571,6 +575,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     result = {
         "shape": shape, "batch": batch, "k": k, "rate": rate, "busy": args.busy, "period_ms": engine.period * 1e3,
         "work_reps": engine.reps, "window_s": args.window, "run_s": run_s, "traced_s": traced_s,
+        "traced_steps": traced_steps - CALIBRATION_STEPS,
         "windows": windows, "rss_mb": rss_series, "pipeline_rss_mb": child_rss_series, "thread_cpu_s": threads,
         "compactions": compactions, "segments_written": segments_written, "dropped_rows": dropped,
         "dropped_steps": verify_dropped, "errors": dict(rt.errors), "store": store_totals(store),
@@ -591,57 +596,66 @@ def mean_ci(xs: list[float]) -> dict:
 
 
 def analyse(r: dict) -> dict:
+    """Paired estimates over the windows of one job (traced against paused, pair by pair)."""
     by_pair: dict[int, dict[bool, dict]] = {}
     for w in r["windows"]:
         by_pair.setdefault(w["pair"], {})[w["traced"]] = w
-    pairs = [p for p in by_pair.values() if True in p and False in p]
-    step = summary([p[True]["step_ms_mean"] / p[False]["step_ms_mean"] for p in pairs])
-    p99 = summary([p[True]["step_ms_p99"] / p[False]["step_ms_p99"] for p in pairs])
-    share = lambda w, key: w[key] / w["wall_s"]  # noqa: E731
-    background = mean_ci([share(p[True], "background_cpu_s") - share(p[False], "background_cpu_s") for p in pairs])
-    pipeline = mean_ci([share(p[True], "pipeline_process_cpu_s") - share(p[False], "pipeline_process_cpu_s") for p in pairs])
-    def per_step(w: dict) -> dict:
-        """A step's time, split: the engine thread on CPU, waiting for a core, waiting for anything else
-        (the GIL; the sleep's timer slack is in both conditions alike), ms per step."""
-        cpu, delay = w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"]
-        return {"step": w["step_s_sum"] / w["steps"] * 1e3, "cpu": cpu / w["steps"] * 1e3,
-                "core_wait": delay / w["steps"] * 1e3, "other_wait": (w["step_s_sum"] - cpu - delay) / w["steps"] * 1e3}
+    pairs = [(p[True], p[False]) for p in by_pair.values() if True in p and False in p]
 
-    split = {key: mean_ci([per_step(p[True])[key] - per_step(p[False])[key] for p in pairs])
-             for key in ("step", "cpu", "core_wait", "other_wait")}
-    split_paused = {key: statistics.fmean(per_step(p[False])[key] for p in pairs) for key in ("step", "cpu", "core_wait", "other_wait")}
-    engine_cpu = mean_ci([(p[True]["engine_thread_cpu_s"] / p[True]["steps"] - p[False]["engine_thread_cpu_s"] / p[False]["steps"]) * 1e3
-                          for p in pairs])
+    def split(w: dict) -> dict:
+        """A step's time, ms: the engine thread on CPU, runnable but waiting for a core, and waiting for
+        anything else -- the GIL (the sleep's timer slack is in both conditions alike)."""
+        cpu, delay, n = w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"], w["steps"]
+        return {"step": w["step_s_sum"] / n * 1e3, "cpu": cpu / n * 1e3, "core_wait": delay / n * 1e3,
+                "gil_wait": (w["step_s_sum"] - cpu - delay) / n * 1e3, "step_without_core_wait": (w["step_s_sum"] - delay) / n * 1e3}
 
-    def cond(traced: bool, key: str) -> float:
-        return statistics.fmean(w[key] for w in r["windows"] if w["traced"] == traced)
+    def ratio(key: str) -> dict:
+        out = summary([split(on)[key] / split(off)[key] for on, off in pairs])
+        return {"slowdown": out["ratio"] - 1, "ci95": [out["ci95"][0] - 1, out["ci95"][1] - 1], "pairs": out["pairs"]}
 
-    rss = r["rss_mb"]
-    minutes = r["run_s"] / 60
-    hours = r["traced_s"] / 3600
-    store = r["store"]
+    def share(w: dict, key: str) -> float:
+        return w[key] / w["wall_s"]
+
+    def mean_of(traced: bool, fn) -> float:
+        return statistics.fmean(fn(w) for w in r["windows"] if w["traced"] == traced)
+
+    keys = ("step", "cpu", "core_wait", "gil_wait")
+    added = {key: mean_ci([split(on)[key] - split(off)[key] for on, off in pairs]) for key in keys}
+    rss, hours, store = r["rss_mb"], r["traced_s"] / 3600, r["store"]
+    steps = max(1, r["traced_steps"])
+    profile = r["profile_ms"]
+    flush = profile.get("SegmentWriter.flush") if isinstance(profile, dict) else None
+    ship_cpu = r["thread_cpu_s"].get("spectrace-ship")
     return {
-        "slowdown": step["ratio"] - 1, "slowdown_ci95": [step["ci95"][0] - 1, step["ci95"][1] - 1], "pairs": step["pairs"],
-        "p99_ratio": p99["ratio"], "p99_ratio_ci95": p99["ci95"],
-        "step_ms": {"traced": cond(True, "step_ms_mean"), "paused": cond(False, "step_ms_mean")},
-        "step_ms_p99": {"traced": cond(True, "step_ms_p99"), "paused": cond(False, "step_ms_p99")},
+        # what the engine loses: its step time (wall), and the same without its waits for a core (what a
+        # host with free cores would see: the GIL is still shared, the cores are not)
+        "slowdown": ratio("step"),
+        "slowdown_without_core_wait": ratio("step_without_core_wait"),
+        "p99_ratio": summary([on["step_ms_p99"] / off["step_ms_p99"] for on, off in pairs]),
+        "step_ms_paused": {key: mean_of(False, lambda w: split(w)[key]) for key in keys},
+        "step_ms_added": added,
+        "step_ms_p99": {"traced": mean_of(True, lambda w: w["step_ms_p99"]), "paused": mean_of(False, lambda w: w["step_ms_p99"])},
         "step_ms_max": {"traced": max(w["step_ms_max"] for w in r["windows"] if w["traced"]),
                         "paused": max(w["step_ms_max"] for w in r["windows"] if not w["traced"])},
         "overruns": {"traced": sum(w["overruns"] for w in r["windows"] if w["traced"]),
                      "paused": sum(w["overruns"] for w in r["windows"] if not w["traced"])},
-        "engine_thread_cpu_ms_per_step_added": engine_cpu,
-        "step_split_ms_paused": split_paused, "step_split_ms_added": split,
-        "background_core": background, "pipeline_process_core": pipeline,
-        "background_core_traced": statistics.fmean(share(w, "background_cpu_s") for w in r["windows"] if w["traced"]),
-        "background_core_paused": statistics.fmean(share(w, "background_cpu_s") for w in r["windows"] if not w["traced"]),
-        "rss_mb": {"after_warmup": rss[0], "end": rss[-1], "max": max(rss), "growth": rss[-1] - rss[0],
-                   "growth_mb_per_min": (rss[-1] - rss[0]) / minutes if minutes else None},
+        "steps_per_s": {"traced": mean_of(True, lambda w: w["steps"] / w["wall_s"]), "paused": mean_of(False, lambda w: w["steps"] / w["wall_s"])},
+        # every thread of the engine's process but the engine thread, traced minus paused, share of one core
+        "background_core": mean_ci([share(on, "background_cpu_s") - share(off, "background_cpu_s") for on, off in pairs]),
+        "pipeline_process_core": mean_ci([share(on, "pipeline_process_cpu_s") - share(off, "pipeline_process_cpu_s") for on, off in pairs]),
+        "flush_cpu_ms_per_flush": flush["cpu_ms"] / flush["calls"] if flush and flush["calls"] else None,
+        "flush_cpu_us_per_step": flush["cpu_ms"] * 1e3 / steps if flush else None,
+        "ship_cpu_us_per_step": ship_cpu * 1e6 / steps if ship_cpu is not None else None,
+        "shipped_bytes_per_step": r["pipeline"]["shipped_bytes"] / steps if r.get("pipeline") else None,
+        "profile_ms_per_s": {name: round(v["cpu_ms"] / r["traced_s"], 3) for name, v in profile.items()} if isinstance(profile, dict) else profile,
+        "rss_mb": {"after_warmup": rss[0], "end": rss[-1], "max": max(rss), "growth": rss[-1] - rss[0]},
         "pipeline_rss_mb": ({"start": r["pipeline_rss_mb"][0], "end": r["pipeline_rss_mb"][-1],
                              "max": max(r["pipeline_rss_mb"]), "growth": r["pipeline_rss_mb"][-1] - r["pipeline_rss_mb"][0]}
                             if r["pipeline_rss_mb"] else None),
-        "per_hour": {"rows": store["rows"] / hours, "verify_rows": store["tables"].get("verify_steps", {}).get("rows", 0) / hours,
-                     "files_in_store": store["files"] / hours, "segments_written": (r["segments_written"] or 0) / hours,
-                     "bytes": store["bytes"] / hours},
+        "per_hour": {"rows": store["rows"] / hours,
+                     "verify_rows": store["tables"].get("verify_steps", {}).get("rows", 0) / hours,
+                     "segments_written": (r["segments_written"] or 0) / hours,
+                     "files_in_store_at_end": store["files"], "bytes": store["bytes"] / hours},
         "request_steps_per_s": r["batch"] * r["rate"],
     }
 
@@ -650,6 +664,42 @@ def fmt_ci(d: dict, scale: float = 100, unit: str = " %") -> str:
     if d.get("ci95") is None:
         return f"{d['mean'] * scale:.2f}{unit}"
     return f"{d['mean'] * scale:+.2f}{unit} ({d['ci95'][0] * scale:+.2f} … {d['ci95'][1] * scale:+.2f})"
+
+
+def verdict(ci: list[float] | None, mean: float, limit: float) -> str:
+    low, high = ci if ci else (mean, mean)
+    return "met" if high <= limit else "missed" if low > limit else "not resolved"
+
+
+def verdicts(a: dict) -> dict:
+    bg = a["background_core"]
+    return {
+        "slowdown": a["slowdown"], "slowdown_without_core_wait": a["slowdown_without_core_wait"], "background_core": bg,
+        "slowdown_goal": verdict(a["slowdown"]["ci95"], a["slowdown"]["slowdown"], GOAL["slowdown"]),
+        "slowdown_without_core_wait_goal": verdict(a["slowdown_without_core_wait"]["ci95"],
+                                                   a["slowdown_without_core_wait"]["slowdown"], GOAL["slowdown"]),
+        "background_goal": verdict(bg["ci95"], bg["mean"], GOAL["background_core"]),
+    }
+
+
+def line(r: dict) -> str:
+    a = r["analysis"]
+
+    def pct(d: dict) -> str:
+        return f"{d['slowdown'] * 100:+.2f} % ({d['ci95'][0] * 100:+.2f} … {d['ci95'][1] * 100:+.2f})"
+
+    added = a["step_ms_added"]
+    pipe = f", pipeline process {fmt_ci(a['pipeline_process_core'])}" if r["shape"] == "child" else ""
+    ship = f", shipping {a['ship_cpu_us_per_step']:.0f} µs CPU/step" if a["ship_cpu_us_per_step"] is not None else ""
+    flush = f", flush {a['flush_cpu_ms_per_flush']:.0f} ms CPU each" if a["flush_cpu_ms_per_flush"] else ""
+    return (f"{r['shape']:9s} batch {r['batch']} k {r['k']} {r['rate']:g} steps/s ({a['slowdown']['pairs']} pairs): "
+            f"slowdown {pct(a['slowdown'])}, without core waits {pct(a['slowdown_without_core_wait'])}; "
+            f"per step +{added['gil_wait']['mean']:.3f} ms GIL, +{added['core_wait']['mean']:.3f} ms core, +{added['cpu']['mean']:.3f} ms CPU "
+            f"(paused step {a['step_ms_paused']['step']:.2f} ms); "
+            f"background {fmt_ci(a['background_core'])} of a core{pipe}{ship}{flush}; "
+            f"RSS {a['rss_mb']['after_warmup']:.0f} -> {a['rss_mb']['end']:.0f} MB; "
+            f"{a['per_hour']['rows'] / 1e6:.1f} M rows/h, {a['per_hour']['segments_written']:.0f} segments/h; "
+            f"{r['compactions']} compactions; load {r['load_before']} -> {r['load_after']}")
 
 
 def main(argv=None) -> int:
@@ -666,8 +716,13 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--ship-interval", type=float, default=0.1, help="child shape: seconds between shipments")
     parser.add_argument("--pipeline-nice", type=int, default=10, help="child shape: the pipeline process's nice increment")
+    parser.add_argument("--show", metavar="RESULTS_JSON", help="print the summary lines of a results file and exit")
     parser.add_argument("--name", default=None, help="results file bench/results/<name>.json (default gpu_rates[-quick])")
     args = parser.parse_args(argv)
+    if args.show:
+        for r in json.loads(Path(args.show).read_text())["results"]:
+            print(line(r))
+        return 0
     if args.quick:
         args.pairs = args.pairs or 3
         args.window = 1.5 if args.window == 2.0 else args.window
@@ -724,23 +779,9 @@ def main(argv=None) -> int:
         r["load_before"], r["load_after"] = load, loadavg()
         r["analysis"] = a = analyse(r)
         results.append(r)
-        pipe = f", pipeline process {fmt_ci(a['pipeline_process_core'])} of a core" if shape == "child" else ""
-        print(f"{shape:9s} batch {batch} k {args.k} {rate:g} steps/s: slowdown {fmt_ci({'mean': a['slowdown'], 'ci95': a['slowdown_ci95']})}, "
-              f"p99 step x{a['p99_ratio']:.3f}; background {fmt_ci(a['background_core'])} of a core{pipe}; "
-              f"RSS {a['rss_mb']['after_warmup']:.0f} -> {a['rss_mb']['end']:.0f} MB; "
-              f"{a['per_hour']['rows'] / 1e6:.1f} M rows/h, {a['per_hour']['segments_written']:.0f} segments/h, "
-              f"{a['per_hour']['files_in_store']:.0f} files/h kept; {r['compactions']} compactions; load {load} -> {r['load_after']}",
-              flush=True)
-    goal_runs = [r for r in results if f"{r['batch']}x{r['rate']:g}" == GOAL["point"] and r["k"] == GOAL["k"]]
-    goal = {}
-    for r in goal_runs:
-        a = r["analysis"]
-        goal[r["shape"]] = {
-            "slowdown": a["slowdown"], "slowdown_ci95": a["slowdown_ci95"],
-            "background_core": a["background_core"]["mean"], "background_core_ci95": a["background_core"]["ci95"],
-            "met_slowdown": a["slowdown_ci95"][1] <= GOAL["slowdown"],
-            "met_background": (a["background_core"]["ci95"] or [0, a["background_core"]["mean"]])[1] <= GOAL["background_core"],
-        }
+        print(line(r), flush=True)
+    goal = {r["shape"]: verdicts(r["analysis"]) for r in results
+            if f"{r['batch']}x{r['rate']:g}" == GOAL["point"] and r["k"] == GOAL["k"]}
     name = args.name or ("gpu_rates-quick" if args.quick else "gpu_rates")
     path = write_result(name, {
         "import_s": import_s, "seconds": round(time.time() - started + import_s, 1),
