@@ -178,7 +178,9 @@ def build_ring(batch: int, k: int, n_steps: int, lifetime: int, seed: int = 0) -
             scheduled_encoder_inputs={}, finished_req_ids=set(), free_encoder_mm_hashes=[], num_invalid_spec_tokens=None,
         )
         mro = ModelRunnerOutput(req_ids=list(req_ids), req_id_to_index=index, sampled_token_ids=sampled)
-        book = ({}, None, None, sampled, {}, list(req_ids), dict(index), None)  # valid_sampled at [3], index at [6]
+        # what _bookkeeping_sync returns: valid_sampled_token_ids at [3], req_id_to_index at [6] -- the very
+        # objects the ModelRunnerOutput is built from (gpu_model_runner.py: req_id_to_index_output_copy)
+        book = ({}, None, None, mro.sampled_token_ids, {}, mro.req_ids, mro.req_id_to_index, None)
         steps.append((so, mro, book, new))
         for slot, a in zip(slots, accepted):
             slot[1] += a + 1
