@@ -1,0 +1,800 @@
+"""What tracing costs an engine at GPU rates: the real capture and pipeline beside a GIL-bound engine loop.
+
+    .venv/bin/python -m bench.gpu_rates                 # the four default jobs (~5 min on 2 cores)
+    .venv/bin/python -m bench.gpu_rates --quick         # a smoke run (~40 s, no compaction cycle)
+    .venv/bin/python -m bench.gpu_rates --shapes child --points 256x50 512x100
+
+Method. A CPU engine does ~1 k request-steps/s; a GPU engine at batch 256 does 10-25 k. No GPU
+here, so the engine is stood in for: one Python thread (the process's main thread) that, per
+step, does a fixed amount of pure-Python work (GIL-bound, ``--busy`` of the step period, calibrated
+once untraced) and sleeps until the next step is due (the wait on the device: the GIL is released),
+so it holds ``rate`` steps/s as an engine at that rate does. Around that work it calls spectrace's
+real hook wrappers as vLLM's engine core calls them in one uniprocess engine (add_request for the
+requests that arrive, execute_model, sample_tokens with _bookkeeping_sync and
+propose_draft_token_ids inside it, update_from_output), with vLLM's own dataclasses
+(SchedulerOutput, CachedRequestData, ModelRunnerOutput; as bench/hotpath.py builds them) for
+``batch`` requests drafting ``k`` tokens each (acceptance 0.7 per position), requests arriving and
+finishing (lifetime ~``--lifetime`` steps), a ring of distinct steps. The pipeline is the real one:
+``runtime.start`` with real ``Settings`` (every default sink: Parquet segments of the duckdb store
+and the Prometheus exposition; compaction on its default interval; the default flush interval).
+
+A step's time is from when it is due (the previous step's start plus the period, or the end of
+the previous step when that was later) to the end of its work: the GIL wait on waking counts.
+Tracing is switched off and on at run time (``runtime.pause()`` / ``resume()``) in windows of
+``--window`` seconds, in pairs ordered on/off, off/on, ... (ABBA, as bench/ab_windows.py); each
+pair gives the ratio of mean step times, traced over paused; the slowdown is their geometric mean
+with a 95 % t interval. Per window the process's CPU clock minus the engine thread's
+(``time.thread_time``) is the background: the flush thread and every other thread spectrace runs,
+as % of one core; each pair gives traced minus paused. Memory is the resident size at every window
+boundary. Rows, files and bytes per hour are what the store holds at the end (after the final
+flush) over the seconds traced. Where the flush time goes: bench/profile_flush.py's phase timers
+(thread CPU per phase), installed in the process that runs the pipeline.
+
+Shapes (``--shapes``):
+
+* ``inprocess`` -- production today: the flush thread (drain, Arrow, Parquet, exposition,
+  compaction) runs in the engine's process and shares its GIL.
+* ``child`` -- the prototype: the engine's process only captures (the same hooks, a capture whose
+  drain does nothing) and a shipper thread every ``--ship-interval`` s pickles the raw per-step
+  records (C-level) and writes them to a pipe; a child process, forked before tracing starts,
+  appends them to its own real Runtime's capture, whose flush thread does the whole pipeline
+  there (every default sink, compaction). Pause / resume reach the child over the same pipe.
+
+Each job (shape x point) runs in its own process, forked from this one after vLLM's dataclasses
+are imported (12 s) and the heap frozen (as vLLM's engine core does): a fresh Runtime per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import math
+import os
+import pickle
+import random
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+from bench.ab_windows import summary, t95
+from bench.common import SCRATCH, freeze_heap, loadavg, spread, write_result
+
+# -- spectrace's entry points this benchmark drives: the one place to update when they move -----------
+from spectrace.settings import Settings
+from spectrace.tracer import runtime
+from spectrace.tracer.verify import VerifyCapture
+from spectrace.tracer.verify import _timed as wrap_timed
+from spectrace.tracer.verify import wrap_add_request, wrap_bookkeeping_sync, wrap_execute_model, wrap_update_from_output
+
+
+def take_raw(capture) -> dict:
+    """What the hot path buffered since the last call (the child shape's shipper)."""
+    flags = capture.request_flags
+    dropped, capture.dropped_steps = capture.dropped_steps, 0
+    return {
+        "engine": _take(capture.engine_steps),
+        "worker": _take(capture.worker_steps),
+        "timings": capture._take_timings(),  # only the steps the worker has finished timing
+        "flags": [flags.popitem() for _ in range(len(flags))],
+        "dropped": dropped,
+    }
+
+
+def give_raw(capture, raw: dict) -> None:
+    """Hand shipped records to a real capture, as if its own hooks had buffered them."""
+    capture.request_flags.update(raw["flags"])
+    capture.engine_steps.extend(raw["engine"])
+    capture.worker_steps.extend(raw["worker"])
+    capture.worker_timings.extend(raw["timings"])
+    capture.dropped_steps += raw["dropped"]
+
+
+class ShippedCapture(VerifyCapture):
+    """The engine side of the child shape: the hooks buffer as usual; nothing is drained here."""
+
+    def drain(self, rt) -> None:
+        pass
+
+    def check_agreement(self, rt, *, exclude=None) -> None:
+        pass
+
+
+def settings_for(store: Path, *, sinks: bool = True) -> Settings:
+    """Every default (sinks, flush interval, compaction, retention); only the paths are ours."""
+    if not sinks:  # the child shape's engine side: capture only
+        return Settings(enabled=True, dir=store, exporters=(), metrics_dir=store.parent / "metrics-engine")
+    return Settings(enabled=True, dir=store, metrics_dir=store.parent / "metrics")
+
+
+def start_runtime(settings: Settings, make_capture, run_id: str):
+    rt = runtime.start(settings, make_capture=make_capture)
+    rt.set_run(runtime.Run(run_id=run_id, traceparent=""))
+    rt.enter_role("engine_core")
+    return rt
+
+
+# ------------------------------------------------------------------------------------------------------
+
+POINTS = ("256x50", "512x50", "512x100")
+CALIBRATION_STEPS = 60
+GOAL = {"point": "256x50", "k": 7, "slowdown": 0.005, "background_core": 0.02}
+
+
+def _take(queue: deque) -> list:
+    return [queue.popleft() for _ in range(len(queue))]
+
+
+def build_ring(batch: int, k: int, n_steps: int, lifetime: int, seed: int = 0) -> list[tuple]:
+    """``n_steps`` distinct engine steps of ``batch`` requests: (SchedulerOutput, ModelRunnerOutput,
+    what _bookkeeping_sync returns, the requests that arrive before the step)."""
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    rng = random.Random(seed * 7919 + batch * 31 + k)
+    greedy, sampled_params = SamplingParams(temperature=0.0), SamplingParams(temperature=0.8)
+
+    def arrive():
+        rid = f"cmpl-{rng.getrandbits(64):016x}-0"
+        request = SimpleNamespace(request_id=rid, sampling_params=greedy if rng.random() < 0.5 else sampled_params,
+                                  use_structured_output=False, trace_headers=None)
+        return rid, rng.randrange(64, 4096), rng.randrange(lifetime // 2, lifetime * 3 // 2 + 1), request
+
+    slots = [list(arrive()) for _ in range(batch)]
+    for slot in slots:
+        slot[2] = rng.randrange(1, lifetime + 1)  # start mid-life, staggered
+    steps = []
+    for _ in range(n_steps):
+        new = []
+        for i, slot in enumerate(slots):
+            if slot[2] <= 0:
+                slots[i] = slot = list(arrive())
+                new.append(slot[3])
+        req_ids = [slot[0] for slot in slots]
+        drafts = {rid: [rng.randrange(32000) for _ in range(k)] for rid in req_ids}
+        accepted = []
+        for _ in req_ids:
+            a = 0
+            while a < k and rng.random() < 0.7:
+                a += 1
+            accepted.append(a)
+        sampled = [[rng.randrange(32000) for _ in range(a + 1)] for a in accepted]
+        index = {rid: i for i, rid in enumerate(req_ids)}
+        cached = CachedRequestData(
+            req_ids=list(req_ids), resumed_req_ids=set(), new_token_ids=[], all_token_ids={},
+            new_block_ids=[None] * batch, num_computed_tokens=[slot[1] for slot in slots],
+            num_output_tokens=[rng.randrange(1, 512) for _ in req_ids],
+        )
+        so = SchedulerOutput(
+            scheduled_new_reqs=[], scheduled_cached_reqs=cached, num_scheduled_tokens={rid: k + 1 for rid in req_ids},
+            total_num_scheduled_tokens=batch * (k + 1), scheduled_spec_decode_tokens=drafts,
+            scheduled_encoder_inputs={}, finished_req_ids=set(), free_encoder_mm_hashes=[], num_invalid_spec_tokens=None,
+        )
+        mro = ModelRunnerOutput(req_ids=list(req_ids), req_id_to_index=index, sampled_token_ids=sampled)
+        # what _bookkeeping_sync returns: valid_sampled_token_ids at [3], req_id_to_index at [6] -- the very
+        # objects the ModelRunnerOutput is built from (gpu_model_runner.py: req_id_to_index_output_copy)
+        book = ({}, None, None, mro.sampled_token_ids, {}, mro.req_ids, mro.req_id_to_index, None)
+        steps.append((so, mro, book, new))
+        for slot, a in zip(slots, accepted):
+            slot[1] += a + 1
+            slot[2] -= 1
+    return steps
+
+
+class _Request:
+    __slots__ = ("n", "last")
+
+    def __init__(self) -> None:
+        self.n, self.last = 0, None
+
+
+def fixed_work(requests: list, reps: int) -> int:
+    """The engine thread's own per-step Python (scheduling, output processing): GIL-bound."""
+    total = 0
+    for _ in range(reps):
+        for r in requests:
+            r.n += 1
+            total += r.n & 7
+            r.last = (total, r.n)
+    return total
+
+
+class Engine:
+    """The engine thread: fixed work per step around spectrace's real hooks, paced to ``rate``."""
+
+    def __init__(self, batch: int, k: int, rate: float, busy: float, lifetime: int) -> None:
+        self.period = 1.0 / rate
+        self.ring = build_ring(batch, k, n_steps=max(64, int(2 * rate)), lifetime=lifetime)
+        self.requests = [_Request() for _ in range(batch)]
+        self.reps = 1
+        self.sched = SimpleNamespace(num_sampled_tokens_per_step=1, log_stats=True, num_spec_tokens=k)
+        self.runner = SimpleNamespace()
+        self.i = 0
+        self.current = self.ring[0]
+        self.due = 0.0
+        self.last_end = 0.0
+
+        def execute_model(runner, scheduler_output, *args, **kwargs):
+            fixed_work(self.requests, self.reps)  # the first half: scheduling, input preparation
+            return None
+
+        def bookkeeping_sync(runner, scheduler_output, *args, **kwargs):
+            return self.current[2]
+
+        def propose_draft_token_ids(runner, *args, **kwargs):
+            return None
+
+        def sample_tokens(runner, grammar_output=None):
+            self.bookkeeping(runner, self.current[0])
+            self.propose(runner, self.current[0])
+            return self.current[1]
+
+        def update_from_output(sched, scheduler_output, model_runner_output, *args, **kwargs):
+            fixed_work(self.requests, self.reps)  # the second half: output processing
+            return {}
+
+        def add_request(sched, request, *args, **kwargs):
+            return None
+
+        self.execute = wrap_execute_model(execute_model, "worker.execute_model")
+        self.bookkeeping = wrap_bookkeeping_sync(bookkeeping_sync, "worker.verify")
+        self.propose = wrap_timed(5, False)(propose_draft_token_ids, "worker.propose_drafts")
+        self.sample = wrap_timed(4, True)(sample_tokens, "worker.sample_tokens")
+        self.update = wrap_update_from_output(update_from_output, "engine_core.verify")
+        self.add = wrap_add_request(add_request, "engine_core.add_request")
+
+    def step(self) -> None:
+        so, mro, book, new = self.current = self.ring[self.i % len(self.ring)]
+        self.i += 1
+        for request in new:
+            self.add(self.sched, request)
+        self.execute(self.runner, so)
+        self.sample(self.runner, None)
+        self.update(self.sched, so, mro)
+
+    def calibrate(self, busy: float) -> None:
+        """Work repetitions so that an untraced step takes ``busy`` of the period in CPU time of this
+        thread (median of several; CPU, so a neighbour's load on the machine does not move it)."""
+        target = busy * self.period
+        self.reps = 1
+        for _ in range(CALIBRATION_STEPS // 15):
+            times = []
+            for _ in range(15):
+                t0 = time.thread_time()
+                self.step()
+                times.append(time.thread_time() - t0)
+            per_step = statistics.median(times)
+            self.reps = max(1, round(self.reps * target / per_step))
+
+    def run(self, seconds: float) -> list[float]:
+        """Paced steps for ``seconds`` (whole steps); each one's time from when it was due to the end of its work."""
+        out = []
+        now = time.perf_counter()
+        if self.due < now:  # after a pause between windows: start now
+            self.due = now
+        end_by = now + seconds
+        while self.due < end_by:
+            wait = self.due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            self.step()
+            end = time.perf_counter()
+            out.append(end - self.due)
+            self.due = max(self.due + self.period, end)  # an engine that overran starts at once
+        return out
+
+
+# -- the child shape: shipper (engine side) and the pipeline process --------------------------------------
+
+
+def _cached_requests(req_ids, num_computed_tokens):
+    return SimpleNamespace(req_ids=req_ids, num_computed_tokens=num_computed_tokens)
+
+
+def _pickler_table() -> dict:
+    """CachedRequestData goes over the pipe as the two fields the drain reads."""
+    import copyreg
+
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    table = dict(copyreg.dispatch_table)
+    table[CachedRequestData] = lambda c: (_cached_requests, (c.req_ids, c.num_computed_tokens))
+    return table
+
+
+class Shipper:
+    """Every ``interval`` s: take the engine side's raw records, pickle them (C), write them to the pipe.
+
+    The engine thread never touches the pipe: it sets ``tracing`` and this thread tells the
+    pipeline process (a blocked write, with the pipeline process behind, waits here, not there)."""
+
+    def __init__(self, rt, conn, interval: float) -> None:
+        self.rt, self.conn, self.interval = rt, conn, interval
+        self.tracing = True
+        self.table = _pickler_table()
+        self.messages = self.bytes = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="spectrace-ship", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        sent = True  # the pipeline process starts traced
+        while not self._stop.wait(self.interval):
+            want = self.tracing
+            if want and not sent:
+                self.conn.send_bytes(b"resume")
+                sent = True
+            self.ship()  # what was buffered (nothing new while paused)
+            if not want and sent:
+                self.conn.send_bytes(b"pause")
+                sent = False
+        if not sent:
+            self.conn.send_bytes(b"resume")
+
+    def ship(self) -> None:
+        raw = take_raw(self.rt.verify)
+        if not (raw["engine"] or raw["worker"] or raw["timings"] or raw["flags"]):
+            return
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = self.table
+        pickler.dump(raw)
+        payload = buf.getbuffer()
+        self.conn.send_bytes(payload)  # the write releases the GIL
+        self.messages += 1
+        self.bytes += len(payload)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join()
+        self.ship()
+
+
+def pipeline_child(conn, store: Path, run_id: str, out: Path, nice: int) -> None:
+    """The child shape's pipeline process: the real Runtime, fed from the pipe."""
+    if nice:
+        os.nice(nice)  # it takes what cores the engine leaves (on a GPU host: a core of its own)
+    profile = _install_profile()
+    rt = start_runtime(settings_for(store), VerifyCapture, run_id)
+    received = 0
+    while True:
+        message = conn.recv_bytes()
+        if message == b"pause":
+            runtime.pause()
+        elif message == b"resume":
+            runtime.resume()
+        elif message == b"stop":
+            break
+        else:
+            give_raw(rt.verify, pickle.loads(message))
+            received += 1
+    runtime.resume()
+    compactions = getattr(rt.writer, "compactions", None)
+    files_written = getattr(rt.writer, "segments_written", None)
+    dropped = getattr(rt.writer, "dropped", None)
+    runtime.stop()
+    result = {"messages_received": received, "compactions": compactions, "segments_written": files_written,
+              "dropped": dropped, "profile_ms": _profile_totals(profile), "errors": dict(rt.errors)}
+    out.write_text(json.dumps(result))
+    conn.send_bytes(b"done")
+
+
+def _install_profile():
+    """bench/profile_flush.py's phase timers (thread CPU per flush phase), or the reason they are not."""
+    try:
+        from bench import profile_flush
+
+        profile_flush.CPU.clear()
+        profile_flush.CALLS.clear()
+        profile_flush.instrument()
+        return profile_flush
+    except Exception as exc:  # the pipeline's internals moved: the measurement itself still runs
+        return f"unavailable: {type(exc).__name__}: {exc}"
+
+
+def _profile_totals(profile) -> dict | str:
+    if isinstance(profile, str):
+        return profile
+    return {name: {"cpu_ms": round(cpu * 1e3, 2), "calls": profile.CALLS[name]} for name, cpu in profile.CPU.most_common()}
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds of every thread of ``pid`` (schedstat: ns on CPU)."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    except OSError:
+        pass
+    return total / 1e9
+
+
+def _thread_sched(tid: int) -> tuple[float, float]:
+    """(seconds on CPU, seconds runnable but waiting for a core) of one thread."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            on_cpu, run_delay, _ = f.read().split()
+        return int(on_cpu) / 1e9, int(run_delay) / 1e9
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
+
+
+def _rss_mb(pid: int | str = "self") -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except OSError:
+        return float("nan")
+
+
+def _thread_cpu() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            out[t.name] = out.get(t.name, 0.0) + time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (OSError, TypeError, AttributeError):
+            pass
+    return out
+
+
+def store_totals(store: Path) -> dict:
+    """Files and bytes on disk per table, and the rows the store's reader sees (``spectrace.store.open``:
+    a compacted store holds merged files beside raw ones it has not removed yet; the reader counts each row once)."""
+    import spectrace.store
+
+    tables: dict[str, dict[str, int]] = {}
+    for path in store.rglob("*.parquet"):
+        t = tables.setdefault(path.relative_to(store).parts[0], {"files": 0, "rows": 0, "bytes": 0})
+        t["files"] += 1
+        t["bytes"] += path.stat().st_size
+    con = spectrace.store.open(store)
+    try:
+        for table, t in tables.items():
+            t["rows"] = con.sql(f"select count(*) from {table}").fetchone()[0]
+    finally:
+        con.close()
+    total = {key: sum(t[key] for t in tables.values()) for key in ("files", "rows", "bytes")}
+    return {"tables": tables, **total}
+
+
+# -- one job -------------------------------------------------------------------------------------------
+
+
+def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
+    k = args.k
+    name = f"{shape}-{batch}x{rate:g}"
+    work = SCRATCH / "gpu_rates" / name
+    shutil.rmtree(work, ignore_errors=True)
+    store = work / "store"
+    store.mkdir(parents=True)
+    run_id = f"bench-gpu-rates-{name}"
+    engine = Engine(batch, k, rate, args.busy, args.lifetime)
+    child_pid = None
+    conn = None
+    if shape == "child":
+        from multiprocessing import Pipe
+
+        parent_end, child_end = Pipe(duplex=True)
+        child_out = work / "pipeline.json"
+        child_pid = os.fork()  # before any thread of this process starts
+        if child_pid == 0:
+            code = 0
+            try:
+                parent_end.close()
+                pipeline_child(child_end, store, run_id, child_out, args.pipeline_nice)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        child_end.close()
+        conn = parent_end
+        profile = "in the pipeline process"
+        rt = start_runtime(settings_for(store, sinks=False), ShippedCapture, run_id)
+        shipper = Shipper(rt, conn, args.ship_interval)
+    else:
+        profile = _install_profile()
+        rt = start_runtime(settings_for(store), VerifyCapture, run_id)
+        shipper = None
+    started = time.perf_counter()
+
+    def set_tracing(on: bool) -> None:
+        (runtime.resume if on else runtime.pause)()
+        if shipper is not None:
+            shipper.tracing = on
+
+    # calibrate the work untraced, then warm the pipeline up traced (first flush, first Arrow set-up)
+    set_tracing(False)
+    engine.calibrate(args.busy)
+    set_tracing(True)
+    engine.run(args.warmup)
+    traced_s, traced_steps = args.warmup * 1.0, engine.i
+    windows = []
+    pid, tid = os.getpid(), threading.get_native_id()
+    rss_series = [_rss_mb()]
+    child_rss_series = [_rss_mb(child_pid)] if child_pid else []
+    for pair in range(args.pairs):
+        order = (True, False) if pair % 2 == 0 else (False, True)
+        for traced in order:
+            set_tracing(traced)
+            cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+            child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
+            delay0 = _thread_sched(tid)[1]
+            step_times = engine.run(args.window)
+            wall = time.perf_counter() - wall0
+            cpu, main = time.process_time() - cpu0, time.thread_time() - main0
+            run_delay = _thread_sched(tid)[1] - delay0
+            child_cpu = _proc_cpu_s(child_pid) - child0 if child_pid else 0.0
+            if traced:
+                traced_s += wall
+                traced_steps += len(step_times)
+            st = sorted(step_times)
+            windows.append({
+                "pair": pair, "traced": traced, "steps": len(step_times), "wall_s": wall,
+                "step_ms_mean": statistics.fmean(step_times) * 1e3, "step_ms_p50": st[len(st) // 2] * 1e3,
+                "step_ms_p99": st[min(len(st) - 1, int(0.99 * len(st)))] * 1e3, "step_ms_max": st[-1] * 1e3,
+                "overruns": sum(t > engine.period for t in step_times),
+                "step_s_sum": sum(step_times), "engine_thread_run_delay_s": run_delay,
+                "engine_thread_cpu_s": main, "background_cpu_s": cpu - main, "pipeline_process_cpu_s": child_cpu,
+            })
+            rss_series.append(_rss_mb())
+            if child_pid:
+                child_rss_series.append(_rss_mb(child_pid))
+    set_tracing(True)
+    threads = _thread_cpu()
+    run_s = time.perf_counter() - started
+    compactions = getattr(rt.writer, "compactions", None)
+    segments_written = getattr(rt.writer, "segments_written", None)
+    dropped = getattr(rt.writer, "dropped", None)
+    verify_dropped = getattr(rt.verify, "dropped_steps", None)
+    pipeline = {}
+    if shipper is not None:
+        shipper.stop()
+        runtime.stop()
+        conn.send_bytes(b"stop")
+        conn.recv_bytes()  # "done": the pipeline process has flushed and written its result
+        os.waitpid(child_pid, 0)
+        pipeline = json.loads(child_out.read_text())
+        compactions, segments_written, dropped = pipeline["compactions"], pipeline["segments_written"], pipeline["dropped"]
+        profile = pipeline["profile_ms"]
+        pipeline["shipped_messages"], pipeline["shipped_bytes"] = shipper.messages, shipper.bytes
+    else:
+        runtime.stop()
+        profile = _profile_totals(profile)
+    result = {
+        "shape": shape, "batch": batch, "k": k, "rate": rate, "busy": args.busy, "period_ms": engine.period * 1e3,
+        "work_reps": engine.reps, "window_s": args.window, "run_s": run_s, "traced_s": traced_s,
+        "traced_steps": traced_steps - CALIBRATION_STEPS,
+        "windows": windows, "rss_mb": rss_series, "pipeline_rss_mb": child_rss_series, "thread_cpu_s": threads,
+        "compactions": compactions, "segments_written": segments_written, "dropped_rows": dropped,
+        "dropped_steps": verify_dropped, "errors": dict(rt.errors), "store": store_totals(store),
+        "profile_ms": profile, "pipeline": pipeline, "pid": pid,
+    }
+    out.write_text(json.dumps(result))
+
+
+# -- analysis ------------------------------------------------------------------------------------------
+
+
+def mean_ci(xs: list[float]) -> dict:
+    if len(xs) < 2:
+        return {"mean": xs[0] if xs else None, "ci95": None}
+    m = statistics.fmean(xs)
+    half = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return {"mean": m, "ci95": [m - half, m + half]}
+
+
+def analyse(r: dict) -> dict:
+    """Paired estimates over the windows of one job (traced against paused, pair by pair)."""
+    by_pair: dict[int, dict[bool, dict]] = {}
+    for w in r["windows"]:
+        by_pair.setdefault(w["pair"], {})[w["traced"]] = w
+    pairs = [(p[True], p[False]) for p in by_pair.values() if True in p and False in p]
+
+    def split(w: dict) -> dict:
+        """A step's time, ms: the engine thread on CPU, runnable but waiting for a core, and waiting for
+        anything else -- the GIL (the sleep's timer slack is in both conditions alike)."""
+        cpu, delay, n = w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"], w["steps"]
+        return {"step": w["step_s_sum"] / n * 1e3, "cpu": cpu / n * 1e3, "core_wait": delay / n * 1e3,
+                "gil_wait": (w["step_s_sum"] - cpu - delay) / n * 1e3, "step_without_core_wait": (w["step_s_sum"] - delay) / n * 1e3}
+
+    def ratio(key: str) -> dict:
+        out = summary([split(on)[key] / split(off)[key] for on, off in pairs])
+        return {"slowdown": out["ratio"] - 1, "ci95": [out["ci95"][0] - 1, out["ci95"][1] - 1], "pairs": out["pairs"]}
+
+    def share(w: dict, key: str) -> float:
+        return w[key] / w["wall_s"]
+
+    def mean_of(traced: bool, fn) -> float:
+        return statistics.fmean(fn(w) for w in r["windows"] if w["traced"] == traced)
+
+    keys = ("step", "cpu", "core_wait", "gil_wait")
+    added = {key: mean_ci([split(on)[key] - split(off)[key] for on, off in pairs]) for key in keys}
+    rss, hours, store = r["rss_mb"], r["traced_s"] / 3600, r["store"]
+    steps = max(1, r["traced_steps"])
+    profile = r["profile_ms"]
+    flush = profile.get("SegmentWriter.flush") if isinstance(profile, dict) else None
+    ship_cpu = r["thread_cpu_s"].get("spectrace-ship")
+    return {
+        # what the engine loses: its step time (wall), and the same without its waits for a core (what a
+        # host with free cores would see: the GIL is still shared, the cores are not)
+        "slowdown": ratio("step"),
+        "slowdown_without_core_wait": ratio("step_without_core_wait"),
+        "p99_ratio": summary([on["step_ms_p99"] / off["step_ms_p99"] for on, off in pairs]),
+        "step_ms_paused": {key: mean_of(False, lambda w: split(w)[key]) for key in keys},
+        "step_ms_added": added,
+        "step_ms_p99": {"traced": mean_of(True, lambda w: w["step_ms_p99"]), "paused": mean_of(False, lambda w: w["step_ms_p99"])},
+        "step_ms_max": {"traced": max(w["step_ms_max"] for w in r["windows"] if w["traced"]),
+                        "paused": max(w["step_ms_max"] for w in r["windows"] if not w["traced"])},
+        "overruns": {"traced": sum(w["overruns"] for w in r["windows"] if w["traced"]),
+                     "paused": sum(w["overruns"] for w in r["windows"] if not w["traced"])},
+        "steps_per_s": {"traced": mean_of(True, lambda w: w["steps"] / w["wall_s"]), "paused": mean_of(False, lambda w: w["steps"] / w["wall_s"])},
+        # every thread of the engine's process but the engine thread, traced minus paused, share of one core
+        "background_core": mean_ci([share(on, "background_cpu_s") - share(off, "background_cpu_s") for on, off in pairs]),
+        "pipeline_process_core": mean_ci([share(on, "pipeline_process_cpu_s") - share(off, "pipeline_process_cpu_s") for on, off in pairs]),
+        "flush_cpu_ms_per_flush": flush["cpu_ms"] / flush["calls"] if flush and flush["calls"] else None,
+        "flush_cpu_us_per_step": flush["cpu_ms"] * 1e3 / steps if flush else None,
+        "ship_cpu_us_per_step": ship_cpu * 1e6 / steps if ship_cpu is not None else None,
+        "shipped_bytes_per_step": r["pipeline"]["shipped_bytes"] / steps if r.get("pipeline") else None,
+        "profile_ms_per_s": {name: round(v["cpu_ms"] / r["traced_s"], 3) for name, v in profile.items()} if isinstance(profile, dict) else profile,
+        "rss_mb": {"after_warmup": rss[0], "end": rss[-1], "max": max(rss), "growth": rss[-1] - rss[0]},
+        "pipeline_rss_mb": ({"start": r["pipeline_rss_mb"][0], "end": r["pipeline_rss_mb"][-1],
+                             "max": max(r["pipeline_rss_mb"]), "growth": r["pipeline_rss_mb"][-1] - r["pipeline_rss_mb"][0]}
+                            if r["pipeline_rss_mb"] else None),
+        "per_hour": {"rows": store["rows"] / hours,
+                     "verify_rows": store["tables"].get("verify_steps", {}).get("rows", 0) / hours,
+                     "segments_written": (r["segments_written"] or 0) / hours,
+                     "files_in_store_at_end": store["files"], "bytes": store["bytes"] / hours},
+        "request_steps_per_s": r["batch"] * r["rate"],
+    }
+
+
+def fmt_ci(d: dict, scale: float = 100, unit: str = " %") -> str:
+    if d.get("ci95") is None:
+        return f"{d['mean'] * scale:.2f}{unit}"
+    return f"{d['mean'] * scale:+.2f}{unit} ({d['ci95'][0] * scale:+.2f} … {d['ci95'][1] * scale:+.2f})"
+
+
+def verdict(ci: list[float] | None, mean: float, limit: float) -> str:
+    low, high = ci if ci else (mean, mean)
+    return "met" if high <= limit else "missed" if low > limit else "not resolved"
+
+
+def verdicts(a: dict) -> dict:
+    bg = a["background_core"]
+    return {
+        "slowdown": a["slowdown"], "slowdown_without_core_wait": a["slowdown_without_core_wait"], "background_core": bg,
+        "slowdown_goal": verdict(a["slowdown"]["ci95"], a["slowdown"]["slowdown"], GOAL["slowdown"]),
+        "slowdown_without_core_wait_goal": verdict(a["slowdown_without_core_wait"]["ci95"],
+                                                   a["slowdown_without_core_wait"]["slowdown"], GOAL["slowdown"]),
+        "background_goal": verdict(bg["ci95"], bg["mean"], GOAL["background_core"]),
+    }
+
+
+def line(r: dict) -> str:
+    a = r["analysis"]
+
+    def pct(d: dict) -> str:
+        return f"{d['slowdown'] * 100:+.2f} % ({d['ci95'][0] * 100:+.2f} … {d['ci95'][1] * 100:+.2f})"
+
+    added = a["step_ms_added"]
+    pipe = f", pipeline process {fmt_ci(a['pipeline_process_core'])}" if r["shape"] == "child" else ""
+    ship = f", shipping {a['ship_cpu_us_per_step']:.0f} µs CPU/step" if a["ship_cpu_us_per_step"] is not None else ""
+    flush = f", flush {a['flush_cpu_ms_per_flush']:.0f} ms CPU each" if a["flush_cpu_ms_per_flush"] else ""
+    return (f"{r['shape']:9s} batch {r['batch']} k {r['k']} {r['rate']:g} steps/s ({a['slowdown']['pairs']} pairs): "
+            f"slowdown {pct(a['slowdown'])}, without core waits {pct(a['slowdown_without_core_wait'])}; "
+            f"per step +{added['gil_wait']['mean']:.3f} ms GIL, +{added['core_wait']['mean']:.3f} ms core, +{added['cpu']['mean']:.3f} ms CPU "
+            f"(paused step {a['step_ms_paused']['step']:.2f} ms); "
+            f"background {fmt_ci(a['background_core'])} of a core{pipe}{ship}{flush}; "
+            f"RSS {a['rss_mb']['after_warmup']:.0f} -> {a['rss_mb']['end']:.0f} MB; "
+            f"{a['per_hour']['rows'] / 1e6:.1f} M rows/h, {a['per_hour']['segments_written']:.0f} segments/h; "
+            f"{r['compactions']} compactions; load {r['load_before']} -> {r['load_after']}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one point, few short windows (~40 s)")
+    parser.add_argument("--shapes", nargs="+", choices=("inprocess", "child"), default=None,
+                        help="default: inprocess at every point, child at the goal point")
+    parser.add_argument("--points", nargs="+", default=None, help="BATCHxSTEPS_PER_S (default: 256x50 512x50 512x100)")
+    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--busy", type=float, default=0.5, help="the engine thread's own work (CPU), share of the step period")
+    parser.add_argument("--lifetime", type=int, default=150, help="mean request lifetime in steps")
+    parser.add_argument("--window", type=float, default=2.0, help="seconds per window (one flush interval by default)")
+    parser.add_argument("--pairs", type=int, default=None, help="pairs of windows per job (default 16: past the first compaction)")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--ship-interval", type=float, default=0.1, help="child shape: seconds between shipments")
+    parser.add_argument("--pipeline-nice", type=int, default=10, help="child shape: the pipeline process's nice increment")
+    parser.add_argument("--show", metavar="RESULTS_JSON", help="print the summary lines of a results file and exit")
+    parser.add_argument("--name", default=None, help="results file bench/results/<name>.json (default gpu_rates[-quick])")
+    args = parser.parse_args(argv)
+    if args.show:
+        for r in json.loads(Path(args.show).read_text())["results"]:
+            print(line(r))
+        return 0
+    if args.quick:
+        args.pairs = args.pairs or 3
+        args.window = 1.5 if args.window == 2.0 else args.window
+        args.warmup = 2.0
+    args.pairs = args.pairs or 16
+    if args.shapes is None and args.points is None:
+        jobs = [("inprocess", "256x50"), ("child", "256x50")] + ([] if args.quick else [("inprocess", "512x50"), ("inprocess", "512x100")])
+    else:
+        jobs = [(s, p) for p in (args.points or (["256x50"] if args.quick else POINTS)) for s in (args.shapes or ("inprocess", "child"))]
+    try:
+        parsed = [(s, int(p.split("x")[0]), float(p.split("x")[1])) for s, p in jobs]
+    except (ValueError, IndexError):
+        print(f"gpu_rates: --points takes BATCHxSTEPS_PER_S, e.g. 256x50 (got {' '.join(args.points)})", file=sys.stderr)
+        return 2
+    for key in [k for k in os.environ if k.startswith("SPECTRACE")]:
+        del os.environ[key]  # only the Settings built here count
+
+    t0 = time.perf_counter()
+    import vllm.v1.core.sched.output  # noqa: F401  (12 s; once, before the jobs fork)
+    import vllm.v1.outputs  # noqa: F401
+    from vllm import SamplingParams  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+    import bench.profile_flush  # noqa: F401
+    import_s = time.perf_counter() - t0
+    freeze_heap()
+    (SCRATCH / "gpu_rates").mkdir(parents=True, exist_ok=True)
+    results = []
+    started = time.time()
+    for shape, batch, rate in parsed:
+        out = SCRATCH / "gpu_rates" / f"result-{shape}-{batch}x{rate:g}.json"
+        out.unlink(missing_ok=True)
+        load = loadavg()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                job(shape, batch, rate, args, out)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status or not out.exists():
+            print(f"{shape} {batch}x{rate:g}: the job failed (status {status})", file=sys.stderr)
+            return 1
+        r = json.loads(out.read_text())
+        r["load_before"], r["load_after"] = load, loadavg()
+        r["analysis"] = a = analyse(r)
+        results.append(r)
+        print(line(r), flush=True)
+    goal = {r["shape"]: verdicts(r["analysis"]) for r in results
+            if f"{r['batch']}x{r['rate']:g}" == GOAL["point"] and r["k"] == GOAL["k"]}
+    name = args.name or ("gpu_rates-quick" if args.quick else "gpu_rates")
+    path = write_result(name, {
+        "import_s": import_s, "seconds": round(time.time() - started + import_s, 1),
+        "settings": {k: v for k, v in vars(args).items()}, "goal": {**GOAL, "results": goal},
+        "default_settings": {"flush_interval_s": Settings.flush_interval_s, "compact_interval_s": Settings.compact_interval_s,
+                             "exporters": list(Settings.exporters)},
+        "results": results,
+    })
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
