@@ -70,20 +70,19 @@ from bench.common import SCRATCH, freeze_heap, loadavg, spread, write_result
 from spectrace.settings import Settings
 from spectrace.tracer import runtime
 from spectrace.tracer.verify import VerifyCapture
-from spectrace.tracer.verify import _timed as wrap_timed
+from spectrace.tracer.verify.hooks import _timed as wrap_timed
 from spectrace.tracer.verify import wrap_add_request, wrap_bookkeeping_sync, wrap_execute_model, wrap_update_from_output
 
 
 def take_raw(capture) -> dict:
     """What the hot path buffered since the last call (the child shape's shipper)."""
     flags = capture.request_flags
-    dropped, capture.dropped_steps = capture.dropped_steps, 0
     return {
-        "engine": _take(capture.engine_steps),
-        "worker": _take(capture.worker_steps),
-        "timings": capture._take_timings(),  # only the steps the worker has finished timing
+        "engine": capture.take_engine_steps(),
+        "worker": capture.take_worker_steps(),
+        "timings": capture.take_timings(),  # only the steps the worker has finished timing
         "flags": [flags.popitem() for _ in range(len(flags))],
-        "dropped": dropped,
+        "dropped": capture.take_dropped(),
     }
 
 
@@ -245,8 +244,8 @@ class Engine:
 
         self.execute = wrap_execute_model(execute_model, "worker.execute_model")
         self.bookkeeping = wrap_bookkeeping_sync(bookkeeping_sync, "worker.verify")
-        self.propose = wrap_timed(5, False)(propose_draft_token_ids, "worker.propose_drafts")
-        self.sample = wrap_timed(4, True)(sample_tokens, "worker.sample_tokens")
+        self.propose = wrap_timed("draft_ns", False)(propose_draft_token_ids, "worker.propose_drafts")
+        self.sample = wrap_timed("sample_ns", True)(sample_tokens, "worker.sample_tokens")
         self.update = wrap_update_from_output(update_from_output, "engine_core.verify")
         self.add = wrap_add_request(add_request, "engine_core.add_request")
 
@@ -376,9 +375,9 @@ def pipeline_child(conn, store: Path, run_id: str, out: Path, nice: int) -> None
             give_raw(rt.verify, pickle.loads(message))
             received += 1
     runtime.resume()
-    compactions = getattr(rt.writer, "compactions", None)
-    files_written = getattr(rt.writer, "segments_written", None)
-    dropped = getattr(rt.writer, "dropped", None)
+    compactions = getattr(rt.pipeline.sink("duckdb"), "compactions", None)
+    files_written = getattr(rt.pipeline.sink("duckdb"), "segments_written", None)
+    dropped = rt.pipeline.dropped
     runtime.stop()
     result = {"messages_received": received, "compactions": compactions, "segments_written": files_written,
               "dropped": dropped, "profile_ms": _profile_totals(profile), "errors": dict(rt.errors)}
@@ -556,9 +555,9 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     set_tracing(True)
     threads = _thread_cpu()
     run_s = time.perf_counter() - started
-    compactions = getattr(rt.writer, "compactions", None)
-    segments_written = getattr(rt.writer, "segments_written", None)
-    dropped = getattr(rt.writer, "dropped", None)
+    compactions = getattr(rt.pipeline.sink("duckdb"), "compactions", None)
+    segments_written = getattr(rt.pipeline.sink("duckdb"), "segments_written", None)
+    dropped = rt.pipeline.dropped
     verify_dropped = getattr(rt.verify, "dropped_steps", None)
     pipeline = {}
     if shipper is not None:
@@ -626,7 +625,7 @@ def analyse(r: dict) -> dict:
     rss, hours, store = r["rss_mb"], r["traced_s"] / 3600, r["store"]
     steps = max(1, r["traced_steps"])
     profile = r["profile_ms"]
-    flush = profile.get("SegmentWriter.flush") if isinstance(profile, dict) else None
+    flush = profile.get("Pipeline.flush") if isinstance(profile, dict) else None
     ship_cpu = r["thread_cpu_s"].get("spectrace-ship")
     return {
         # what the engine loses: its step time (wall), and the same without its waits for a core (what a
