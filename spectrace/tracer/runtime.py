@@ -51,13 +51,12 @@ from spectrace.exporters.duckdb import DuckDBSpanExporter
 from spectrace.exporters import otel
 from spectrace.exporters.segments import SegmentWriter
 from spectrace.read.configs import run_info
-from spectrace.settings import Settings
+from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
 from spectrace.tracer.hooks import Hook, HookSet
 from spectrace.tracer import support
 
 log = logging.getLogger("vllm.spectrace")
 
-ACTIVE_RUN_ENV = "SPECTRACE_ACTIVE_RUN"
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -136,18 +135,15 @@ class Runtime:
         self.exporter_status: dict[str, str] = {}
         self._dropped_reported = 0
         self._span_drops = 0
-        unknown = [name for name in settings.exporters if name not in (*otel.KNOWN, "lake")]
-        if unknown:
-            log.error("spectrace: unknown SPECTRACE_EXPORTER value(s) %s; known: %s", unknown, ", ".join(otel.KNOWN))
         if "duckdb" not in settings.exporters:
             self.writer.enabled = False
         if "lake" in settings.exporters:  # the fleet sink, fed by the writer's flush (spectrace.exporters.lake)
             from spectrace.exporters import lake
 
             self.exporter_status["lake"] = lake.attach(self.writer, settings)
-        inherited = os.environ.get(ACTIVE_RUN_ENV)
-        if inherited:
-            self.set_run(Run.from_env_value(inherited))
+        parent_run = inherited(ACTIVE_RUN_ENV)
+        if parent_run:
+            self.set_run(Run.from_env_value(parent_run))
         self.verify = make_capture() if make_capture is not None else None
         if self.verify is not None:
             self.writer.on_flush(lambda: self.verify.drain(self))
