@@ -271,3 +271,8 @@ class Settings:
             for what, used in r.problems:
                 log.warning("spectrace: %s; using %s", what, used)
         return settings
+
+
+def store_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``SPECTRACE_DIR``, or the default store directory (the ``spectrace`` command's ``--dir`` default)."""
+    return Path((os.environ if env is None else env).get("SPECTRACE_DIR", "").strip() or Settings.dir)

@@ -30,7 +30,7 @@ def duration(text: str) -> float:
 def default_catalog() -> str | None:
     from spectrace.settings import Settings
 
-    return Settings.from_env().lake
+    return Settings.from_env(strict=True).lake
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
