@@ -89,3 +89,26 @@ def test_duration(text, seconds):
 def test_not_a_duration(text):
     with pytest.raises(ValueError, match="is not a duration"):
         duration(text)
+
+
+def test_only_settings_reads_spectrace_variables():
+    """No module but settings.py reads a SPECTRACE* variable from the environment; writes for the
+    processes vLLM starts (propagation) are allowed where listed."""
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "spectrace"
+    read = re.compile(r"""(os\.environ\.get|os\.getenv|os\.environ\[)\(?\s*["'](SPECTRACE\w*)""")
+    writes = {("exporters/exposition.py", "DIR_ENV"), ("tracer/runtime.py", "ACTIVE_RUN_ENV")}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel == "settings.py":
+            continue
+        for line in path.read_text().splitlines():
+            if read.search(line) and "=" not in line.split("]", 1)[-1][:3]:
+                found.append((rel, line.strip()))
+            for name in re.findall(r"os\.environ\.get\((\w+_ENV)\)", line):
+                if (rel, name) not in writes:
+                    found.append((rel, line.strip()))
+    assert found == []
