@@ -257,7 +257,7 @@ class Runtime:
                     "status": "unsupported" if hook.name in self.hooks.unsupported else "missing" if reason else "installed",
                     "detail": reason or "",
                     "vllm_version": vllm_version(),
-                    "supported_versions": support.range_text(hook.name, hook.supported),
+                    "supported_versions": support.range_text(hook.name),
                 },
                 role="process",
             )

@@ -336,7 +336,7 @@ def check(hook_name: str, target: str, site_obj: object = None, locate: Locate =
     return None
 
 
-def range_text(hook_name: str, default: str) -> str:
+def range_text(hook_name: str, default: str = "undeclared") -> str:
     support = SUPPORT.get(hook_name)
     if support is None:
         return default
