@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import re
 import sys
 from typing import Any, Sequence
@@ -18,7 +17,9 @@ from spectrace.console import EXIT_USAGE, UsageError, format_table
 
 
 def _default_dir() -> str:
-    return os.environ.get("SPECTRACE_DIR") or "spectrace-data"
+    from spectrace.settings import store_dir
+
+    return str(store_dir())
 
 
 def _jsonable(value: Any) -> Any:
@@ -87,7 +88,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     elif args.sql:
         sql = args.sql
     else:
-        raise UsageError("give SQL to run, or --named NAME (see --list)")
+        raise UsageError(f"give SQL to run, or --named NAME (one of: {', '.join(named.names())})")
     con = _open(args)
     try:
         result = con.execute(sql)
@@ -125,8 +126,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 _LAKE_HELP = "read the fleet lake instead of --dir (catalog default: $SPECTRACE_LAKE)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line (no usage block): the subcommand and argparse's message."""
+
+    def error(self, message: str):  # type: ignore[override]
+        command = self.prog.removeprefix("spectrace").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spectrace", description="Observability for speculative decoding in vLLM.")
+    parser = _Parser(prog="spectrace", description="Observability for speculative decoding in vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     query = sub.add_parser("query", help="run SQL over the store (read-only, works while vLLM writes)")
@@ -160,21 +169,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+def _one_line(exc: BaseException) -> str:
+    """What went wrong, in one line: a user error as it is, a file error with its path, anything else named."""
+    if isinstance(exc, UsageError):
+        text = str(exc)
+    elif isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    elif isinstance(exc, ValueError):  # SettingsError included
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc} (--debug shows the traceback)"
+    return " ".join(text.split()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: the traceback instead of the one line
+    if debug:
+        argv.remove("--debug")
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed one usage line
-        return int(exc.code or 0) and EXIT_USAGE
-    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help, or doctor's own one-line error
+            return int(exc.code or 0) and EXIT_USAGE
         return args.func(args)
-    except UsageError as exc:
-        print(f"spectrace: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # every subcommand: one line on stderr, exit 2, never a traceback
+        if debug:
+            raise
+        print(f"spectrace: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -1,17 +1,19 @@
 """vLLM general plugin entry point (group ``vllm.general_plugins``).
 
 vLLM calls :func:`register` once in every process it starts (frontend, engine
-core, each worker). With tracing off it returns at once: nothing is imported
-and nothing is patched. With tracing on, a failure to start (a bad setting, a
-missing dependency) is one log line and vLLM runs untraced: tracing never stops
-the engine.
+core, each worker). With tracing off it returns at once: nothing else of
+spectrace is imported and nothing is patched. With tracing on, a setting out of
+its range is one log line (the variable, the value, the default used instead)
+and tracing goes on with the default (:meth:`spectrace.settings.Settings.from_env`);
+a failure to start (a missing dependency) is one log line and vLLM runs untraced:
+tracing never stops the engine.
 """
 
-import os
+from spectrace.settings import tracing_enabled
 
 
 def register() -> None:
-    if os.environ.get("SPECTRACE", "").strip().lower() in ("", "0", "false", "no", "off"):
+    if not tracing_enabled():
         return
     try:
         from spectrace.tracer import stages

@@ -1,49 +1,182 @@
 """The one place that reads spectrace's environment variables.
 
-Everything else receives a :class:`Settings`. Each variable, its default and
-its meaning is listed in README.md ("Configuration").
+Everything else receives a :class:`Settings`. Each variable, its default, its
+range and its meaning is listed in README.md ("Configuration").
+
+Every value is checked where it is read, against its range. :meth:`Settings.from_env`
+collects the problems: in a vLLM process (``strict=False``, the plugin's path) each
+is one log line naming the variable, the value and the default used instead, and
+tracing goes on with that default; with ``strict=True`` (the ``spectrace`` command)
+they are raised together as one :class:`SettingsError`.
+
+A leaf module: it imports nothing of spectrace, so every other module (the CLI's
+``duration`` arguments included) can use it.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import re
 import socket
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Callable, Mapping
+
+log = logging.getLogger("vllm.spectrace")
+
+# The sinks SPECTRACE_EXPORTER may name (the embedded store, OTLP, the Prometheus series, the fleet lake).
+EXPORTERS = ("duckdb", "otlp", "prometheus", "lake")
 
 _FALSE = ("", "0", "false", "no", "off")
 
+# Values a traced process writes into os.environ for the processes vLLM starts from it
+# (propagation, not configuration): read back only through :func:`inherited`.
+ACTIVE_RUN_ENV = "SPECTRACE_ACTIVE_RUN"
+METRICS_DIR_ENV = "SPECTRACE_METRICS_DIR"
+_PROPAGATED = (ACTIVE_RUN_ENV, METRICS_DIR_ENV)
 
-def _flag(env: dict[str, str], name: str, default: bool = False) -> bool:
-    value = env.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in _FALSE
+PATH_PART_MAX = 128
 
 
-def _number(env: dict[str, str], name: str, default: float, cast=float):
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return cast(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
+class SettingsError(ValueError):
+    """One or more environment variables out of their range; ``problems`` has one sentence each."""
 
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+# -- the one duration grammar ---------------------------------------------------------
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*([smhdw]?)\s*", re.IGNORECASE)
+DURATION_EXAMPLES = "e.g. 90s, 15m, 12h, 7d, 2w; a bare number is seconds"
 
 
-def _duration(env: dict[str, str], name: str, default: float) -> float:
-    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a bare number of seconds; ``0`` turns it off."""
-    raw = (env.get(name) or "").strip().lower()
-    if not raw:
+def duration(text: str) -> float:
+    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a bare number of seconds (``2.5``) to seconds.
+
+    The one grammar of every duration spectrace reads: settings and command-line flags.
+    A sign is parsed (so a range check can say "must be >= 0"); ``nan``, ``inf``, ``1e3``
+    and anything else are not durations (ValueError)."""
+    match = _DURATION.fullmatch(text or "")
+    if not match:
+        raise ValueError(f"{text!r} is not a duration ({DURATION_EXAMPLES})")
+    return float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+
+
+def path_part_problem(value: str) -> str | None:
+    """Why ``value`` cannot be one path component inside the store, or None.
+
+    Run ids and hosts name folders and files of the store (``<table>/run=<run>/<host>-<pid>-...``):
+    no ``/``, ``\\``, NUL or other control characters, not ``.`` or ``..``, no leading ``.``
+    (hidden and temporary files), at most 128 characters."""
+    if not value:
+        return "is empty"
+    if len(value) > PATH_PART_MAX:
+        return f"is longer than {PATH_PART_MAX} characters"
+    if any(c in value for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "must be one path component (no '/', '\\', NUL or control characters)"
+    if value in (".", ".."):
+        return "is '.' or '..', not a name"
+    if value.startswith("."):
+        return "must not start with '.'"
+    return None
+
+
+def tracing_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``SPECTRACE`` turns tracing on (the plugin asks before importing anything else)."""
+    value = (os.environ if env is None else env).get("SPECTRACE")
+    return value is not None and value.strip().lower() not in _FALSE
+
+
+def inherited(name: str) -> str | None:
+    """A value a traced parent process wrote into the environment for this one (``ACTIVE_RUN_ENV``,
+    ``METRICS_DIR_ENV``); None when unset or empty."""
+    if name not in _PROPAGATED:
+        raise KeyError(f"{name} is not propagated between spectrace's processes")
+    return os.environ.get(name) or None
+
+
+# -- reading with ranges ----------------------------------------------------------------
+
+
+class _Reader:
+    """Reads variables off ``env``; a value out of its range is noted and the default kept."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[tuple[str, str]] = []  # (what is wrong, what is used instead)
+
+    def raw(self, name: str) -> str | None:
+        value = self.env.get(name)
+        return None if value is None or value.strip() == "" else value
+
+    def refuse(self, name: str, raw: str, why: str, default: object, shown: str | None = None) -> object:
+        self.problems.append((f"{name}={raw!r} {why}", shown or _shown(default)))
         return default
-    unit = raw[-1] if raw[-1] in _UNITS else "s"
-    try:
-        return float(raw.rstrip("smhdw") if unit != "s" or raw[-1] == "s" else raw) * _UNITS[unit]
-    except ValueError:
-        raise ValueError(f"{name}={env.get(name)!r} is not a duration (e.g. 90s, 15m, 12h, 7d)") from None
+
+    def flag(self, name: str) -> bool:
+        value = self.env.get(name)
+        return value is not None and value.strip().lower() not in _FALSE
+
+    def number(self, name: str, default, ok: Callable[[float], bool], rule: str, cast=float):
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        try:
+            value = cast(raw.strip())
+        except ValueError:
+            return self.refuse(name, raw, f"is not {'an integer' if cast is int else 'a number'} ({rule})", default)
+        if not (math.isfinite(value) and ok(value)):
+            return self.refuse(name, raw, f"is out of range: {rule}", default)
+        return value
+
+    def seconds(self, name: str, default: float, ok: Callable[[float], bool], rule: str) -> float:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        try:
+            value = duration(raw)
+        except ValueError:
+            return self.refuse(name, raw, f"is not a duration ({DURATION_EXAMPLES}; {rule})", default, f"{default:g}s")
+        if not ok(value):
+            return self.refuse(name, raw, f"is out of range: {rule}", default, f"{default:g}s")
+        return value
+
+    def path_part(self, name: str, default, shown: str):
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        why = path_part_problem(raw.strip())
+        return self.refuse(name, raw, why, default, shown) if why else raw.strip()
+
+    def exporters(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        names = tuple(dict.fromkeys(part.strip().lower() for part in raw.split(",") if part.strip()))
+        unknown = [n for n in names if n not in EXPORTERS]
+        known = tuple(n for n in names if n in EXPORTERS)
+        if unknown:
+            self.problems.append((
+                f"{name}={raw!r} names unknown sink(s) {', '.join(unknown)} (known: {', '.join(EXPORTERS)})",
+                ",".join(known or default),
+            ))
+        return known or default
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "the default (unset)"
+    if isinstance(default, float) and default.is_integer():
+        return repr(default)
+    return str(default)
+
+
+_YEARS_10 = 10 * 365 * 86400.0  # a bound on every duration (within threading's TIMEOUT_MAX)
 
 
 @dataclass(frozen=True)
@@ -81,35 +214,65 @@ class Settings:
             object.__setattr__(self, "inject_fault", frozenset(n.strip() for n in names if n and n.strip()))
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, *, strict: bool = False) -> "Settings":
         """Settings from ``env`` (default: ``os.environ``); an unset or empty variable keeps the
-        field's default above, the one place each default is written."""
+        field's default above, the one place each default is written.
+
+        A value out of its range keeps the default too: ``strict=False`` logs one line per
+        variable (the variable, the value, the default used) and goes on; ``strict=True``
+        raises one :class:`SettingsError` listing every problem. Nothing is deleted because
+        of a refused value: a refused retention or size cap is the default, never its sign."""
         env = dict(os.environ if env is None else env)
-        defaults = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
-        exporters = tuple(
-            part.strip().lower() for part in env.get("SPECTRACE_EXPORTER", "").split(",") if part.strip()
-        ) or defaults["exporters"]
-        return cls(
-            enabled=_flag(env, "SPECTRACE"),
-            dir=Path(env.get("SPECTRACE_DIR") or defaults["dir"]).absolute(),
-            run_id=env.get("SPECTRACE_RUN_ID") or None,
-            exporters=exporters,
-            flush_interval_s=_number(env, "SPECTRACE_FLUSH_INTERVAL", defaults["flush_interval_s"]),
-            max_buffer_rows=_number(env, "SPECTRACE_MAX_BUFFER_ROWS", defaults["max_buffer_rows"], int),
-            step_sample=_number(env, "SPECTRACE_STEP_SAMPLE", defaults["step_sample"]),
-            span_every_steps=_number(env, "SPECTRACE_SPAN_EVERY", defaults["span_every_steps"], int),
-            collapse_threshold=_number(env, "SPECTRACE_COLLAPSE_THRESHOLD", defaults["collapse_threshold"]),
-            collapse_window_tokens=_number(env, "SPECTRACE_COLLAPSE_WINDOW", defaults["collapse_window_tokens"], int),
-            collapse_min_tokens=_number(env, "SPECTRACE_COLLAPSE_MIN_TOKENS", defaults["collapse_min_tokens"], int),
-            record_tokens=_flag(env, "SPECTRACE_RECORD_TOKENS"),
+        d = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        r = _Reader(env)
+        hostname = socket.gethostname()
+        settings = cls(
+            enabled=r.flag("SPECTRACE"),
+            dir=Path(r.raw("SPECTRACE_DIR") or d["dir"]).absolute(),
+            run_id=r.path_part("SPECTRACE_RUN_ID", None, "a generated run id"),
+            exporters=r.exporters("SPECTRACE_EXPORTER", d["exporters"]),
+            flush_interval_s=r.seconds(
+                "SPECTRACE_FLUSH_INTERVAL", d["flush_interval_s"], lambda v: 0 < v <= 86400, "> 0 s and at most 1d"
+            ),
+            max_buffer_rows=r.number("SPECTRACE_MAX_BUFFER_ROWS", d["max_buffer_rows"], lambda v: v >= 1, ">= 1", int),
+            step_sample=r.number("SPECTRACE_STEP_SAMPLE", d["step_sample"], lambda v: 0 <= v <= 1, "between 0 and 1"),
+            span_every_steps=r.number("SPECTRACE_SPAN_EVERY", d["span_every_steps"], lambda v: v >= 0, ">= 0 (0: no spans)", int),
+            collapse_threshold=r.number(
+                "SPECTRACE_COLLAPSE_THRESHOLD", d["collapse_threshold"], lambda v: 0 <= v <= 1, "between 0 and 1"
+            ),
+            collapse_window_tokens=r.number(
+                "SPECTRACE_COLLAPSE_WINDOW", d["collapse_window_tokens"], lambda v: v >= 1, ">= 1", int
+            ),
+            collapse_min_tokens=r.number(
+                "SPECTRACE_COLLAPSE_MIN_TOKENS", d["collapse_min_tokens"], lambda v: v >= 1, ">= 1", int
+            ),
+            record_tokens=r.flag("SPECTRACE_RECORD_TOKENS"),
             inject_fault=env.get("SPECTRACE_INJECT_FAULT") or "",
-            prometheus_port=_number(env, "SPECTRACE_PROMETHEUS_PORT", defaults["prometheus_port"], int),
-            prometheus_host=env.get("SPECTRACE_PROMETHEUS_HOST") or defaults["prometheus_host"],
-            metrics_dir=Path(env["SPECTRACE_METRICS_DIR"]) if env.get("SPECTRACE_METRICS_DIR") else None,
-            max_mb=_number(env, "SPECTRACE_MAX_MB", defaults["max_mb"]),
-            retention_s=_duration(env, "SPECTRACE_RETENTION", defaults["retention_s"]),
-            compact_interval_s=_duration(env, "SPECTRACE_COMPACT_INTERVAL", defaults["compact_interval_s"]),
-            host=env.get("SPECTRACE_HOST", "").strip() or socket.gethostname(),
-            lake=env.get("SPECTRACE_LAKE", "").strip() or None,
-            lake_data=env.get("SPECTRACE_LAKE_DATA", "").strip() or None,
+            prometheus_port=r.number(
+                "SPECTRACE_PROMETHEUS_PORT", d["prometheus_port"], lambda v: 0 <= v <= 65535, "a port, 0 to 65535", int
+            ),
+            prometheus_host=r.raw("SPECTRACE_PROMETHEUS_HOST") or d["prometheus_host"],
+            metrics_dir=Path(env[METRICS_DIR_ENV]) if env.get(METRICS_DIR_ENV) else None,
+            max_mb=r.number("SPECTRACE_MAX_MB", d["max_mb"], lambda v: v >= 0, ">= 0 (0: no cap)"),
+            retention_s=r.seconds(
+                "SPECTRACE_RETENTION", d["retention_s"], lambda v: 0 <= v <= _YEARS_10, ">= 0 (0: keep everything), at most 10 years"
+            ),
+            compact_interval_s=r.seconds(
+                "SPECTRACE_COMPACT_INTERVAL", d["compact_interval_s"], lambda v: 0 <= v <= _YEARS_10,
+                ">= 0 (0: this process does not compact), at most 10 years",
+            ),
+            host=r.path_part("SPECTRACE_HOST", hostname, f"the hostname {hostname!r}"),
+            lake=(r.raw("SPECTRACE_LAKE") or "").strip() or None,
+            lake_data=(r.raw("SPECTRACE_LAKE_DATA") or "").strip() or None,
         )
+        if r.problems:
+            if strict:
+                raise SettingsError([what for what, _ in r.problems])
+            for what, used in r.problems:
+                log.warning("spectrace: %s; using %s", what, used)
+        return settings
+
+
+def store_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``SPECTRACE_DIR``, or the default store directory (the ``spectrace`` command's ``--dir`` default)."""
+    return Path((os.environ if env is None else env).get("SPECTRACE_DIR", "").strip() or Settings.dir)

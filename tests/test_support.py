@@ -80,6 +80,9 @@ PYTEST = version("pytest")
         ("0.20.1", ">=0.30, <0.34", False),
         ("0.26", ">=0.20, <0.27", True),
         ("1.0", "==1", True),
+        ("0.30.0rc1", ">=0.30, <0.34", False),  # a pre-release of the lower bound comes before it
+        ("0.34.0rc1", ">=0.30, <0.34", False),  # ... and of an exclusive upper bound is outside it
+        ("0.33.0.dev7", ">=0.30, <0.34", True),
     ],
 )
 def test_version_ranges(installed, spec, fits):

@@ -11,26 +11,27 @@ argument or an unreachable lake (one line on stderr).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from spectrace.console import UsageError, format_table
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
 def duration(text: str) -> float:
-    """``90s``, ``15m``, ``12h``, ``30d``, ``2w`` (a bare number is seconds) to seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90s, 15m, 12h, 30d)")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    """A command-line duration (:func:`spectrace.settings.duration`'s grammar, the settings' own), >= 0."""
+    from spectrace.settings import duration as seconds
+
+    try:
+        value = seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
 
 
 def default_catalog() -> str | None:
     from spectrace.settings import Settings
 
-    return Settings.from_env().lake
+    return Settings.from_env(strict=True).lake
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:

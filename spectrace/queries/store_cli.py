@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -103,7 +102,7 @@ def compact(root: Path, *, host: str, idle_s: float, wait: bool) -> dict:
 def cmd_compact(args) -> int:
     from spectrace.settings import Settings
 
-    summary = compact(_dir(args), host=Settings.from_env().host, idle_s=args.idle, wait=not args.no_wait)
+    summary = compact(_dir(args), host=Settings.from_env(strict=True).host, idle_s=args.idle, wait=not args.no_wait)
     sys.stdout.write(format_table(["step", "result"], list(summary.items())) + "\n")
     return 0
 
@@ -112,7 +111,9 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     """Register the ``store`` subcommand on the ``spectrace`` parser."""
     from spectrace.queries.lake_cli import duration
 
-    default_dir = os.environ.get("SPECTRACE_DIR") or "spectrace-data"
+    from spectrace.settings import store_dir
+
+    default_dir = str(store_dir())
     parser = sub.add_parser("store", help="the segment store: stats, compaction", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="store_command", required=True)
     stats_parser = commands.add_parser("stats", help="files, bytes, rows, oldest and newest record per table")

@@ -34,11 +34,12 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
+from spectrace import settings
 from spectrace.store.compaction import pid_alive
 
 log = logging.getLogger("vllm.spectrace")
 
-DIR_ENV = "SPECTRACE_METRICS_DIR"
+DIR_ENV = settings.METRICS_DIR_ENV
 SUFFIX = ".prom"
 _DIR_PREFIX = "spectrace-metrics-"
 
@@ -63,7 +64,7 @@ def server_dir(configured: Path | None) -> Path:
     with _dir_lock:
         if _dir is not None and _dir[0] == os.getpid():
             return _dir[1]
-        inherited = os.environ.get(DIR_ENV)  # set by this process or its parent below
+        inherited = settings.inherited(DIR_ENV)  # set by this process or its parent below
         if inherited:
             path = Path(inherited)
         elif configured is not None:

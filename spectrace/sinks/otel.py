@@ -1,7 +1,7 @@
 """OTLP and Prometheus sinks, configured the OpenTelemetry way.
 
-``SPECTRACE_EXPORTER`` picks sinks (``duckdb`` default, ``otlp``, ``prometheus``,
-comma-separated). OTLP is configured only by the standard variables
+``SPECTRACE_EXPORTER`` picks sinks (:data:`spectrace.settings.EXPORTERS`, comma-separated,
+checked by the settings). OTLP is configured only by the standard variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_*``,
 ``OTEL_EXPORTER_OTLP_PROTOCOL`` = ``http/protobuf`` (default) | ``grpc``,
 ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_METRIC_EXPORT_INTERVAL``).
@@ -22,9 +22,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 log = logging.getLogger("vllm.spectrace")
-
-KNOWN = ("duckdb", "otlp", "prometheus")
-
 
 class MissingExtra(RuntimeError):
     pass
@@ -140,8 +137,8 @@ def otlp_metric_reader():
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError:
         raise MissingExtra("SPECTRACE_EXPORTER=otlp needs: pip install 'spectrace[otlp]'") from None
-    interval = int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "10000"))
-    return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()), export_interval_millis=interval)
+    # the SDK reads OTEL_METRIC_EXPORT_INTERVAL itself (default 60000 ms; a bad value: its one warning, the default)
+    return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()))
 
 
 class OtlpSink:

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spectrace.settings import tracing_enabled
+
 DEFAULT_PROMPTS = [
     "the quick brown fox",
     "hello world speculative decoding",
@@ -269,7 +271,7 @@ def _inject_fault(hook: str | None) -> None:
     """Make ``hook`` raise from the next engine on (tracing on: the plugin is started first)."""
     import dataclasses
 
-    if hook is None or os.environ.get("SPECTRACE", "0") in ("", "0"):
+    if hook is None or not tracing_enabled():
         return
     from spectrace import plugin
     from spectrace.tracer import runtime

@@ -155,7 +155,6 @@ HOOKS = [
         "api_server.multiprocess_registry",
         "prometheus_client.multiprocess:MultiProcessCollector.__init__",
         wrap_multiprocess_collector_init,
-        supported="prometheus_client 0.20-0.26 (with vllm 0.32.x)",
     ),
     Hook("labels.frontend", "vllm.v1.metrics.loggers:PrometheusStatLogger.__init__", wrap_stat_logger_init),
     Hook("labels.engine_core", "vllm.v1.core.sched.scheduler:Scheduler.__init__", wrap_engine_init),

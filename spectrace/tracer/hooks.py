@@ -33,8 +33,7 @@ log = logging.getLogger("vllm.spectrace")
 class Hook:
     name: str
     target: str  # "package.module:Class.method" or "package.module:function"
-    make: Callable[[Callable[..., Any], str], Callable[..., Any]]
-    supported: str = "vllm 0.32.x"
+    make: Callable[[Callable[..., Any], str], Callable[..., Any]]  # which versions it fits: support.SUPPORT
 
     @property
     def module(self) -> str:
@@ -98,7 +97,7 @@ class HookSet:
                 "that part of the audit is unavailable",
                 hook.name,
                 reason,
-                support.range_text(hook.name, hook.supported),
+                support.range_text(hook.name),
             )
             return reason
         try:
@@ -111,7 +110,7 @@ class HookSet:
                 "spectrace: hook %s switched off: %s (supports %s); that part of the audit is unavailable",
                 hook.name,
                 unfit,
-                support.range_text(hook.name, hook.supported),
+                support.range_text(hook.name),
             )
             return unfit
         raw = owner.__dict__.get(attr) if isinstance(owner, type) else current

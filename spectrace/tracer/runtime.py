@@ -51,13 +51,12 @@ import spectrace
 from spectrace import sinks as sink_registry
 from spectrace.sinks.spans import SpanRows
 from spectrace.vllm_objects.configs import run_info
-from spectrace.settings import Settings
+from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
 from spectrace.tracer.hooks import Hook, HookSet
 from spectrace.tracer import support
 
 log = logging.getLogger("vllm.spectrace")
 
-ACTIVE_RUN_ENV = "SPECTRACE_ACTIVE_RUN"
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -140,9 +139,9 @@ class Runtime:
         sources = [self._drain_verification] if self.verify is not None else []
         sources += [self._flush_error_counts, self._flush_metric_counters]
         self.pipeline, self.exporter_status = sink_registry.build(settings, sources=sources, on_error=self.count_error)
-        inherited = os.environ.get(ACTIVE_RUN_ENV)
-        if inherited:
-            self.set_run(Run.from_env_value(inherited))
+        parent_run = inherited(ACTIVE_RUN_ENV)
+        if parent_run:
+            self.set_run(Run.from_env_value(parent_run))
 
     # -- telemetry (built at the first hook that fires: then role and run are known) --
 
@@ -239,7 +238,7 @@ class Runtime:
                     "status": "unsupported" if hook.name in self.hooks.unsupported else "missing" if reason else "installed",
                     "detail": reason or "",
                     "vllm_version": vllm_version(),
-                    "supported_versions": support.range_text(hook.name, hook.supported),
+                    "supported_versions": support.range_text(hook.name),
                 },
                 role="process",
             )

@@ -27,7 +27,6 @@ import ast
 import functools
 import importlib.util
 import inspect
-import re
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -129,40 +128,21 @@ SUPPORT: dict[str, Support] = {
 # -- versions ---------------------------------------------------------------------
 
 
-def release(version: str) -> tuple[int, ...]:
-    """The release numbers of a version string: ``0.32.0+cpu`` -> (0, 32, 0); ``0.33.1rc1.dev3`` -> (0, 33, 1)."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    if not m:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
-def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = max(len(a), len(b))
-    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-    return (a > b) - (a < b)
-
-
-_OPS: dict[str, Callable[[int], bool]] = {
-    ">=": lambda c: c >= 0,
-    ">": lambda c: c > 0,
-    "<=": lambda c: c <= 0,
-    "<": lambda c: c < 0,
-    "==": lambda c: c == 0,
-    "!=": lambda c: c != 0,
-}
-
-
 def in_range(version: str, spec: str) -> bool:
-    """Whether ``version`` satisfies ``spec`` (comma-separated ``>=``, ``<``, ``==``, ... clauses, release numbers only)."""
-    have = release(version)
-    for clause in filter(None, (c.strip() for c in spec.split(","))):
-        m = re.fullmatch(r"(>=|<=|==|!=|>|<)\s*(\S+)", clause)
-        if not m:
-            raise ValueError(f"bad version clause {clause!r} in {spec!r}")
-        if not _OPS[m.group(1)](_cmp(have, release(m.group(2)))):
-            return False
-    return True
+    """Whether ``version`` satisfies ``spec`` (a PEP 440 specifier set, ``>=0.30, <0.34``), by ``packaging``.
+
+    Pre-releases and dev builds inside the range fit (``0.33.1rc1.dev4`` fits ``<0.34``); a pre-release
+    of a lower bound does not (``0.30.0rc1`` is before ``0.30``), nor one of an exclusive upper bound
+    (``0.34.0rc1`` is outside ``<0.34``). A local label (``+cpu``) is ignored."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidSpecifier:
+        raise ValueError(f"bad version range {spec!r}") from None
+    except InvalidVersion:
+        raise ValueError(f"not a version: {version!r}") from None
 
 
 def installed_version(package: str) -> str | None:
@@ -356,7 +336,7 @@ def check(hook_name: str, target: str, site_obj: object = None, locate: Locate =
     return None
 
 
-def range_text(hook_name: str, default: str) -> str:
+def range_text(hook_name: str, default: str = "undeclared") -> str:
     support = SUPPORT.get(hook_name)
     if support is None:
         return default
