@@ -54,7 +54,7 @@ def test_bad_setting_in_the_cli_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_permission_error_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
-    from spectrace.queries import store_cli
+    from spectrace.cli import store as store_cli
 
     def denied(root):
         raise PermissionError(13, "Permission denied", str(root / "runs"))

@@ -43,12 +43,11 @@ The package, in the order doctor works:
 - ``diagnose``: resolution, builds and taps read with ``spectrace.vllm_objects``, judged by
   ``spectrace.audit`` — a :class:`Report`;
 - ``render``: the report as text;
-- ``command``: the ``spectrace doctor`` subcommand.
+(The ``spectrace doctor`` subcommand is ``spectrace.cli.doctor``.)
 
 Importing this package imports no vLLM: ``diagnose`` imports it when it runs.
 """
 
-from spectrace.doctor.command import add_parser, cmd_doctor
 from spectrace.doctor.diagnose import (
     DEFAULT_K,
     DEFAULT_RUNNER,
@@ -77,6 +76,6 @@ from spectrace.doctor.render import render_text
 __all__ = [
     "DEFAULT_K", "DEFAULT_RUNNER", "RULE_ATTENTION", "RULE_DFLASH", "RULE_DFLASH_FC", "RULE_DRAFT_VOCAB",
     "RULE_GET_CONFIG", "RULE_LLAMA_EAGLE3_FC", "RULE_MAX_LEN", "RULE_RUNNER", "RULE_SPEC", "RULE_TAPS", "RULE_VOCAB",
-    "RUNNERS", "TAP_KEYS", "TAP_SETTER", "DoctorInputError", "Report", "add_parser", "cmd_doctor", "diagnose",
+    "RUNNERS", "TAP_KEYS", "TAP_SETTER", "DoctorInputError", "Report", "diagnose",
     "load_declared", "model_methods", "render_text",
 ]

@@ -13,26 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spectrace.cli.args import default_catalog, duration
 from spectrace.console import UsageError, format_table
-
-def duration(text: str) -> float:
-    """A command-line duration (:func:`spectrace.settings.duration`'s grammar, the settings' own), >= 0."""
-    from spectrace.settings import duration as seconds
-
-    try:
-        value = seconds(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
-
-
-def default_catalog() -> str | None:
-    from spectrace.settings import Settings
-
-    return Settings.from_env(strict=True).lake
-
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     from spectrace.lake import read as lake

@@ -109,7 +109,7 @@ def cmd_compact(args) -> int:
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     """Register the ``store`` subcommand on the ``spectrace`` parser."""
-    from spectrace.queries.lake_cli import duration
+    from spectrace.cli.args import duration
 
     from spectrace.settings import store_dir
 

@@ -1,0 +1,74 @@
+"""``spectrace query``: SQL over the store (or the lake), read-only, while vLLM writes."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from typing import Any
+
+from spectrace.cli.args import CATALOG, LAKE_HELP, default_dir, open_source
+from spectrace.console import UsageError, format_table
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from spectrace.queries import named
+
+    if args.lake and args.sql is None and not CATALOG.match(args.lake):
+        args.sql, args.lake = args.lake, ""  # `query --lake "select ..."`: the SQL, not a catalog
+    if args.named:
+        try:
+            sql = named.load(args.named)
+        except KeyError as exc:
+            raise UsageError(str(exc.args[0])) from None
+    elif args.sql:
+        sql = args.sql
+    else:
+        raise UsageError(f"give SQL to run, or --named NAME (one of: {', '.join(named.names())})")
+    con = open_source(args)
+    try:
+        result = con.execute(sql)
+        columns = [d[0] for d in result.description] if result.description else []
+        rows = result.fetchall() if columns else []
+    except duckdb.Error as exc:
+        message = str(exc).strip().splitlines()[0]
+        raise UsageError(f"query failed: {message}") from None
+    out = sys.stdout
+    if args.format == "json":
+        json.dump([dict(zip(columns, map(_jsonable, row))) for row in rows], out, indent=1)
+        out.write("\n")
+    elif args.format == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        out.write(format_table(columns, rows) + "\n")
+        out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
+    return 0
+
+
+def add_parser(sub) -> None:
+    query = sub.add_parser("query", help="run SQL over the store (read-only, works while vLLM writes)")
+    query.add_argument("sql", nargs="?", help="SQL over the views (runs, spans, findings, ...)")
+    query.add_argument("--named", help="run one of spectrace's named queries instead of SQL")
+    query.add_argument("--dir", default=default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
+    query.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    query.add_argument(
+        "--since", metavar="DURATION",
+        help="only rows recorded in the last DURATION (30m, 1h, 7d): tables with a ts column; older files are not read",
+    )
+    query.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=LAKE_HELP)
+    query.set_defaults(func=cmd_query)
