@@ -79,11 +79,11 @@ test-matrix: $(STAMP) $(MATRIX_VENVS)
 # statically; doctor is tried against it. Result: bench/results/vllm-0.33.0-check.json.
 check-vllm-0.33: $(STAMP)
 	$(BIN)/python -m bench.check_vllm_static --version 0.33.0
-	$(BIN)/python -m spectrace.tracer.support_table readme
+	$(BIN)/python -m tools.versions_table readme
 
 # Rewrite the README's generated version table (spectrace/tracer/support.py + bench/results).
 versions-table: $(STAMP)
-	$(BIN)/python -m spectrace.tracer.support_table readme
+	$(BIN)/python -m tools.versions_table readme
 
 # The hooks on the CUDA build (V1 and V2 model runners, async scheduling off and on, device syncs
 # counted), on a machine with a GPU: GPU_PYTHON is a Python with spectrace and the CUDA `vllm`
@@ -111,4 +111,4 @@ OLD_VLLM := 0.20.1
 .PHONY: old-vllm
 old-vllm: $(STAMP) .venv-vllm-$(OLD_VLLM)/.spectrace-installed
 	.venv-vllm-$(OLD_VLLM)/bin/python -m bench.old_vllm
-	$(BIN)/python -m spectrace.tracer.support_table readme
+	$(BIN)/python -m tools.versions_table readme

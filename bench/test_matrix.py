@@ -27,7 +27,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from spectrace.tracer import support_table
+from tools import versions_table as support_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
