@@ -181,3 +181,14 @@ def test_dead_process_file_is_removed(tmp_path):
     collector = exposition.FileCollector(tmp_path)
     assert _series(collector) == {"spectrace_good_total": 7.0}
     assert not stale.exists() and collector.skipped == {}
+
+
+def test_a_collector_per_scrape_logs_a_bad_file_once(tmp_path, caplog):
+    # vLLM's multiprocess mode builds a registry, so a collector, per scrape
+    _good(tmp_path)
+    (tmp_path / "1.0.prom").write_text("spectrace_planted 1\n")
+    with caplog.at_level(logging.WARNING, logger="vllm.spectrace"):
+        for _ in range(3):
+            assert _series(exposition.FileCollector(tmp_path)) == {"spectrace_good_total": 7.0}
+    assert len(caplog.records) == 1
+    assert exposition.FileCollector(tmp_path).skipped == {"name without a pid and its start time": 3}

@@ -296,6 +296,9 @@ class ExpositionSink:
 # -- reading (the API server, or the offline endpoint) ----------------------
 
 
+_skips: dict[str, tuple[dict[str, int], set[str]]] = {}
+
+
 class FileCollector:
     """A prometheus_client collector over the files of the live processes in ``directory``.
 
@@ -309,8 +312,9 @@ class FileCollector:
     def __init__(self, directory: Path, on_error=None) -> None:
         self.directory = Path(directory)
         self.on_error = on_error
-        self.skipped: dict[str, int] = {}  # reason -> files skipped, over all scrapes
-        self._logged: set[str] = set()
+        # reason -> files skipped, over all scrapes, and the names logged: per directory, not per
+        # collector (in multiprocess mode the instrumentator builds a registry, so a collector, per scrape)
+        self.skipped, self._logged = _skips.setdefault(str(self.directory), ({}, set()))
 
     def describe(self) -> list:
         return []  # names vary with the run; never collect at registration
