@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -42,6 +45,10 @@ log = logging.getLogger("vllm.spectrace")
 DIR_ENV = settings.METRICS_DIR_ENV
 SUFFIX = ".prom"
 _DIR_PREFIX = "spectrace-metrics-"
+# A file the collector reads: <pid>.<start time>.prom, both non-zero (``1.prom`` or
+# ``1.0.prom`` would skip the liveness check, so they are never read).
+_FILE_NAME = re.compile(r"([1-9][0-9]*)\.([1-9][0-9]*)" + re.escape(SUFFIX))
+MAX_FILE_BYTES = 4 << 20  # one process's series are a few kB; a larger file is skipped
 
 # Labels vLLM's own series carry, for this process: model_name (the served model
 # name) and engine (the DP engine index). Set by spectrace.tracer.api_server hooks.
@@ -71,24 +78,64 @@ def server_dir(configured: Path | None) -> Path:
             path = Path(configured)
         else:
             path = None
-        if path is not None:
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            root = Path(tempfile.gettempdir())
-            _sweep(root)
-            path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=root))
-            created_by = os.getpid()
-
-            def remove() -> None:
-                if os.getpid() == created_by:
-                    shutil.rmtree(path, ignore_errors=True)
-
-            import atexit
-
-            atexit.register(remove)
+        if path is not None and not _usable_dir(path):
+            path = None
+        if path is None:
+            path = _private_dir()
         os.environ[DIR_ENV] = str(path)
         _dir = (os.getpid(), path)
         return path
+
+
+def _usable_dir(path: Path) -> bool:
+    """Make ``path`` (0700) or check an existing one: ours, and then made 0700.
+
+    A directory owned by another user, or not a directory, is refused with one log
+    line (the caller then uses a private temporary directory): its owner could plant
+    files, FIFOs or symlinks among the exposition files.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.stat(path)
+    except OSError as exc:
+        log.error("spectrace: %s=%s cannot be used (%s); using a private temporary directory", DIR_ENV, path, exc.strerror or exc)
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        log.error("spectrace: %s=%s is not a directory; using a private temporary directory", DIR_ENV, path)
+        return False
+    if info.st_uid != os.getuid():
+        wide = " and group/world-writable" if info.st_mode & 0o022 else ""
+        log.error(
+            "spectrace: %s=%s is owned by uid %d, not this user (uid %d)%s: refused, using a private temporary directory",
+            DIR_ENV, path, info.st_uid, os.getuid(), wide,
+        )
+        return False
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        try:
+            os.chmod(path, 0o700)
+        except OSError as exc:
+            log.error("spectrace: %s=%s cannot be made 0700 (%s); using a private temporary directory", DIR_ENV, path, exc.strerror or exc)
+            return False
+        if info.st_mode & 0o077:
+            log.warning("spectrace: %s=%s was mode %04o; made 0700", DIR_ENV, path, stat.S_IMODE(info.st_mode))
+    return True
+
+
+def _private_dir() -> Path:
+    """A fresh 0700 temporary directory, removed when its creating process exits."""
+    root = Path(tempfile.gettempdir())
+    _sweep(root)
+    path = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=root))
+    created_by = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == created_by:
+            shutil.rmtree(path, ignore_errors=True)
+
+    import atexit
+
+    atexit.register(remove)
+    return path
 
 
 def _sweep(root: Path) -> None:
@@ -173,14 +220,27 @@ class ProcessFile:
             if self.closed or os.getpid() != self.pid:
                 return
             try:
-                text = self.render()
-                tmp = self.path.with_name(f".{self.path.name}.tmp")
-                tmp.write_bytes(text)
-                os.replace(tmp, self.path)
+                self._replace(self.render())
             except Exception as exc:  # counted, never raised into the flush
                 if self.on_error is None:
                     raise
                 self.on_error(exc)
+
+    def _replace(self, text: bytes) -> None:
+        # An unpredictable temporary name, created (never opened if it exists, never
+        # through a symlink) 0600, then renamed over the file: a planted name is never followed.
+        tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}.tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(text)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     def close(self) -> None:
         """Stop writing and remove the file (a process that exits stops contributing)."""
@@ -237,12 +297,25 @@ class ExpositionSink:
 # -- reading (the API server, or the offline endpoint) ----------------------
 
 
+_skips: dict[str, tuple[dict[str, int], set[str]]] = {}
+
+
 class FileCollector:
-    """A prometheus_client collector over the files of the live processes in ``directory``."""
+    """A prometheus_client collector over the files of the live processes in ``directory``.
+
+    Only regular files owned by this user, named ``<pid>.<start time>.prom`` for a live
+    process, at most :data:`MAX_FILE_BYTES`, are read (opened without following a symlink
+    and without blocking on a FIFO). A file that is none of these, or does not parse, is
+    skipped and counted in :attr:`skipped` (one log line per file name); the other files'
+    series are collected as before. ``vllm:*`` series in a file are never re-exposed.
+    """
 
     def __init__(self, directory: Path, on_error=None) -> None:
         self.directory = Path(directory)
         self.on_error = on_error
+        # reason -> files skipped, over all scrapes, and the names logged: per directory, not per
+        # collector (in multiprocess mode the instrumentator builds a registry, so a collector, per scrape)
+        self.skipped, self._logged = _skips.setdefault(str(self.directory), ({}, set()))
 
     def describe(self) -> list:
         return []  # names vary with the run; never collect at registration
@@ -255,32 +328,75 @@ class FileCollector:
                 self.on_error(exc)
             return []
 
-    def _files(self) -> list[Path]:
+    def _skip(self, name: str, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if name not in self._logged:
+            self._logged.add(name)
+            log.warning("spectrace: skipped %s in %s (%s); it is not re-exposed", name, self.directory, reason)
+
+    def _files(self) -> list[str]:
         live = []
-        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
-            pid, _, start = path.name[: -len(SUFFIX)].partition(".")
-            if not pid.isdigit():
+        for name in sorted(os.listdir(self.directory)):
+            if not name.endswith(SUFFIX) or name.startswith("."):
                 continue
-            if _alive(int(pid), start or None):
-                live.append(path)
+            match = _FILE_NAME.fullmatch(name)
+            if match is None:
+                self._skip(name, "name without a pid and its start time")
+            elif _alive(int(match[1]), match[2]):
+                live.append(name)
             else:
                 try:
-                    path.unlink()
+                    os.unlink(self.directory / name)
                 except OSError:
                     pass
         return live
+
+    def _read(self, name: str) -> str | None:
+        try:
+            fd = os.open(self.directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:  # removed since the listing: its process just exited
+            return None
+        except OSError as exc:
+            self._skip(name, "symlink" if os.path.islink(self.directory / name) else f"cannot open: {exc.strerror or exc}")
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                self._skip(name, "not a regular file")
+            elif info.st_uid != os.getuid():
+                self._skip(name, "owned by another user")
+            elif info.st_size > MAX_FILE_BYTES:
+                self._skip(name, "over the size cap")
+            else:
+                data = os.read(fd, MAX_FILE_BYTES + 1)
+                if len(data) > MAX_FILE_BYTES:
+                    self._skip(name, "over the size cap")
+                    return None
+                try:
+                    return data.decode("utf-8")
+                except UnicodeDecodeError:
+                    self._skip(name, "malformed")
+        except OSError as exc:
+            self._skip(name, f"cannot read: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+        return None
 
     def _merged(self) -> Iterable[Any]:
         from prometheus_client.metrics_core import Metric
         from prometheus_client.parser import text_string_to_metric_families
 
         merged: dict[str, Any] = {}
-        for path in self._files():
-            try:
-                text = path.read_text()
-            except FileNotFoundError:  # removed since the listing: its process just exited
+        for name in self._files():
+            text = self._read(name)
+            if text is None:
                 continue
-            for family in text_string_to_metric_families(text):
+            try:
+                families = [f for f in text_string_to_metric_families(text) if not f.name.startswith("vllm:")]
+            except Exception:  # one bad file never empties the others' series
+                self._skip(name, "malformed")
+                continue
+            for family in families:
                 into = merged.get(family.name)
                 if into is None:
                     into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
