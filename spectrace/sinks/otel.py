@@ -32,8 +32,13 @@ def _protocol(signal: str) -> str:
     return value.strip().lower()
 
 
+# The SDK internals the drop count reads (BatchSpanProcessor._batch_processor._queue / _max_queue_size),
+# checked on these SDK versions; elsewhere the count reads 0 and spans export as usual (tests/test_otel_sdk.py).
+SDK_CHECKED = "opentelemetry-sdk>=1.30,<=1.45.2"
+
+
 class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor that counts the spans its full queue drops."""
+    """A BatchSpanProcessor that counts the spans its full queue drops (SDK internals: ``SDK_CHECKED``)."""
 
     def __init__(self, exporter, *, on_drop, **kwargs) -> None:
         super().__init__(exporter, **kwargs)
