@@ -40,7 +40,8 @@ _IDENTITY_SCRIPT = textwrap.dedent(
     from vllm.plugins import load_general_plugins
     load_general_plugins()
     after = current()
-    heavy = sorted(m for m in sys.modules if m.startswith("spectrace.") and m != "spectrace.plugin")
+    # with tracing off the plugin reads SPECTRACE through spectrace.settings (standard library only), nothing more
+    heavy = sorted(m for m in sys.modules if m.startswith("spectrace.") and m not in ("spectrace.plugin", "spectrace.settings"))
     restored = None
     if "spectrace.tracer.runtime" in sys.modules:
         from spectrace.tracer import runtime
