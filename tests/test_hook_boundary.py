@@ -5,6 +5,7 @@ hooks' real wrappers around a stand-in for the wrapped function)."""
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 
@@ -41,12 +42,18 @@ def _positional(fn) -> int:
 
 @pytest.fixture
 def rt(tmp_path):
+    # the frontend's hook starts a run and hands it to child processes through the environment:
+    # put the environment back, or later tests' runtimes inherit that run
+    inherited = os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
     rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",)), hooks=[], make_capture=verify.VerifyCapture)
     rt.enter_role("worker", 0)  # a role and a rank, as in a worker process
     try:
         yield rt
     finally:
         runtime.stop()
+        os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
+        if inherited is not None:
+            os.environ[runtime.ACTIVE_RUN_ENV] = inherited
 
 
 HOOKS = stages.all_hooks()
