@@ -12,6 +12,7 @@ Built with positional arguments they cost what a tuple costs (bench/hotpath.py).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -79,6 +80,13 @@ class Capture:
         self.engine_step_no = 0
         self.request_flags: dict[str, tuple[bool, bool]] = {}  # request id -> (greedy, structured output)
         self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
+
+    # -- the hooks' side (vLLM's threads) ----------------------------------------------
+
+    def add_worker_step(self, run_id: str | None, rank: int | None, drafts, sampled, row_of: dict | None) -> None:
+        """One worker step's verification output (V1 and V2 hooks): the rows' lengths, bounded."""
+        if len(self.worker_steps) < MAX_BUFFERED_STEPS:
+            self.worker_steps.append(WorkerStep(time.time_ns(), run_id, rank, drafts, list(map(len, sampled)), row_of))
 
     # -- the drain's side (flush thread) ---------------------------------------------
 

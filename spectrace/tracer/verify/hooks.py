@@ -36,7 +36,7 @@ import time
 
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, StepTiming, WorkerStep
+from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, StepTiming
 from spectrace.vllm_objects.steps import bookkeeping_sampled
 
 
@@ -107,12 +107,9 @@ def wrap_bookkeeping_sync(original, hook: str):
             rt = runtime.active(hook) if drafts else None
             if rt is not None:
                 valid, row_of = bookkeeping_sampled(result)
-                capture = rt.verify
-                if valid and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
-                    capture.worker_steps.append(
-                        WorkerStep(time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                                   drafts, list(map(len, valid)), row_of)
-                    )
+                if valid:
+                    rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
+                                              drafts, valid, row_of)
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return result

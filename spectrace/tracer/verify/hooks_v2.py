@@ -24,7 +24,7 @@ import time
 
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, WORKER, WorkerStep
+from spectrace.tracer.verify.capture import WORKER
 
 _DRAFTS = "_spectrace_drafts"  # set on an AsyncOutput: its rows' draft counts
 
@@ -60,12 +60,9 @@ def wrap_get_output(original, hook: str):
             rt = runtime.active(hook) if drafts is not None else None
             if rt is not None:
                 sampled = output.sampled_token_ids
-                capture = rt.verify
-                if sampled and len(capture.worker_steps) < MAX_BUFFERED_STEPS:
-                    capture.worker_steps.append(
-                        WorkerStep(time.time_ns(), rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                                   drafts, list(map(len, sampled)), None)
-                    )
+                if sampled:  # rows aligned with the drafts per row: no request-id index
+                    rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
+                                              drafts, sampled, None)
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return output
