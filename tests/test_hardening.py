@@ -298,3 +298,63 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
     assert "(1 row)" in capsys.readouterr().out
     assert main(["query", "--dir", str(store_root), f"select * from read_csv('{secret}')"]) == 0  # the operator's mode
     assert "hunter2" in capsys.readouterr().out
+
+
+# -- another user's folders and files ----------------------------------------------------
+
+NOBODY = 65534
+
+
+def _as_nobody(path):
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    return path
+
+
+def test_a_folder_of_another_user_is_refused_and_a_widened_one_made_private(tmp_path, caplog):
+    root = tmp_path / "store"
+    root.mkdir(mode=0o777)
+    os.chmod(root, 0o777)  # a careless operator's store
+    planted = root / "verify_counts"
+    planted.mkdir(mode=0o777)
+    _as_nobody(planted)
+    os.chmod(planted, 0o777)
+    caplog.set_level(logging.WARNING)
+    writer = store_pipeline(root, retention_s=0, compact_interval_s=60)
+    _fill(writer)
+    store = writer.sink("duckdb")
+    assert stat_mode.S_IMODE(root.stat().st_mode) == 0o700  # ours: made private, and said
+    assert any("was mode 0777" in r.getMessage() for r in caplog.records)
+    assert list((root / "runs").glob("run=good/*.parquet"))  # the other tables are written
+    assert not list(planted.rglob("*.parquet"))  # nothing written where another user can reach it
+    assert store.write_errors == 1 and store.dropped == 1
+    [line] = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert f"owned by uid {NOBODY}" in line and "refused" in line
+
+
+def test_another_users_files_are_never_read_merged_counted_or_deleted(tmp_path, caplog):
+    writer = store_pipeline(tmp_path, retention_s=3600, compact_interval_s=60, max_mb=1)
+    _fill(writer)
+    folder = tmp_path / "verify_counts" / "run=good"
+    forged = folder / "testhost-1-1000-000001.parquet"  # a valid segment, named as an old one of ours
+    pq.write_table(pa.table({"run_id": ["good"], "drafted": [10**6], "ts": pa.array([1000], pa.timestamp("ns"))}), forged)
+    big = folder / "testhost-1-1001-000002.parquet"
+    with open(big, "wb") as f:  # 50 MB (sparse): far over SPECTRACE_MAX_MB=1 if it were counted
+        f.truncate(50 << 20)
+    for path in (forged, big):
+        _as_nobody(path)
+    earlier = tmp_path / "runs" / "run=earlier"
+    earlier_writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    earlier_writer.append("runs", {"run_id": "earlier", "method": "mtp", "started_at": time.time_ns()})
+    earlier_writer.flush()
+    old = time.time() - 3600
+    for path in earlier.iterdir():
+        os.utime(path, (old, old))  # finished an hour ago: the cap could evict it
+    caplog.set_level(logging.WARNING)
+    writer.maintain()
+    assert forged.exists() and big.exists()  # retention (an hour) would remove a file named t=1000 ns if ours
+    assert list(earlier.iterdir())  # the 50 MB file is not ours: not counted, the earlier run is not evicted
+    assert not [r for r in caplog.records if "over SPECTRACE_MAX_MB" in r.getMessage()]
+    con = spectrace.store.open(tmp_path)
+    assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 4
+    assert con.execute("select count(*) from runs").fetchone()[0] == 2
+    assert con.skipped[str(forged)] == f"owned by uid {NOBODY}, not the store's owner (uid {os.getuid()})"

@@ -12,6 +12,7 @@ zero-byte file. What this costs per flush is in BENCHMARKS.md ("Durable segments
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -24,23 +25,43 @@ def modes(group: bool) -> tuple[int, int]:
     return GROUP if group else PRIVATE
 
 
-def make_folder(folder: Path, root: Path, mode: int) -> None:
-    """Make ``folder`` and the missing folders between it and ``root`` (``root`` included) with ``mode``.
+class UnsafeFolder(OSError):
+    """A folder of the store this process must not write into: another user's, or not a folder."""
 
-    Folders that exist are left as they are (their owner chose their mode)."""
-    missing = []
-    path = Path(folder)
-    while not path.is_dir():
-        missing.append(path)
-        if path == root or path.parent == path:
-            break
-        path = path.parent
-    for path in reversed(missing):
+
+def owner(root: Path) -> int | None:
+    """The uid owning the store at ``root`` (its files are that user's), or None when it is missing."""
+    try:
+        return os.stat(root).st_uid
+    except OSError:
+        return None
+
+
+def make_folder(folder: Path, root: Path, mode: int, on_widened: Callable[[Path, int], None] | None = None) -> None:
+    """Make ``folder`` and every missing folder from ``root`` down to it with ``mode``; check the ones that exist.
+
+    An existing folder must be a folder (``root`` may be a link to one, the others not) owned by this
+    process's user; one that is writable by group or others is made ``mode`` (``on_widened(path, old mode)``
+    is told). Anything else raises :class:`UnsafeFolder`: its owner could plant, replace or remove segments."""
+    root = Path(root)
+    parts = Path(folder).relative_to(root).parts
+    for path in [root, *(root.joinpath(*parts[: i + 1]) for i in range(len(parts)))]:
         try:
             os.mkdir(path, mode)
         except FileExistsError:
-            continue  # another process made it meanwhile
-        os.chmod(path, mode)  # the umask may have taken bits the mode asks for (group reading)
+            pass
+        else:
+            os.chmod(path, mode)  # the umask may have taken bits the mode asks for (group reading)
+            continue
+        info = os.stat(path) if path == root else os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode):
+            raise UnsafeFolder(f"{path} is not a folder")
+        if info.st_uid != os.geteuid():
+            raise UnsafeFolder(f"{path} is owned by uid {info.st_uid}, not this user (uid {os.geteuid()}): refused")
+        if info.st_mode & 0o022:
+            os.chmod(path, mode)
+            if on_widened is not None:
+                on_widened(path, stat.S_IMODE(info.st_mode))
 
 
 def create_exclusive(path: Path, mode: int) -> int:

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spectrace.store import compaction
+from spectrace.store.files import owner as store_owner
 from spectrace.records import TABLES, columns
 
 
@@ -193,6 +194,7 @@ class Store:
         self._con = con
         self.root = root
         self.locked = locked  # open(locked=True): SELECT only, nothing outside the store
+        self.owner = store_owner(root)  # the uid whose files are the store's
         self.since = since
         self._shapes = shapes  # per table: its view reads files (True) or is empty; shared by cursors (one catalog)
         self._listed: dict[str, list[str]] = {}  # per table: this connection's variable
@@ -213,6 +215,8 @@ class Store:
             else:
                 if not stat.S_ISREG(st.st_mode):  # a link (to a file outside the store), a FIFO, a folder
                     why = "not a regular file"
+                elif st.st_uid != self.owner:  # planted by another user (a store someone made writable)
+                    why = f"owned by uid {st.st_uid}, not the store's owner (uid {self.owner})"
                 elif (cached := self._checked.get(path)) is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
                     why = cached[2]
                 else:

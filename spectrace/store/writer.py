@@ -216,15 +216,17 @@ class SegmentSink:
             return
         runs: dict[str, list[tuple[Path, int, float]]] = defaultdict(list)
         total = 0
-        for table_dir in _scandir(self.root):
-            for run_dir in _scandir(table_dir):
-                for entry in _scandir(run_dir):
-                    try:
-                        stat = entry.stat()
-                    except OSError:
-                        continue
-                    total += stat.st_size
-                    runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
+        uid = files.owner(self.root)
+        for run_dir in compaction.run_folders(self.root):
+            for entry in _scandir(run_dir):
+                if not compaction.owned_file(entry, uid):
+                    continue  # another user's file is neither counted nor removed
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += stat.st_size
+                runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
         self._store_bytes = total
         if total <= self.max_bytes:
             self._over_cap = False
@@ -264,6 +266,9 @@ class SegmentSink:
                 self.root,
             )
 
+    def _widened(self, path: Path, mode: int) -> None:
+        log.warning("spectrace: %s was mode %04o (writable by other users); made %04o", path, mode, self.folder_mode)
+
     def _write_file(self, folder: Path, name: str, arrow: pa.Table) -> None:
         def write(path: str) -> None:
             with pa.OSFile(path, "wb") as sink:  # a third less CPU than a path (no filesystem lookup)
@@ -271,7 +276,7 @@ class SegmentSink:
 
         for attempt in (1, 2):
             if folder not in self._folders:
-                files.make_folder(folder, self.root, self.folder_mode)
+                files.make_folder(folder, self.root, self.folder_mode, self._widened)
                 self._folders.add(folder)
             try:
                 files.write_durably(folder / f".{name}.tmp", folder / name, self.file_mode, write, sync=self.durable)
