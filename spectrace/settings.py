@@ -201,6 +201,7 @@ class Settings:
     max_mb: float = 0.0
     retention_s: float = 7 * 86400.0  # SPECTRACE_RETENTION; 0: keep everything
     compact_interval_s: float = 60.0  # SPECTRACE_COMPACT_INTERVAL; 0: this process never compacts
+    store_group: bool = False  # SPECTRACE_STORE_GROUP: the store readable by the owner's group (0750/0640, not 0700/0600)
     host: str = field(default_factory=socket.gethostname)  # every row's `host` (SPECTRACE_HOST)
     lake: str | None = None  # DuckLake catalog, e.g. "postgres:dbname=spectrace host=db" (SPECTRACE_LAKE)
     lake_data: str | None = None  # where the lake's data files go (SPECTRACE_LAKE_DATA)
@@ -261,6 +262,7 @@ class Settings:
                 "SPECTRACE_COMPACT_INTERVAL", d["compact_interval_s"], lambda v: 0 <= v <= _YEARS_10,
                 ">= 0 (0: this process does not compact), at most 10 years",
             ),
+            store_group=r.flag("SPECTRACE_STORE_GROUP"),
             host=r.path_part("SPECTRACE_HOST", hostname, f"the hostname {hostname!r}"),
             lake=(r.raw("SPECTRACE_LAKE") or "").strip() or None,
             lake_data=(r.raw("SPECTRACE_LAKE_DATA") or "").strip() or None,

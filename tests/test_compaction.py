@@ -335,7 +335,8 @@ def test_visible_is_covers_asked_of_every_pair():
 def test_merged_file_is_in_time_order(tmp_path, order):
     """A merge sorts by ts only when its parts are out of order; either way the file is in time order."""
     parts = [pa.table({"ts": pa.array([10 * i + j for j in range(3)], pa.timestamp("ns")), "v": [i] * 3}) for i in order]
-    path = compaction._write(tmp_path, "m.parquet", parts)
+    path = compaction._write(tmp_path, "m.parquet", parts, 0o640)
+    assert path.stat().st_mode & 0o777 == 0o640  # the mode given (the inputs'), whatever the umask
     merged = pq.read_table(path)
     ts = merged["ts"].cast(pa.int64()).to_pylist()
     assert ts == sorted(ts) == [0, 1, 2, 10, 11, 12, 20, 21, 22]

@@ -172,3 +172,189 @@ def test_doctor_refuses_a_hostile_config_in_one_line_before_transformers_sees_it
     assert main(["doctor", "--target", target, "--draft", draft]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# -- file modes, links, durable writes ------------------------------------------------
+
+import os  # noqa: E402
+import stat as stat_mode  # noqa: E402
+
+import pytest  # noqa: E402
+
+from spectrace.cli import main  # noqa: E402
+from spectrace.store import files as store_files  # noqa: E402
+
+
+def _modes(root):
+    """{relative path: mode} of every folder and file spectrace wrote under ``root``."""
+    return {
+        str(p.relative_to(root)): stat_mode.S_IMODE(p.stat().st_mode)
+        for p in [root / name for name in ("verify_counts", "runs")] + sorted(root.glob("*/run=*")) + sorted(root.glob("*/run=*/*"))
+        if p.exists()
+    }
+
+
+@pytest.mark.parametrize("group, umask, folder_mode, file_mode", [(False, 0o022, 0o700, 0o600), (True, 0o077, 0o750, 0o640)])
+def test_the_store_is_private_by_default_and_group_readable_when_asked(tmp_path, group, umask, folder_mode, file_mode):
+    old = os.umask(umask)
+    try:
+        writer = store_pipeline(tmp_path / "store", retention_s=0, compact_interval_s=60, store_group=group)
+        _fill(writer)
+        writer.sink("duckdb").clock = lambda: time.time_ns() + 2 * compaction.HOUR_NS  # the hour is over: an hour file
+        writer.maintain()
+    finally:
+        os.umask(old)
+    modes = _modes(tmp_path / "store")
+    folders = {p: m for p, m in modes.items() if not p.endswith(".parquet")}
+    segments = {p: m for p, m in modes.items() if p.endswith(".parquet")}
+    assert set(folders.values()) == {folder_mode} and len(folders) >= 4
+    assert set(segments.values()) == {file_mode}, segments
+    assert any(p.endswith(".hour.parquet") for p in segments)  # compaction's file has its inputs' mode
+    assert stat_mode.S_IMODE((tmp_path / "store").stat().st_mode) == folder_mode
+
+
+def _fill(writer):
+    writer.append("runs", {"run_id": "good", "method": "eagle3", "started_at": time.time_ns()})
+    writer.extend("verify_counts", [{"run_id": "good", "source": "engine_core", "position": 0, "drafted": 4, "accepted": 2,
+                                     "ts": time.time_ns()}])
+    writer.flush()
+
+
+def test_a_temporary_file_is_never_written_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    os.chmod(victim, 0o600)
+    tmp = tmp_path / ".seg.parquet.tmp"
+    tmp.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        store_files.write_durably(tmp, tmp_path / "seg.parquet", 0o600, lambda path: open(path, "w").write("x"))
+    assert victim.read_text() == "root's file\n" and tmp.is_symlink() and not (tmp_path / "seg.parquet").exists()
+
+
+def test_links_and_special_files_in_the_store_are_skipped_and_counted(tmp_path, capsys):
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=60)
+    _fill(writer)
+    folder = tmp_path / "verify_counts" / "run=good"
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.parquet"
+    pq.write_table(pa.table({"run_id": ["good"], "drafted": [10**6]}), outside)  # a valid segment, outside the store
+    (folder / "evil-1-2000-000001.parquet").symlink_to(outside)
+    os.mkfifo(folder / "evil-1-2001-000002.parquet")  # a FIFO: opening it would block the query
+    con = spectrace.store.open(tmp_path)
+    assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 4
+    assert {os.path.basename(p): why for p, why in con.skipped.items()} == {
+        "evil-1-2000-000001.parquet": "not a regular file", "evil-1-2001-000002.parquet": "not a regular file",
+    }
+    assert main(["store", "stats", "--dir", str(tmp_path), "--format", "json"]) == 0
+    out = capsys.readouterr()
+    import json
+
+    by_table = {row["table"]: row for row in json.loads(out.out)}
+    assert by_table["verify_counts"]["skipped"] == 2 and by_table["verify_counts"]["rows"] == 1
+    assert by_table["runs"]["skipped"] == 0
+    import subprocess
+    import sys
+
+    done = subprocess.run(  # as a user runs it: the skipped files named on stderr, the count in the table
+        [sys.executable, "-m", "spectrace.cli", "store", "stats", "--dir", str(tmp_path)], capture_output=True, text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "2 skipped" in done.stdout, done
+    assert "evil-1-2000-000001.parquet: not a regular file" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- the locked query mode ------------------------------------------------------------
+
+
+def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
+    store_root = tmp_path / "store"
+    _fill(store_pipeline(store_root, retention_s=0, compact_interval_s=60))
+    secret = tmp_path / "secret.csv"
+    secret.write_text("password\nhunter2\n")
+    con = spectrace.store.open(store_root, locked=True)
+    assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 4
+    assert con.execute("explain select * from runs").fetchall()
+    refused = {
+        f"select * from read_csv('{secret}')": "disabled by configuration",
+        f"copy (select 1) to '{store_root}/verify_counts/run=good/x-1-1-000001.parquet'": "only SELECT",
+        f"attach '{tmp_path}/other.db'": "only SELECT",
+        "set enable_external_access = true": "only SELECT",
+        "install httpfs": "only SELECT",
+        "select 1; drop view runs": "only SELECT",
+        f"select * from read_parquet('{store_root}/../secret.csv')": "disabled by configuration",
+    }
+    import duckdb
+
+    for sql, said in refused.items():
+        with pytest.raises((spectrace.store.StoreError, duckdb.Error)) as info:
+            con.execute(sql)
+        assert said in str(info.value), (sql, info.value)
+    assert con.execute("select count(*) from runs").fetchone()[0] == 1  # the views are all still there
+    assert not list(store_root.glob("verify_counts/run=good/x-*"))
+    for sql in (f"select * from read_csv('{secret}')", f"copy runs to '{store_root}/x.csv'"):
+        assert main(["query", "--locked", "--dir", str(store_root), sql]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("spectrace: error: ") and "hunter2" not in err
+    assert main(["query", "--locked", "--dir", str(store_root), "--named", "acceptance_by_position"]) == 0
+    assert "(1 row)" in capsys.readouterr().out
+    assert main(["query", "--dir", str(store_root), f"select * from read_csv('{secret}')"]) == 0  # the operator's mode
+    assert "hunter2" in capsys.readouterr().out
+
+
+# -- another user's folders and files ----------------------------------------------------
+
+NOBODY = 65534
+
+
+def _as_nobody(path):
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    return path
+
+
+def test_a_folder_of_another_user_is_refused_and_a_widened_one_made_private(tmp_path, caplog):
+    root = tmp_path / "store"
+    root.mkdir(mode=0o777)
+    os.chmod(root, 0o777)  # a careless operator's store
+    planted = root / "verify_counts"
+    planted.mkdir(mode=0o777)
+    _as_nobody(planted)
+    os.chmod(planted, 0o777)
+    caplog.set_level(logging.WARNING)
+    writer = store_pipeline(root, retention_s=0, compact_interval_s=60)
+    _fill(writer)
+    store = writer.sink("duckdb")
+    assert stat_mode.S_IMODE(root.stat().st_mode) == 0o700  # ours: made private, and said
+    assert any("was mode 0777" in r.getMessage() for r in caplog.records)
+    assert list((root / "runs").glob("run=good/*.parquet"))  # the other tables are written
+    assert not list(planted.rglob("*.parquet"))  # nothing written where another user can reach it
+    assert store.write_errors == 1 and store.dropped == 1
+    [line] = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert f"owned by uid {NOBODY}" in line and "refused" in line
+
+
+def test_another_users_files_are_never_read_merged_counted_or_deleted(tmp_path, caplog):
+    writer = store_pipeline(tmp_path, retention_s=3600, compact_interval_s=60, max_mb=1)
+    _fill(writer)
+    folder = tmp_path / "verify_counts" / "run=good"
+    forged = folder / "testhost-1-1000-000001.parquet"  # a valid segment, named as an old one of ours
+    pq.write_table(pa.table({"run_id": ["good"], "drafted": [10**6], "ts": pa.array([1000], pa.timestamp("ns"))}), forged)
+    big = folder / "testhost-1-1001-000002.parquet"
+    with open(big, "wb") as f:  # 50 MB (sparse): far over SPECTRACE_MAX_MB=1 if it were counted
+        f.truncate(50 << 20)
+    for path in (forged, big):
+        _as_nobody(path)
+    earlier = tmp_path / "runs" / "run=earlier"
+    earlier_writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    earlier_writer.append("runs", {"run_id": "earlier", "method": "mtp", "started_at": time.time_ns()})
+    earlier_writer.flush()
+    old = time.time() - 3600
+    for path in earlier.iterdir():
+        os.utime(path, (old, old))  # finished an hour ago: the cap could evict it
+    caplog.set_level(logging.WARNING)
+    writer.maintain()
+    assert forged.exists() and big.exists()  # retention (an hour) would remove a file named t=1000 ns if ours
+    assert list(earlier.iterdir())  # the 50 MB file is not ours: not counted, the earlier run is not evicted
+    assert not [r for r in caplog.records if "over SPECTRACE_MAX_MB" in r.getMessage()]
+    con = spectrace.store.open(tmp_path)
+    assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 4
+    assert con.execute("select count(*) from runs").fetchone()[0] == 2
+    assert con.skipped[str(forged)] == f"owned by uid {NOBODY}, not the store's owner (uid {os.getuid()})"

@@ -215,3 +215,127 @@ def test_engine_core_killed_under_a_live_api_server_leaves_no_series_of_it(trace
     assert engine not in traced["after_kill_files"]
     assert traced["still_up"]  # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: the API server outlives its engine
     assert engine not in _spectrace_pids(traced["later"]) and "vllm:request_success" in traced["later"]
+
+
+# -- a careless operator and a hostile local user (issue #23) ------------------------------
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+# every setting at once, each out of its range: each is refused with one line and its default used
+INVALID = {
+    "SPECTRACE_RETENTION": "-5d", "SPECTRACE_MAX_MB": "-1", "SPECTRACE_FLUSH_INTERVAL": "nan",
+    "SPECTRACE_STEP_SAMPLE": "2", "SPECTRACE_COLLAPSE_THRESHOLD": "2", "SPECTRACE_MAX_BUFFER_ROWS": "0",
+    "SPECTRACE_SPAN_EVERY": "-5", "SPECTRACE_COMPACT_INTERVAL": "-60", "SPECTRACE_PROMETHEUS_PORT": "99999",
+    "SPECTRACE_RUN_ID": "../escape", "SPECTRACE_HOST": "a/b", "SPECTRACE_COLLAPSE_WINDOW": "0",
+    "SPECTRACE_EXPORTER": "duckdb,prometheus,lake,bogus",
+}
+PASSWORD = "hunter2-live"
+
+
+def _nobody(*argv):
+    import subprocess
+
+    return subprocess.run([*NOBODY, *argv], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def hostile(zoo, scratch, cache_root):
+    """One `vllm serve` with every setting invalid, a lake whose catalog holds a password and is unreachable,
+    a store holding an earlier run, and a metrics directory that the user `nobody` made and planted files in."""
+    import shutil
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    from spectrace.testing import store_pipeline
+
+    # a folder every user can pass through (pytest's own are 0700): what keeps nobody out is the store's own modes
+    base = Path(tempfile.mkdtemp(prefix="spectrace-hostile-", dir="/tmp"))
+    os.chmod(base, 0o711)
+    store = base / "store"
+    earlier = store_pipeline(store, retention_s=0, compact_interval_s=0)
+    day_ago = time.time_ns() - 86400 * 10**9
+    earlier.append("runs", {"run_id": "earlier", "method": "mtp", "started_at": day_ago})
+    earlier.extend("verify_counts", [{"run_id": "earlier", "source": "engine_core", "position": p, "drafted": 10,
+                                      "accepted": 5, "ts": day_ago} for p in range(3)])
+    earlier.flush()
+    old = time.time() - 86400
+    before = {}
+    for path in store.rglob("*.parquet"):
+        os.utime(path, (old, old))  # finished a day ago: a negative retention or cap would remove it
+        before[path] = path.read_bytes()
+    secret = base / "secret.prom"
+    secret.write_text(f"spectrace_secret_total {PASSWORD}\n")
+    os.chmod(secret, 0o600)
+    metrics = base / "metrics"  # the operator set SPECTRACE_METRICS_DIR to a folder nobody made, world-writable
+    metrics.mkdir()
+    os.chown(metrics, 65534, 65534)
+    os.chmod(metrics, 0o777)
+    start_of_1 = exposition._start_time(1)
+    plants = {"1.prom": "vllm:planted_total 1\n", f"1.{start_of_1}.prom": "spectrace_planted_total 1\n"}
+    for name, text in plants.items():
+        assert _nobody("sh", "-c", f"printf '{text}' > {metrics / name}").returncode == 0, name
+    assert _nobody("ln", "-s", str(secret), str(metrics / f"1.{start_of_1}9.prom")).returncode == 0
+    assert _nobody("mkfifo", str(metrics / "1.1.prom")).returncode == 0
+
+    env = base_env(store, multiprocessing=True, cache_root=cache_root)
+    env.update(INVALID, SPECTRACE_METRICS_DIR=str(metrics),
+               SPECTRACE_LAKE=f"postgres:dbname=spectrace host=127.0.0.1 port=1 user=u password={PASSWORD}")
+    server = Server(zoo["target"], _args(zoo, 1), env, scratch / "serve-hostile.log", free_port())
+    seen = {}
+    try:
+        server.start()
+        server.metrics()
+        seen["texts"], seen["families"] = _requests_and_settled_scrape(server)
+        seen["scrape"] = server.metrics()
+        con = spectrace.store.open(store)
+        wait_until(lambda: con.execute("select count(*) from runs where run_id <> 'earlier'").fetchone()[0], 60,
+                   "the traced run's rows")
+        seen["runs"] = con.execute("select run_id, host from runs order by run_id").fetchall()
+        seen["in_store"] = {str(p.relative_to(store)) for p in store.rglob("*")}
+        # the user nobody, on the live store: cannot list it, read a segment or plant a file
+        segment = next(store.glob("verify_counts/run=earlier/*.parquet"))
+        seen["nobody"] = [_nobody("ls", str(store / "verify_counts")).returncode,
+                          _nobody("cat", str(segment)).returncode,
+                          _nobody("touch", str(store / "verify_counts" / "run=earlier" / "x.parquet")).returncode]
+    finally:
+        server.stop()
+    seen["log"] = server.log()
+    seen["kept"] = {path: path.exists() and path.read_bytes() == data for path, data in before.items()}
+    seen["modes"] = {stat.S_IMODE(p.stat().st_mode) for p in store.rglob("*") if p.is_file()}
+    seen["dir_modes"] = {stat.S_IMODE(p.stat().st_mode) for p in store.rglob("*") if p.is_dir()}
+    seen["secret"] = secret.read_text()
+    seen["plants"] = {name: (metrics / name).read_text() for name in plants}
+    shutil.rmtree(base, ignore_errors=True)
+    return seen
+
+
+def test_invalid_settings_and_hostile_files_leave_tokens_and_earlier_runs_alone(baseline, hostile):
+    texts, _ = baseline
+    assert hostile["texts"] == texts  # the untraced tokens
+    assert all(hostile["kept"].values()) and len(hostile["kept"]) >= 2  # the earlier run's files, byte for byte
+    log = hostile["log"]
+    for name, value in INVALID.items():  # each refused with its own line, in every process that read it
+        assert f"spectrace: {name}={value!r}" in log, name
+    assert "names unknown sink(s) bogus" in log
+    # the run id and the host were refused: the run has a generated id and the hostname, and no path escaped
+    [(run_id, host)] = [row for row in hostile["runs"] if row[0] != "earlier"]
+    assert "/" not in run_id and ".." not in run_id and host != "a/b"
+    assert not any(".." in p or "escape" in p for p in hostile["in_store"])
+    # the store is private, and the user nobody can do nothing with it
+    assert hostile["modes"] == {0o600} and hostile["dir_modes"] == {0o700}
+    assert all(rc != 0 for rc in hostile["nobody"]), hostile["nobody"]
+    # no secret anywhere: the unreachable lake's password, the 0600 file a planted link points to
+    assert PASSWORD not in log and PASSWORD not in hostile["scrape"]
+    assert "lake" in log.lower() and "***" in log  # the lake's errors were logged, redacted
+    assert hostile["secret"] == f"spectrace_secret_total {PASSWORD}\n"
+
+
+def test_a_metrics_directory_of_another_user_is_refused_and_its_files_never_served(hostile):
+    log = hostile["log"]
+    assert "SPECTRACE_METRICS_DIR=" in log and "is owned by uid 65534, not this user (uid 0)" in log
+    assert "group/world-writable: refused, using a private temporary directory" in log
+    scrape = hostile["scrape"]
+    assert "planted" not in scrape and "spectrace_secret" not in scrape
+    assert "spectrace_verify_drafted_tokens_total" in scrape  # spectrace's own series, from its private directory
+    assert "vllm:spec_decode_num_drafts" in scrape
+    assert hostile["plants"] == {"1.prom": "vllm:planted_total 1\n", f"1.{exposition._start_time(1)}.prom": "spectrace_planted_total 1\n"}

@@ -68,9 +68,12 @@ def open_source(args: argparse.Namespace):
     from spectrace.store.read import StoreError, open as open_store
 
     since = since_ns(getattr(args, "since", None))
+    locked = getattr(args, "locked", False)
     try:
         if args.lake is None:
-            return open_store(args.dir, since=since)
+            return open_store(args.dir, since=since, locked=locked)
+        if locked:
+            raise UsageError("--locked reads the store at --dir; the lake's catalog is a network connection it cannot lock")
         if since is not None:
             raise UsageError("--since reads the store at --dir; over the lake, filter on ts in the SQL")
         from spectrace.lake import read as lake

@@ -26,6 +26,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from spectrace.queries import named
+    from spectrace.store.read import StoreError
 
     if args.lake and args.sql is None and not CATALOG.match(args.lake):
         args.sql, args.lake = args.lake, ""  # `query --lake "select ..."`: the SQL, not a catalog
@@ -43,6 +44,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         result = con.execute(sql)
         columns = [d[0] for d in result.description] if result.description else []
         rows = result.fetchall() if columns else []
+    except StoreError as exc:  # a locked store refuses the statement
+        raise UsageError(str(exc)) from None
     except duckdb.Error as exc:
         message = str(exc).strip().splitlines()[0]
         raise UsageError(f"query failed: {message}") from None
@@ -71,4 +74,8 @@ def add_parser(sub) -> None:
         help="only rows recorded in the last DURATION (30m, 1h, 7d): tables with a ts column; older files are not read",
     )
     query.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=LAKE_HELP)
+    query.add_argument(
+        "--locked", action="store_true",
+        help="read the store's files and nothing else, SELECT only (no other file, ATTACH, COPY, INSTALL, SET of a setting)",
+    )
     query.set_defaults(func=cmd_query)

@@ -29,7 +29,8 @@ def _dir(args) -> Path:
 
 
 def stats(root: Path) -> list[dict]:
-    """Per table: files (raw, compacted), bytes, rows a query counts, oldest and newest record."""
+    """Per table: files (raw, compacted), files skipped (not readable as its segments: corrupt,
+    empty, foreign, unreadable), bytes, rows a query counts, oldest and newest record."""
     from spectrace.store.compaction import file_stats
     from spectrace.store.read import open as open_store
     from spectrace.records import columns
@@ -44,8 +45,10 @@ def stats(root: Path) -> list[dict]:
             stamp = next((name for name, kind in columns(table) if kind == "TIMESTAMP_NS"), None)
             span = f"min({stamp}), max({stamp})" if stamp else "NULL, NULL"
             count, oldest, newest = con.execute(f"select count(*), {span} from {table}").fetchone()
+            folder = str(root / table) + "/"
             rows.append({
                 "table": table, "files": entry.files, "raw": entry.raw, "compacted": entry.compacted,
+                "skipped": sum(path.startswith(folder) for path in con.skipped),
                 "bytes": entry.bytes, "rows": count,
                 "oldest": str(oldest) if oldest is not None else None,
                 "newest": str(newest) if newest is not None else None,
@@ -61,10 +64,15 @@ def cmd_stats(args) -> int:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        columns = ["table", "files", "raw", "compacted", "bytes", "rows", "oldest", "newest"]
+        columns = ["table", "files", "raw", "compacted", "skipped", "bytes", "rows", "oldest", "newest"]
         sys.stdout.write(format_table(columns, [[row[c] for c in columns] for row in rows]) + "\n")
         total = sum(row["files"] for row in rows), sum(row["bytes"] for row in rows)
-        sys.stdout.write(f"({total[0]} files, {total[1] / 1e6:.1f} MB)\n")
+        skipped = sum(row["skipped"] for row in rows)
+        sys.stdout.write(
+            f"({total[0]} files, {total[1] / 1e6:.1f} MB"
+            + (f"; {skipped} skipped: not readable as segments, named on stderr" if skipped else "")
+            + ")\n"
+        )
     return 0
 
 

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spectrace.records import columns
+from spectrace.store import files
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -163,12 +164,35 @@ def _entries(folder: Path) -> list[os.DirEntry]:
         return []
 
 
+def _owned_folder(entry: os.DirEntry, uid: int | None) -> bool:
+    """A real folder (not a link to one) of the store's owner, not hidden."""
+    try:
+        return (
+            not entry.name.startswith(".")
+            and entry.is_dir(follow_symlinks=False)
+            and entry.stat(follow_symlinks=False).st_uid == uid
+        )
+    except OSError:
+        return False
+
+
+def owned_file(entry: os.DirEntry, uid: int | None) -> bool:
+    """A regular file (not a link, FIFO or folder) of the store's owner: one compaction, retention
+    and the size cap may merge, count or delete. Another user's file is never touched."""
+    try:
+        return entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == uid
+    except OSError:
+        return False
+
+
 def run_folders(root: Path):
-    """Every ``<table>/run=<run>`` folder of the store."""
+    """Every ``<table>/run=<run>`` folder of the store that is the store owner's (``files.owner``):
+    a folder another user made in it, or a link, is never read, merged or cleaned."""
+    uid = files.owner(root)
     for table in _entries(root):
-        if table.is_dir() and not table.name.startswith("."):
+        if _owned_folder(table, uid):
             for run in _entries(Path(table.path)):
-                if run.is_dir() and not run.name.startswith("."):
+                if _owned_folder(run, uid):
                     yield Path(run.path)
 
 
@@ -192,20 +216,18 @@ def _time_ordered(ts: pa.ChunkedArray) -> bool:
     return bool(pc.all(pc.greater_equal(ts.slice(1), ts.slice(0, len(ts) - 1))).as_py())
 
 
-def _write(folder: Path, name: str, parts: list[pa.Table]) -> Path:
+def _write(folder: Path, name: str, parts: list[pa.Table], mode: int) -> Path:
+    """The merged file, written durably (its inputs are deleted later) with the inputs' ``mode``."""
     table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
     # time order: row-group statistics on ts prune well. Sorted only when it is not already (a
     # writer's segments, merged in name order, almost always are): 2.5 ms of a 21 ms cycle at batch
     # 64, and the first sort in a process costs ~150-200 ms more (both measured in isolation)
     if "ts" in table.column_names and not _time_ordered(table["ts"]):
         table = table.sort_by("ts")
-    tmp = folder / f".{name}.tmp"
-    try:
-        pq.write_table(table, tmp, **WRITE_OPTIONS)
-        os.replace(tmp, folder / name)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    files.write_durably(
+        folder / f".{name}.tmp", folder / name, mode, lambda path: pq.write_table(table, path, **WRITE_OPTIONS)
+    )
+    files.sync_folder(folder)
     return folder / name
 
 
@@ -258,7 +280,10 @@ class Compactor:
 
     def _folder(self, folder: Path, now_ns: int, result: CycleResult) -> None:
         segments = []
+        uid = files.owner(self.root)
         for entry in _entries(folder):
+            if not owned_file(entry, uid):
+                continue  # another user's file, a link or a FIFO: never merged or deleted (readers skip it too)
             tmp = TMP.match(entry.name)
             if tmp:  # a write cut short (kill -9): never visible, removed once it is old
                 seg = parse(Path(entry.path).with_name(tmp["name"]))
@@ -324,7 +349,11 @@ class Compactor:
                 continue
             lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)
             made = self.clock()
-            _write(folder, f"{writer}-{lo}-{hi}-{made}.{kind}.parquet", tables)
+            try:  # the merged file keeps the mode its writer gave the inputs (SPECTRACE_STORE_GROUP)
+                mode = os.stat(inputs[0].path).st_mode & 0o777
+            except FileNotFoundError:
+                continue
+            _write(folder, f"{writer}-{lo}-{hi}-{made}.{kind}.parquet", tables, mode)
             result.files_written += 1
             result.files_merged += len(inputs)
 
@@ -336,11 +365,15 @@ def expire(root: Path, older_than_ns: int, *, keep_runs: set[str] = frozenset())
     merged file's inputs come back. One eviction record per run touched.
     """
     evicted: dict[str, dict] = {}
+    uid = files.owner(root)
     for folder in run_folders(root):
         run_id = folder.name.removeprefix("run=")
         if run_id in keep_runs:
             continue
-        old = [s for s in (parse(Path(e.path)) for e in _entries(folder)) if s is not None and s.hi < older_than_ns]
+        old = [
+            s for s in (parse(Path(e.path)) for e in _entries(folder) if owned_file(e, uid))
+            if s is not None and s.hi < older_than_ns
+        ]
         for seg in sorted(old, key=lambda s: {"raw": 0, "part": 1, "hour": 2}[s.kind]):
             try:
                 size = seg.path.stat().st_size

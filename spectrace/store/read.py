@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spectrace.store import compaction
+from spectrace.store.files import owner as store_owner
 from spectrace.records import TABLES, columns
 
 
@@ -37,6 +39,38 @@ log = logging.getLogger("spectrace.store")
 
 class StoreError(Exception):
     """A store that cannot be opened (missing, not a spectrace store, empty)."""
+
+
+class LockedQueryError(StoreError):
+    """SQL a locked store does not run: anything but SELECT (and EXPLAIN of one)."""
+
+
+LOCKED_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def lock(con: duckdb.DuckDBPyConnection, root: Path) -> None:
+    """Lock ``con`` to reading the store at ``root``: no file outside it, no extension
+    installed or loaded from outside, no ``ATTACH``, no setting changed afterwards.
+
+    DuckDB's own switches (``allowed_directories``, ``enable_external_access=false``,
+    ``lock_configuration``); writing (``COPY ... TO`` inside the store) is refused by
+    :meth:`Store.execute`, which runs only SELECT statements on a locked store."""
+    con.execute(f"SET allowed_directories = [{_sql_str(str(root) + os.sep)}]")
+    for setting in ("autoinstall_known_extensions", "autoload_known_extensions", "enable_external_access"):
+        con.execute(f"SET {setting} = false")
+    con.execute("SET lock_configuration = true")
+
+
+def check_locked(sql: str) -> None:
+    """Raise :class:`LockedQueryError` unless every statement of ``sql`` only reads."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise LockedQueryError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
+    for statement in statements:
+        kind = statement.type.name
+        if kind not in LOCKED_STATEMENTS:
+            raise LockedQueryError(f"a locked store runs only SELECT statements, not {kind}")
 
 
 def _sql_str(value: str) -> str:
@@ -154,9 +188,13 @@ class Store:
     DuckDB connection.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, root: Path, since: int | None, shapes: dict[str, bool]) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, root: Path, since: int | None, shapes: dict[str, bool], locked: bool = False
+    ) -> None:
         self._con = con
         self.root = root
+        self.locked = locked  # open(locked=True): SELECT only, nothing outside the store
+        self.owner = store_owner(root)  # the uid whose files are the store's
         self.since = since
         self._shapes = shapes  # per table: its view reads files (True) or is empty; shared by cursors (one catalog)
         self._listed: dict[str, list[str]] = {}  # per table: this connection's variable
@@ -169,14 +207,17 @@ class Store:
         kept = []
         for path in paths:
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except FileNotFoundError:
                 continue  # removed since the listing (compaction): the covering file is listed
             except OSError as exc:
                 why = f"cannot stat ({exc.strerror or exc})"
             else:
-                cached = self._checked.get(path)
-                if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+                if not stat.S_ISREG(st.st_mode):  # a link (to a file outside the store), a FIFO, a folder
+                    why = "not a regular file"
+                elif st.st_uid != self.owner:  # planted by another user (a store someone made writable)
+                    why = f"owned by uid {st.st_uid}, not the store's owner (uid {self.owner})"
+                elif (cached := self._checked.get(path)) is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
                     why = cached[2]
                 else:
                     why = _unreadable(table, path)
@@ -213,6 +254,8 @@ class Store:
 
     def _refreshed(name: str):
         def method(self, *args, **kwargs):
+            if self.locked and args and isinstance(args[0], str):
+                check_locked(args[0])
             self.refresh()
             return getattr(self._con, name)(*args, **kwargs)
 
@@ -221,21 +264,22 @@ class Store:
         return method
 
     execute = _refreshed("execute")
+    executemany = _refreshed("executemany")
     sql = query = _refreshed("sql")
     table = _refreshed("table")
     view = _refreshed("view")
     del _refreshed
 
+    def __getattr__(self, name: str):
+        return getattr(self._con, name)
+
     def cursor(self) -> "Store":
-        cursor = Store(self._con.cursor(), self.root, self.since, self._shapes)
+        cursor = Store(self._con.cursor(), self.root, self.since, self._shapes, self.locked)
         cursor._checked, cursor.skipped = self._checked, self.skipped
         return cursor
 
     def close(self) -> None:
         self._con.close()
-
-    def __getattr__(self, name: str):
-        return getattr(self._con, name)
 
     def __enter__(self) -> "Store":
         return self
@@ -244,19 +288,25 @@ class Store:
         self.close()
 
 
-def open(root: str | Path = "spectrace-data", *, require_data: bool = True, since: int | None = None) -> Store:
+def open(
+    root: str | Path = "spectrace-data", *, require_data: bool = True, since: int | None = None, locked: bool = False
+) -> Store:
     """A DuckDB connection (``Store``) with spectrace's views over the store at ``root``.
 
     ``since`` (ns since the epoch): tables with a ``ts`` column hold only the rows with
     ``ts >= since``, and files older than it (by name) are never opened.
+    ``locked``: the connection reads the store's files and nothing else (``lock``) and runs
+    only SELECT statements: for anything that takes SQL from others.
     """
     root = Path(root).absolute()
     if not root.is_dir():
         raise StoreError(f"no spectrace store at {root} (set --dir or SPECTRACE_DIR)")
     if require_data and not has_data(root):
         raise StoreError(f"the spectrace store at {root} holds no records yet")
-    store = Store(duckdb.connect(":memory:"), root, since, {})
+    store = Store(duckdb.connect(":memory:"), root, since, {}, locked)
     try:
+        if locked:
+            lock(store._con, root)
         store.refresh()
         for name, body in derived_views():
             store._con.execute(f"CREATE VIEW {name} AS {body}")

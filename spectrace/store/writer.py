@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from spectrace.pipeline import Batch
 from spectrace.settings import Settings
-from spectrace.store import compaction
+from spectrace.store import compaction, files
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -58,6 +58,8 @@ class SegmentSink:
         flush_interval_s: float,
         on_drop: Callable[[int], None] | None = None,
         record: Callable[[str, dict[str, Any]], None] | None = None,
+        group: bool = False,
+        durable: bool = True,
     ) -> None:
         self.root = Path(root)
         self.host = host
@@ -67,6 +69,8 @@ class SegmentSink:
         self.flush_interval_s = flush_interval_s  # spaces the cap's scans between cycles
         self.on_drop = on_drop  # rows this sink could not write (the pipeline counts them)
         self.record = record  # rows this sink records about itself (store_evictions), into the next flush
+        self.folder_mode, self.file_mode = files.modes(group)  # SPECTRACE_STORE_GROUP
+        self.durable = durable  # fsync each segment before its rename, and its folder after
         self.status = str(self.root)
         self.write_errors = 0
         self.segments_written = 0
@@ -102,6 +106,7 @@ class SegmentSink:
             flush_interval_s=settings.flush_interval_s,
             on_drop=on_drop,
             record=record,
+            group=settings.store_group,
         )
 
     def writing(self, run_id: str) -> None:
@@ -137,8 +142,13 @@ class SegmentSink:
             except Exception:
                 log.exception("spectrace: enforcing SPECTRACE_MAX_MB failed")
         with self._io_lock:
-            for part in batch:
-                self._write(part.table, part.run_id, part.arrow)
+            written = {folder for part in batch if (folder := self._write(part.table, part.run_id, part.arrow))}
+            if self.durable:
+                for folder in written:  # the renames: once per folder and flush
+                    try:
+                        files.sync_folder(folder)
+                    except OSError:
+                        pass  # the segment is written; only its durability across a crash is not known
 
     def maintain(self) -> None:
         """One compaction cycle of this process's own segments, then retention and the cap.
@@ -206,15 +216,17 @@ class SegmentSink:
             return
         runs: dict[str, list[tuple[Path, int, float]]] = defaultdict(list)
         total = 0
-        for table_dir in _scandir(self.root):
-            for run_dir in _scandir(table_dir):
-                for entry in _scandir(run_dir):
-                    try:
-                        stat = entry.stat()
-                    except OSError:
-                        continue
-                    total += stat.st_size
-                    runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
+        uid = files.owner(self.root)
+        for run_dir in compaction.run_folders(self.root):
+            for entry in _scandir(run_dir):
+                if not compaction.owned_file(entry, uid):
+                    continue  # another user's file is neither counted nor removed
+                try:
+                    stat = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += stat.st_size
+                runs[run_dir.name.removeprefix("run=")].append((Path(entry.path), stat.st_size, stat.st_mtime))
         self._store_bytes = total
         if total <= self.max_bytes:
             self._over_cap = False
@@ -254,34 +266,39 @@ class SegmentSink:
                 self.root,
             )
 
-    def _write_file(self, folder: Path, tmp: Path, arrow: pa.Table) -> None:
+    def _widened(self, path: Path, mode: int) -> None:
+        log.warning("spectrace: %s was mode %04o (writable by other users); made %04o", path, mode, self.folder_mode)
+
+    def _write_file(self, folder: Path, name: str, arrow: pa.Table) -> None:
+        def write(path: str) -> None:
+            with pa.OSFile(path, "wb") as sink:  # a third less CPU than a path (no filesystem lookup)
+                pq.write_table(arrow, sink)
+
         for attempt in (1, 2):
             if folder not in self._folders:
-                folder.mkdir(parents=True, exist_ok=True)
+                files.make_folder(folder, self.root, self.folder_mode, self._widened)
                 self._folders.add(folder)
             try:
-                with pa.OSFile(str(tmp), "wb") as sink:  # a third less CPU than a path (no filesystem lookup)
-                    pq.write_table(arrow, sink)
+                files.write_durably(folder / f".{name}.tmp", folder / name, self.file_mode, write, sync=self.durable)
                 return
             except FileNotFoundError:  # the folder was removed under us (the store deleted): make it again
                 self._folders.discard(folder)
                 if attempt == 2:
                     raise
 
-    def _write(self, table: str, run_id: str, arrow: pa.Table) -> bool:
+    def _write(self, table: str, run_id: str, arrow: pa.Table) -> Path | None:
+        """Write one segment; its folder, or None when the rows were dropped (counted)."""
         count = arrow.num_rows
         if self._over_cap:
             self._dropped(count)
-            return False
+            return None
         folder = self.root / table / f"run={run_id}"
         self._seq += 1
         # the name's time orders this writer's segments for compaction: strictly increasing
         self._last_t = max(self.clock(), self._last_t + 1)
         name = f"{self.host}-{os.getpid()}-{self._last_t}-{self._seq:06d}.parquet"
-        tmp = folder / f".{name}.tmp"
         try:
-            self._write_file(folder, tmp, arrow)
-            os.replace(tmp, folder / name)
+            self._write_file(folder, name, arrow)
             if self.compact and self._recent_rows + arrow.num_rows <= self.RECENT_ROWS:
                 self._recent[folder / name] = arrow
                 self._recent_rows += arrow.num_rows
@@ -290,10 +307,6 @@ class SegmentSink:
         except Exception as exc:
             self.write_errors += 1
             self._dropped(count)
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             if not self._error_logged:
                 self._error_logged = True
                 log.error(
@@ -302,6 +315,6 @@ class SegmentSink:
                     self.root,
                     exc,
                 )
-            return False
+            return None
         self.segments_written += 1
-        return True
+        return folder
