@@ -87,8 +87,8 @@ SUPPORT: dict[str, Support] = {
     ),
     "engine_core.add_request": Support(
         params=("self", "request"),
-        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output")),),
-        site="request flags (greedy, structured output)",
+        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output", "lora_request")),),
+        site="request flags (greedy, structured output), the request's slice",
     ),
     "worker.verify": Support(
         params=("self", "scheduler_output"),

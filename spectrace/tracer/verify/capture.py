@@ -48,6 +48,16 @@ class WorkerStep(NamedTuple):
     row_of: dict | None  # V1: request id -> row; V2: None (rows aligned with ``drafts``)
 
 
+class RequestNote(NamedTuple):
+    """One request as the scheduler took it (``Scheduler.add_request``): references vLLM holds, read in the drain."""
+
+    run_id: str | None
+    request_id: str
+    sampling_params: Any  # Request.sampling_params (None for pooling)
+    lora_request: Any  # Request.lora_request
+    prefill_stats: Any  # Request.prefill_stats: prompt and prefix-cache tokens once first scheduled
+
+
 class StepTiming:
     """One worker step's host times, filled in by the timing hooks as the step runs."""
 
@@ -80,6 +90,7 @@ class Capture:
         self.engine_step_no = 0
         self.request_flags: dict[str, tuple[bool, bool]] = {}  # request id -> (greedy, structured output)
         self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
+        self.new_requests: deque[RequestNote] = deque()  # requests added since the last drain
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
 
@@ -105,6 +116,10 @@ class Capture:
         while len(queue) > 1 or (queue and queue[0].done):
             taken.append(queue.popleft())
         return taken
+
+    def take_new_requests(self) -> list[RequestNote]:
+        queue = self.new_requests
+        return [queue.popleft() for _ in range(len(queue))]
 
     def take_dropped(self) -> int:
         dropped, self.dropped_steps = self.dropped_steps, 0

@@ -26,11 +26,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from spectrace import acceptance
+from spectrace import acceptance, slices
 from spectrace import audit
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
-from spectrace.tracer.verify.capture import ENGINE, WORKER, Capture, StepTiming
+from spectrace.tracer.verify.capture import ENGINE, MAX_REQUEST_FLAGS, WORKER, Capture, RequestNote, StepTiming
+from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -55,6 +56,9 @@ class VerifyCapture(Capture):
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
         self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
+        self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
+        self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
+        self.run_slices: dict[str, RunSlices] = {}
 
     # -- background ------------------------------------------------------------
 
@@ -63,6 +67,10 @@ class VerifyCapture(Capture):
             engine = self.take_engine_steps()
             worker = self.take_worker_steps()
             dropped = self.take_dropped()
+            for note in self.take_new_requests():
+                if len(self.requests) >= MAX_REQUEST_FLAGS:
+                    self.requests.pop(next(iter(self.requests)))
+                self.requests[note.request_id] = note
             if dropped:
                 rt.pipeline.count_dropped(dropped)
             if engine:
@@ -73,6 +81,8 @@ class VerifyCapture(Capture):
                 self._drain_timings(rt, timings, yielded)
             for run_id in list(self.curves):
                 self._judge_curve(rt, run_id)
+            for run_id in list(self.run_slices):
+                self._judge_slices(rt, run_id)
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         settings = rt.settings
@@ -86,6 +96,7 @@ class VerifyCapture(Capture):
         marks: dict[str, list[acceptance.StepMark]] = defaultdict(list)
         draft_rows: dict[str, list] = defaultdict(list)
         draft_accepted: dict[str, list[int]] = defaultdict(list)
+        per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
@@ -107,6 +118,13 @@ class VerifyCapture(Capture):
                 ctx = int(context.get(req_id, -1))
                 batch.append((drafted, accepted, ctx))
                 batch_ids.append(req_id)
+                counts = per_request.get((run_id, req_id))
+                if counts is None:
+                    per_request[(run_id, req_id)] = [1, drafted, accepted]
+                else:
+                    counts[0] += 1
+                    counts[1] += drafted
+                    counts[2] += accepted
                 rows_of_run.append(draft_ids)
                 accepted_of_run.append(accepted)
                 if sample_all or self._rng.random() < settings.step_sample:
@@ -154,6 +172,8 @@ class VerifyCapture(Capture):
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
             self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
+        if per_request:
+            self._drain_slices(rt, per_request)
 
     def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
         """Counts the worker's steps; per (run, rank): (draft rows, tokens yielded) for the cross-check."""
@@ -362,6 +382,68 @@ class VerifyCapture(Capture):
         if findings:
             audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
 
+    # -- request slices: the parameters the drafter never sees ----------------------
+
+    def _drain_slices(self, rt, per_request: dict[tuple[str, str], list[int]]) -> None:
+        """``request_counts`` per request; ``request_slices`` once per request, at its first verified step."""
+        now = time.time_ns()
+        count_rows, slice_rows = [], []
+        commons: dict[str, dict] = {}
+        for (run_id, req_id), (steps, drafted, accepted) in per_request.items():
+            common = commons.get(run_id)
+            if common is None:
+                common = commons[run_id] = rt.common(ENGINE, run_id=run_id)
+            count_rows.append({**common, "ts": now, "request_id": req_id, "request_steps": steps,
+                               "drafted": drafted, "accepted": accepted})
+            if req_id in self.slice_of:
+                labels, new = self.slice_of[req_id], False
+            else:
+                labels, new = self._read_slice(run_id, req_id, common, now, slice_rows), True
+            if labels is not None:
+                self.run_slices.setdefault(run_id, RunSlices()).add(labels, new, drafted, accepted)
+        rt.pipeline.extend("request_slices", slice_rows)
+        rt.pipeline.extend("request_counts", count_rows)
+
+    def _read_slice(self, run_id: str, req_id: str, common: dict, now: int, rows: list) -> dict[str, str] | None:
+        note = self.requests.pop(req_id, None)
+        labels = None
+        if note is not None:
+            params = request_parameters(note.sampling_params, note.lora_request, note.prefill_stats)
+            labels = slices.request_slice(params)
+            rows.append({**common, "ts": now, "request_id": req_id, **params,
+                         "generation_defaults": json.dumps(defaults_in_force(params, self._defaults(run_id))),
+                         "slice": json.dumps(labels)})
+        if len(self.slice_of) >= MAX_REQUEST_FLAGS:
+            self.slice_of.pop(next(iter(self.slice_of)))
+        self.slice_of[req_id] = labels
+        return labels
+
+    def _defaults(self, run_id: str) -> dict:
+        """The run's generation_config sampling defaults (read once per run, off the engine's threads)."""
+        run_slices = self.run_slices.setdefault(run_id, RunSlices())
+        if run_slices.defaults is None:
+            run_slices.defaults = {}
+            vllm_config = self.run_configs.get(run_id)
+            if vllm_config is not None:
+                try:
+                    run_slices.defaults = generation_defaults(vllm_config.model_config)
+                except Exception as exc:  # a model config this reader does not know: no defaults named
+                    log.debug("spectrace: no generation_config defaults for this run: %s", exc)
+        return run_slices.defaults
+
+    def _judge_slices(self, rt, run_id: str) -> None:
+        """SLICE_ACCEPTANCE_LOW, once per run and dimension (the rule: ``spectrace.slices.slice_gaps``)."""
+        run_slices = self.run_slices[run_id]
+        if not run_slices.changed:
+            return
+        run_slices.changed = False
+        k = int(_run_k(rt, run_id) or 1)
+        gaps = [g for g in slices.slice_gaps(run_slices.by_slice, run_slices.total, k) if g.dimension not in run_slices.emitted]
+        if gaps:
+            run_slices.emitted.update(g.dimension for g in gaps)
+            findings = [audit.slice_finding(g, run_slices.defaults) for g in gaps]
+            audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
+
     # -- does speculation pay? (worker host times) ------------------------------------
 
     def _drain_timings(self, rt, timings: list[StepTiming], yielded: dict) -> None:
@@ -441,6 +523,34 @@ def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptanc
         pos0_accepted += a > 0
         context = max(context, c)
     return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted)
+
+
+class RunSlices:
+    """One run's acceptance per request slice: (dimension, value) -> [requests, drafted, accepted]."""
+
+    def __init__(self) -> None:
+        self.by_slice: dict[tuple[str, str], list[int]] = {}
+        self.requests = self.drafted = self.accepted = 0
+        self.defaults: dict | None = None  # generation_config sampling defaults (read once)
+        self.emitted: set[str] = set()  # dimensions already reported
+        self.changed = False
+
+    @property
+    def total(self) -> tuple[int, int, int]:
+        return self.requests, self.drafted, self.accepted
+
+    def add(self, labels: dict[str, str], new_request: bool, drafted: int, accepted: int) -> None:
+        self.requests += new_request
+        self.drafted += drafted
+        self.accepted += accepted
+        for item in labels.items():
+            counts = self.by_slice.get(item)
+            if counts is None:
+                counts = self.by_slice[item] = [0, 0, 0]
+            counts[0] += new_request
+            counts[1] += drafted
+            counts[2] += accepted
+        self.changed = True
 
 
 class RunCurve:

@@ -10,7 +10,8 @@ Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
     (the step's draft dict, row index and cached-request data — new objects every step —
     plus the per-request sampled-token counts taken with one C-level ``map(len, ...)``
     before vLLM trims anything). ``Scheduler.add_request`` notes once per request whether
-    it is greedy and structured.
+    it is greedy and structured, and keeps references to its sampling parameters, LoRA request
+    and prefill statistics (``RequestNote``: its slice, read in the drain).
 
 Worker (V1 model runner, ``v1/worker/gpu_model_runner.py``)
     ``GPUModelRunner._bookkeeping_sync`` returns the rejection sampler's host output
@@ -36,7 +37,7 @@ import time
 
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, StepTiming
+from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, RequestNote, StepTiming
 from spectrace.vllm_objects.steps import bookkeeping_sampled
 
 
@@ -86,6 +87,11 @@ def wrap_add_request(original, hook: str):
                     bool(params is not None and params.temperature == 0),
                     bool(request.use_structured_output),
                 )
+                if len(capture.new_requests) < MAX_REQUEST_FLAGS:  # the request's slice, read in the drain
+                    capture.new_requests.append(RequestNote(
+                        rt.run.run_id if rt.run is not None else None, request.request_id, params,
+                        request.lora_request, getattr(request, "prefill_stats", None),
+                    ))
                 headers = getattr(request, "trace_headers", None)
                 if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
                     contexts = capture.request_traces

@@ -1,0 +1,128 @@
+"""What requests and the scheduler do to speculation: a request slice that accepts far below its
+run (``SLICE_ACCEPTANCE_LOW``), a token budget too small for a full batch of drafts
+(``TOKEN_BUDGET_SHORT``). Pure: the slice rule is ``spectrace.slices``; the budget rule follows
+vLLM 0.32's ``Scheduler.schedule``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectrace.audit import codes
+from spectrace.audit.findings import Finding
+
+# why each dimension lowers acceptance, and what to do about it
+_CAUSES = {
+    "penalty": (
+        "the drafter proposes from unpenalized logits while the target verifies after the penalty "
+        "(vllm#18902, #19482, #34497)",
+        "the drafter cannot see request penalties: route requests with {dimension} to an engine without speculative "
+        "decoding (or a lower num_speculative_tokens), or drop the penalty from them{defaults}",
+    ),
+    "logits": (
+        "the drafter proposes a plain argmax; the target verifies after {dimension}",
+        "route requests with {dimension} to an engine without speculative decoding, or drop it from them{defaults}",
+    ),
+    "sampling": (
+        "the target samples with {dimension} {value}, the drafter does not",
+        "route requests with {dimension} {value} to an engine without speculative decoding, or lower "
+        "num_speculative_tokens for that traffic{defaults}",
+    ),
+    "structured_output": (
+        "the grammar rejects drafts the drafter made without it",
+        "lower num_speculative_tokens for structured-output traffic, or serve it without speculative decoding",
+    ),
+    "lora_adapter": (
+        "the adapter changes the target only; the drafter drafts for the base model",
+        "use a drafter trained for the adapter (or merged weights), or serve the adapter without speculative decoding",
+    ),
+    "prefix_cache": (
+        "the drafter's KV for cache-restored tokens can be stale (vllm#47930, #41838)",
+        "reset the prefix cache (POST /reset_prefix_cache) and compare; if acceptance comes back, disable prefix "
+        "caching for this drafter (--no-enable-prefix-caching) until vLLM fixes it",
+    ),
+    "prompt_len": (
+        "acceptance depends on the prompt's length",
+        "check CONTEXT_CLIFF and the drafter's context (max_position_embeddings, rope scaling, window)",
+    ),
+}
+_KIND = {
+    "repetition_penalty": "penalty", "presence_penalty": "penalty", "frequency_penalty": "penalty",
+    "logit_bias": "logits", "bad_words": "logits", "allowed_token_ids": "logits", "min_p": "logits",
+    "temperature": "sampling", "top_p": "sampling", "top_k": "sampling",
+}
+
+
+def slice_finding(gap: Any, defaults: dict[str, Any] | None = None) -> Finding:
+    """``SLICE_ACCEPTANCE_LOW`` for one ``spectrace.slices.SliceGap``; ``defaults``: the run's
+    ``generation_config`` sampling defaults (the server applies them to every request)."""
+    kind = _KIND.get(gap.dimension, gap.dimension)
+    cause, fix = _CAUSES.get(kind, ("", "route this traffic to an engine without speculative decoding"))
+    from_defaults = defaults is not None and gap.dimension in defaults and f"{defaults[gap.dimension]:g}" == gap.value
+    note = (
+        f"; {gap.dimension}={gap.value} is generation_config.json's default, which the server applies to every "
+        "request that does not set it: start vLLM with --generation-config vllm (or override it per request)"
+        if from_defaults else ""
+    )
+    values = {"dimension": gap.dimension, "value": gap.value, "defaults": note}
+    evidence = gap.as_dict()
+    evidence["from_generation_config"] = from_defaults
+    evidence["rule"] = "spectrace.slices.slice_gap"
+    return Finding(
+        code=codes.SLICE_ACCEPTANCE_LOW,
+        severity="warning",
+        component="verification",
+        model_role="draft",
+        message=f"requests with {gap.dimension}={gap.value} accept {gap.rate:.1%} of their drafts ({gap.accepted} of "
+        f"{gap.drafted}, {gap.requests} requests; 95 % {gap.interval[0]:.1%}-{gap.interval[1]:.1%}), the rest of the run "
+        f"{gap.rest_rate:.1%} ({gap.rest_accepted} of {gap.rest_drafted}, {gap.rest_requests} requests): "
+        + cause.format(**values),
+        evidence=evidence,
+        fix=fix.format(**values),
+    )
+
+
+def drafting_slots(method: str | None, k: int, parallel: bool = False) -> int:
+    """Extra input slots a decoding request takes for drafting: vLLM 0.32's
+    ``SpeculativeConfig.max_num_new_slots_for_drafting``."""
+    if method == "dflash":
+        return k
+    if parallel:
+        return k if method == "draft_model" else k - 1
+    return 1 if method == "draft_model" else 0
+
+
+def token_budget_findings(
+    *, method: str | None, k: int | None, max_num_seqs: int | None, max_num_batched_tokens: int | None,
+    parallel: bool = False, chunked_prefill: bool | None = None, dynamic_k: Any = None,
+) -> list[Finding]:
+    """``TOKEN_BUDGET_SHORT``: ``max_num_seqs`` decoding requests need ``1 + k`` scheduled tokens each and
+    ``1 + k + slots`` of ``max_num_batched_tokens`` (``Scheduler.schedule``: ``input_budget -= num_new_tokens +
+    draft_slots``); below that a full batch trims drafts or leaves requests waiting, and chunked prefill takes
+    from the same budget."""
+    if not k or not max_num_seqs or not max_num_batched_tokens:
+        return []
+    slots = drafting_slots(method, k, parallel)
+    needed = max_num_seqs * (1 + k + slots)
+    if max_num_batched_tokens >= needed:
+        return []
+    per_request = 1 + k + slots
+    fits = max_num_batched_tokens // per_request
+    return [Finding(
+        code=codes.TOKEN_BUDGET_SHORT,
+        severity="warning",
+        component="scheduler",
+        model_role=None,
+        message=f"max_num_batched_tokens {max_num_batched_tokens} is below max_num_seqs {max_num_seqs} x (1 + k {k}"
+        + (f" + {slots} drafting slot{'s' if slots > 1 else ''}" if slots else "") + f") = {needed}: "
+        f"a batch of more than {fits} decoding requests gets its drafts trimmed or leaves requests waiting"
+        + ("; chunked prefill takes from the same budget" if chunked_prefill else ""),
+        evidence={"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                  "num_speculative_tokens": k, "drafting_slots": slots, "needed": needed,
+                  "full_draft_requests": fits, "chunked_prefill": chunked_prefill,
+                  "num_speculative_tokens_per_batch_size": dynamic_k,
+                  "vllm_rule": "vllm.v1.core.sched.scheduler.Scheduler.schedule (input_budget, draft_slots); "
+                               "vllm.config.speculative.SpeculativeConfig.max_num_new_slots_for_drafting"},
+        fix=f"raise --max-num-batched-tokens to at least {needed}, or lower --max-num-seqs to {max(fits, 1)} "
+        "or num_speculative_tokens",
+    )]
