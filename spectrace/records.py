@@ -223,6 +223,15 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
     ],
+    # Per flush (engine core, synchronous scheduling): draft tokens the worker proposed
+    # (Scheduler.update_draft_token_ids) and draft tokens the scheduled steps verified.
+    "draft_budget": [
+        ("ts", "TIMESTAMP_NS"),
+        ("proposed", "BIGINT"),
+        ("verified", "BIGINT"),
+        ("steps", "BIGINT"),  # steps that verified drafts
+        ("new_requests", "BIGINT"),  # requests whose first verified step was in this flush
+    ],
 }
 
 JSON_COLUMNS = {

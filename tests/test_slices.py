@@ -186,3 +186,36 @@ def test_drain_healthy_twin_raises_nothing(traced):
     rt.flush()
     assert len(sink.rows("request_slices")) == 8
     assert not [f for f in sink.rows("findings") if f["code"] == codes.SLICE_ACCEPTANCE_LOW]
+
+
+def test_unverified_rule_allows_each_requests_last_proposal():
+    assert audit.unverified_drafts(400, 0, 1, 3) is None  # too few proposed
+    assert audit.unverified_drafts(1000, 950, 10, 3) is None  # 50 unverified, 30 allowed: 2 %
+    ev = audit.unverified_drafts(1000, 700, 10, 3)
+    assert ev == {"proposed": 1000, "verified": 700, "requests": 10, "num_speculative_tokens": 3,
+                  "finished_allowance": 30, "unverified": 270, "share": 0.27}
+    [short] = audit.token_budget_findings(method="draft_model", k=3, max_num_seqs=16, max_num_batched_tokens=32)
+    f = audit.unverified_finding(ev, [short])
+    assert (f.code, f.caused_by) == (codes.DRAFTS_UNVERIFIED, codes.TOKEN_BUDGET_SHORT)
+    assert "27.0% of the drafting work" in f.message and f.evidence["token_budget"]["needed"] == 80
+    assert audit.unverified_finding(ev, []).caused_by is None
+
+
+def test_drain_counts_proposed_against_verified_drafts(traced):
+    from spectrace.tracer.verify.capture import Proposal
+
+    rt, sink = traced
+    capture = rt.verify
+    # 4 requests, each proposal 3 drafts, but the scheduler verified only one per request-step
+    for s in range(1, 61):
+        capture.proposals.append(Proposal(RUN, [[1, 2, 3]] * 4))
+    rows = {f"r{i}": i for i in range(4)}
+    cached = SimpleNamespace(req_ids=list(rows), num_computed_tokens=[20] * 4)
+    capture.engine_steps.extend(EngineStep(1_000 + s, s, RUN, {r: [1] for r in rows}, [2] * 4, rows, cached, None, 1)
+                                for s in range(1, 61))
+    rt.flush()
+    [row] = sink.rows("draft_budget")
+    assert (row["proposed"], row["verified"], row["steps"], row["new_requests"]) == (720, 240, 60, 4)
+    [f] = [f for f in sink.rows("findings") if f["code"] == codes.DRAFTS_UNVERIFIED]
+    evidence = json.loads(f["evidence"])
+    assert (evidence["unverified"], evidence["finished_allowance"]) == (720 - 240 - 4, 4)  # k unknown here: 1

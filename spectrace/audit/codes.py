@@ -220,3 +220,11 @@ TOKEN_BUDGET_SHORT = _code(
     "live and in `doctor`",
     "raise --max-num-batched-tokens to the product, or lower --max-num-seqs or num_speculative_tokens",
 )
+DRAFTS_UNVERIFIED = _code(
+    "DRAFTS_UNVERIFIED", "scheduler", ("warning",),
+    "warning (caused by `TOKEN_BUDGET_SHORT` when the budget rule holds for the run)",
+    "≥ 10 % of the draft tokens the worker proposed never reached verification (≥ 500 proposed; each finished request's "
+    "last proposal allowed): the scheduler trimmed them to its token budget; synchronous scheduling (the engine core's "
+    "`Scheduler.update_draft_token_ids`)",
+    "raise --max-num-batched-tokens (chunked prefill takes from the same budget), or lower num_speculative_tokens",
+)

@@ -126,3 +126,41 @@ def token_budget_findings(
         fix=f"raise --max-num-batched-tokens to at least {needed}, or lower --max-num-seqs to {max(fits, 1)} "
         "or num_speculative_tokens",
     )]
+
+
+UNVERIFIED_MIN_PROPOSED = 500  # proposed draft tokens before the share is judged
+UNVERIFIED_SHARE = 0.10
+
+
+def unverified_drafts(proposed: int, verified: int, requests: int, k: int) -> dict[str, Any] | None:
+    """The drafting work that never reached verification, when it is at least ``UNVERIFIED_SHARE`` of what was
+    proposed (``proposed`` ≥ ``UNVERIFIED_MIN_PROPOSED``). Each request's last proposal is drafted after its last
+    token and never verified: ``requests × k`` is allowed for that before anything counts."""
+    if proposed < UNVERIFIED_MIN_PROPOSED:
+        return None
+    unverified = proposed - verified - requests * k
+    if unverified < UNVERIFIED_SHARE * proposed:
+        return None
+    return {"proposed": proposed, "verified": verified, "requests": requests, "num_speculative_tokens": k,
+            "finished_allowance": requests * k, "unverified": unverified, "share": round(unverified / proposed, 4)}
+
+
+def unverified_finding(evidence: dict[str, Any], budget: list[Finding]) -> Finding:
+    """``DRAFTS_UNVERIFIED``; ``budget``: the run's ``TOKEN_BUDGET_SHORT`` findings (its cause when present)."""
+    cause = budget[0] if budget else None
+    evidence = {**evidence, "token_budget": cause.evidence if cause is not None else None}
+    return Finding(
+        code=codes.DRAFTS_UNVERIFIED,
+        severity="warning",
+        component="scheduler",
+        model_role="draft",
+        message=f"{evidence['share']:.1%} of the drafting work never reached verification: {evidence['proposed']} draft "
+        f"tokens proposed, {evidence['verified']} verified ({evidence['finished_allowance']} allowed for the last "
+        f"proposal of {evidence['requests']} finished requests)"
+        + (f"; {cause.message}" if cause is not None else
+           "; the scheduler trimmed them to its token budget or dropped them with their request"),
+        evidence=evidence,
+        fix=cause.fix if cause is not None else
+        "raise --max-num-batched-tokens (chunked prefill takes from the same budget), or lower num_speculative_tokens",
+        caused_by=codes.TOKEN_BUDGET_SHORT if cause is not None else None,
+    )

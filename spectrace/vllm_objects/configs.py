@@ -111,6 +111,24 @@ def run_info(engine_args: Any, vllm_config: Any) -> dict[str, Any]:
     return info
 
 
+def scheduler_facts(vllm_config: Any) -> dict[str, Any] | None:
+    """The scheduler's token budget and the speculation it must fit (``audit.token_budget_findings``'s
+    arguments), from a resolved ``VllmConfig``; ``None`` without speculative decoding."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return None
+    sched = vllm_config.scheduler_config
+    return {
+        "method": spec.method,
+        "k": spec.num_speculative_tokens,
+        "parallel": bool(getattr(spec, "parallel_drafting", False)),
+        "dynamic_k": getattr(spec, "num_speculative_tokens_per_batch_size", None),
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "chunked_prefill": bool(getattr(sched, "enable_chunked_prefill", False)),
+    }
+
+
 def model_runner(vllm_config: Any) -> str | None:
     """``v2`` or ``v1``: which model runner this config selects."""
     try:

@@ -58,6 +58,13 @@ class RequestNote(NamedTuple):
     prefill_stats: Any  # Request.prefill_stats: prompt and prefix-cache tokens once first scheduled
 
 
+class Proposal(NamedTuple):
+    """The drafts the worker proposed after one step (``Scheduler.update_draft_token_ids``, synchronous scheduling)."""
+
+    run_id: str | None
+    draft_token_ids: list  # DraftTokenIds.draft_token_ids: one list per request (a new object every step)
+
+
 class StepTiming:
     """One worker step's host times, filled in by the timing hooks as the step runs."""
 
@@ -91,6 +98,7 @@ class Capture:
         self.request_flags: dict[str, tuple[bool, bool]] = {}  # request id -> (greedy, structured output)
         self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
         self.new_requests: deque[RequestNote] = deque()  # requests added since the last drain
+        self.proposals: deque[Proposal] = deque()
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
 
@@ -119,6 +127,10 @@ class Capture:
 
     def take_new_requests(self) -> list[RequestNote]:
         queue = self.new_requests
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def take_proposals(self) -> list[Proposal]:
+        queue = self.proposals
         return [queue.popleft() for _ in range(len(queue))]
 
     def take_dropped(self) -> int:

@@ -31,6 +31,7 @@ from spectrace import audit
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify.capture import ENGINE, MAX_REQUEST_FLAGS, WORKER, Capture, RequestNote, StepTiming
+from spectrace.vllm_objects.configs import scheduler_facts
 from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
@@ -59,6 +60,7 @@ class VerifyCapture(Capture):
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
         self.run_slices: dict[str, RunSlices] = {}
+        self.run_budgets: dict[str, RunBudget] = {}
 
     # -- background ------------------------------------------------------------
 
@@ -73,8 +75,11 @@ class VerifyCapture(Capture):
                 self.requests[note.request_id] = note
             if dropped:
                 rt.pipeline.count_dropped(dropped)
+            proposals = self.take_proposals()
             if engine:
                 self._drain_engine(rt, engine)
+            if proposals or engine:
+                self._drain_budget(rt, proposals, engine)
             yielded = self._drain_worker(rt, worker) if worker else {}
             timings = self.take_timings()
             if timings:
@@ -399,6 +404,7 @@ class VerifyCapture(Capture):
                 labels, new = self.slice_of[req_id], False
             else:
                 labels, new = self._read_slice(run_id, req_id, common, now, slice_rows), True
+                self.run_budgets.setdefault(run_id, RunBudget()).new_requests += 1
             if labels is not None:
                 self.run_slices.setdefault(run_id, RunSlices()).add(labels, new, drafted, accepted)
         rt.pipeline.extend("request_slices", slice_rows)
@@ -443,6 +449,41 @@ class VerifyCapture(Capture):
             run_slices.emitted.update(g.dimension for g in gaps)
             findings = [audit.slice_finding(g, run_slices.defaults) for g in gaps]
             audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
+
+    # -- the token budget: drafts proposed vs drafts verified ------------------------
+
+    def _drain_budget(self, rt, proposals: list, engine: list) -> None:
+        """``draft_budget`` per run and flush; DRAFTS_UNVERIFIED once per run (``audit.unverified_drafts``)."""
+        proposed: dict[str | None, int] = defaultdict(int)
+        verified: dict[str | None, list[int]] = defaultdict(lambda: [0, 0])
+        for run_id, drafts in proposals:  # Proposal
+            proposed[run_id] += sum(map(len, drafts))
+        for step in engine:
+            counts = verified[step.run_id]
+            counts[0] += sum(map(len, step.drafts.values()))
+            counts[1] += 1
+        now = time.time_ns()
+        for run_id in proposed.keys() | verified.keys():
+            budget = self.run_budgets.setdefault(run_id, RunBudget())
+            budget.proposed += proposed.get(run_id, 0)
+            v, steps = verified.get(run_id, (0, 0))
+            budget.verified += v
+            if not budget.proposed:  # no proposals seen (asynchronous scheduling, the hook off): nothing to compare
+                budget.new_requests = 0
+                continue
+            rt.pipeline.append("draft_budget", {**rt.common(ENGINE, run_id=run_id), "ts": now, "proposed": proposed.get(run_id, 0),
+                                                "verified": v, "steps": steps, "new_requests": budget.new_requests})
+            budget.requests += budget.new_requests
+            budget.new_requests = 0
+            if budget.emitted:
+                continue
+            evidence = audit.unverified_drafts(budget.proposed, budget.verified, budget.requests, int(_run_k(rt, run_id) or 1))
+            if evidence is not None:
+                budget.emitted = True
+                vllm_config = self.run_configs.get(run_id)
+                facts = scheduler_facts(vllm_config) if vllm_config is not None else None
+                short = audit.token_budget_findings(**facts) if facts else []
+                audit_live.emit_findings(rt, [audit.unverified_finding(evidence, short)], role=ENGINE, run=rt.run_by_id(run_id))
 
     # -- does speculation pay? (worker host times) ------------------------------------
 
@@ -523,6 +564,14 @@ def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptanc
         pos0_accepted += a > 0
         context = max(context, c)
     return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted)
+
+
+class RunBudget:
+    """One run's draft tokens proposed and verified so far, and the requests that verified drafts."""
+
+    def __init__(self) -> None:
+        self.proposed = self.verified = self.requests = self.new_requests = 0
+        self.emitted = False
 
 
 class RunSlices:
