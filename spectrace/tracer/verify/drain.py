@@ -393,6 +393,7 @@ class VerifyCapture(Capture):
         """``request_counts`` per request; ``request_slices`` once per request, at its first verified step."""
         now = time.time_ns()
         count_rows, slice_rows = [], []
+        by_slice: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(dict)  # this flush, for the metrics
         commons: dict[str, dict] = {}
         for (run_id, req_id), (steps, drafted, accepted) in per_request.items():
             common = commons.get(run_id)
@@ -407,6 +408,15 @@ class VerifyCapture(Capture):
                 self.run_budgets.setdefault(run_id, RunBudget()).new_requests += 1
             if labels is not None:
                 self.run_slices.setdefault(run_id, RunSlices()).add(labels, new, drafted, accepted)
+                if rt.metrics is not None:
+                    flush_counts = by_slice[run_id]
+                    for item in labels.items():
+                        counts = flush_counts.setdefault(item, [0, 0])
+                        counts[0] += drafted
+                        counts[1] += accepted
+        if rt.metrics is not None:
+            for run_id, counts in by_slice.items():
+                rt.metrics.slices(counts, rt.labels(run_id))
         rt.pipeline.extend("request_slices", slice_rows)
         rt.pipeline.extend("request_counts", count_rows)
 
@@ -473,6 +483,8 @@ class VerifyCapture(Capture):
                 continue
             rt.pipeline.append("draft_budget", {**rt.common(ENGINE, run_id=run_id), "ts": now, "proposed": proposed.get(run_id, 0),
                                                 "verified": v, "steps": steps, "new_requests": budget.new_requests})
+            if rt.metrics is not None:
+                rt.metrics.draft_budget(proposed.get(run_id, 0), v, rt.labels(run_id))
             budget.requests += budget.new_requests
             budget.new_requests = 0
             if budget.emitted:

@@ -1,0 +1,136 @@
+"""Request slices, the token budget and prefix-cache hits on real vLLM runs (CPU build).
+
+One child, four engines, each the zoo target drafting for itself (``draft_model``, 100 % greedy
+acceptance without request parameters), so any fall is the request's or the scheduler's doing:
+
+- ``penalized``: every other request asks for ``repetition_penalty=1.5``. The drafter proposes
+  from unpenalized logits, the target verifies after the penalty: ``SLICE_ACCEPTANCE_LOW`` names
+  the penalty, with the slice's numbers.
+- ``healthy``: the same engine and prompts without penalties: nothing new is raised.
+- ``budget``: ``max_num_batched_tokens=20`` for ``max_num_seqs=16`` and k 7: ``TOKEN_BUDGET_SHORT``
+  from the frontend's config audit, and the drafts the scheduler trimmed (``DRAFTS_UNVERIFIED``).
+- ``prefix``: prompts sharing a long prefix with prefix caching on, generated twice: the second
+  round hits the cache (``request_slices.cached_tokens``), hits and misses accept alike.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import spectrace.store
+from spectrace.audit import codes
+from spectrace.queries import named as named_queries
+from spectrace.testing.engine import EngineSpec, run_engines
+
+pytestmark = pytest.mark.vllm
+
+K = 3
+PROMPTS = [
+    "the quick brown fox", "hello world speculative decoding", "a b c d e f g", "once upon a time there was",
+    "the cat sat on the mat", "one two three four five", "in the beginning there was", "red green blue yellow",
+]
+PREFIX = "the quick brown fox jumps over the lazy dog " * 60
+
+
+@pytest.fixture(scope="module")
+def slice_runs(zoo, scratch, cache_root):
+    store = scratch / "slices-store"
+    target = zoo["target"]
+
+    def spec(name, k=K, **extra):
+        return EngineSpec(name=name, target=target, prompts=PROMPTS, max_tokens=48,
+                          speculative={"method": "draft_model", "model": target, "num_speculative_tokens": k}, **extra)
+
+    specs = [
+        spec("penalized", sampling=[{}, {"repetition_penalty": 1.5}]),
+        spec("healthy"),
+        spec("budget", k=7, extra_llm_kwargs={"max_num_seqs": 16, "max_num_batched_tokens": 20}),
+        EngineSpec(name="prefix", target=target, max_tokens=16, max_model_len=1024, repeat=2,
+                   prompts=[PREFIX + tail for tail in PROMPTS[:4]],
+                   speculative={"method": "draft_model", "model": target, "num_speculative_tokens": K},
+                   extra_llm_kwargs={"enable_prefix_caching": True}),
+    ]
+    started = time.perf_counter()
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "slices.log")
+    print(f"slices live child: {time.perf_counter() - started:.1f} s")
+    for name, result in results.items():
+        assert result.ok and result.run_id, (name, result.error)
+    return spectrace.store.open(store), results
+
+
+def findings(con, run_id, code):
+    return con.execute("select severity, message, evidence, fix, caused_by from findings where run_id = ? and code = ?",
+                       [run_id, code]).fetchall()
+
+
+def test_penalty_slice_is_named_with_its_numbers(slice_runs):
+    con, results = slice_runs
+    run = results["penalized"].run_id
+    [(severity, message, evidence, fix, _)] = findings(con, run, codes.SLICE_ACCEPTANCE_LOW)
+    ev = json.loads(evidence)
+    assert (severity, ev["dimension"], ev["value"]) == ("warning", "repetition_penalty", "1.5")
+    assert ev["slice"]["requests"] == 4 and ev["rest"]["requests"] == 4
+    assert ev["rest"]["rate"] == 1.0  # the target drafting for itself, unpenalized
+    assert ev["slice"]["rate"] < 0.75 and ev["slice"]["interval_95"][1] < ev["rest"]["interval_95"][0]
+    assert "cannot see request penalties" in fix and "repetition_penalty=1.5" in message
+    # the view says the same, from the store's complete per-request counts
+    view = {row[0]: row[1:] for row in con.execute(
+        "select value, requests, drafted, accepted, rest_rate from acceptance_by_slice "
+        "where run_id = ? and dimension = 'repetition_penalty'", [run]).fetchall()}
+    assert view["1.5"][:3] == (ev["slice"]["requests"], ev["slice"]["drafted"], ev["slice"]["accepted"])
+    assert view["off"][1] == ev["rest"]["drafted"] and view["1.5"][3] == 1.0
+    # and the counts agree with the run's acceptance_by_position (every request-step counted once)
+    total = con.execute("select sum(drafted), sum(accepted) from acceptance_by_position where run_id = ?", [run]).fetchone()
+    assert total == (view["1.5"][1] + view["off"][1], view["1.5"][2] + view["off"][2])
+    named = con.execute(named_queries.load("slice_acceptance_low")).fetchall()
+    assert any(r[0] == run and r[1] == "repetition_penalty" and r[2] == "1.5" for r in named)
+    print(f"penalized slice: {ev['slice']}, rest: {ev['rest']}")
+
+
+def test_healthy_twin_raises_nothing_new(slice_runs):
+    con, results = slice_runs
+    run = results["healthy"].run_id
+    new = (codes.SLICE_ACCEPTANCE_LOW, codes.TOKEN_BUDGET_SHORT, codes.DRAFTS_UNVERIFIED)
+    assert con.execute(f"select code from findings where run_id = ? and code in {new}", [run]).fetchall() == []
+    slices_seen = con.execute("select count(*), count(distinct repetition_penalty), min(prompt_tokens) from request_slices "
+                              "where run_id = ?", [run]).fetchone()
+    assert slices_seen[0] == 8 and slices_seen[1] == 1 and slices_seen[2] > 0
+    budget = con.execute("select sum(proposed), sum(verified) from draft_budget where run_id = ?", [run]).fetchone()
+    assert budget[0] >= budget[1] > 0  # every verified draft was proposed; the rest: each request's last proposal
+
+
+def test_token_budget_rule_live_and_the_drafts_it_trims(slice_runs):
+    con, results = slice_runs
+    run = results["budget"].run_id
+    [(severity, message, evidence, fix, _)] = findings(con, run, codes.TOKEN_BUDGET_SHORT)
+    ev = json.loads(evidence)
+    assert (ev["max_num_batched_tokens"], ev["max_num_seqs"], ev["num_speculative_tokens"]) == (20, 16, 7)
+    assert (ev["drafting_slots"], ev["needed"], ev["full_draft_requests"]) == (1, 16 * 9, 2)
+    proposed, verified = con.execute("select sum(proposed), sum(verified) from draft_budget where run_id = ?", [run]).fetchone()
+    [(severity, message, evidence, fix, caused_by)] = findings(con, run, codes.DRAFTS_UNVERIFIED)
+    ev = json.loads(evidence)
+    assert caused_by == codes.TOKEN_BUDGET_SHORT and ev["token_budget"]["needed"] == 144
+    assert ev["proposed"] <= proposed and ev["share"] >= 0.10 and ev["unverified"] == ev["proposed"] - ev["verified"] - 8 * 7
+    print(f"budget: proposed {proposed}, verified {verified}; finding {ev['share']:.1%} unverified")
+
+
+def test_prefix_cache_hits_are_recorded_and_accept_like_misses(slice_runs):
+    con, results = slice_runs
+    run = results["prefix"].run_id
+    rows = con.execute("select prompt_tokens, cached_tokens from request_slices where run_id = ? order by ts, request_id",
+                       [run]).fetchall()
+    assert len(rows) == 8 and all(p > 500 for p, _ in rows)
+    hits = [c for _, c in rows if c > 0]
+    assert len(hits) >= 4 and all(c < p for p, c in rows)  # the second round restores the shared prefix
+    requests, requests_hit, prompt, cached, rate = con.execute(
+        "select requests, requests_hit, prompt_tokens, cached_tokens, token_hit_rate from prefix_cache_hits where run_id = ?",
+        [run]).fetchone()
+    assert (requests, requests_hit, cached) == (8, len(hits), sum(hits)) and 0 < rate < 1
+    by_hit = dict(con.execute("select value, rate from acceptance_by_slice where run_id = ? and dimension = 'prefix_cache'",
+                              [run]).fetchall())
+    assert set(by_hit) == {"hit", "miss"} and by_hit["hit"] == by_hit["miss"] == 1.0
+    assert findings(con, run, codes.SLICE_ACCEPTANCE_LOW) == []
+    print(f"prefix: {len(hits)} of 8 requests hit, {cached} of {prompt} prompt tokens restored")
