@@ -214,6 +214,8 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("cached_tokens", "BIGINT"),  # restored from the prefix cache (local + external)
         ("generation_defaults", "JSON"),  # fields whose value is generation_config.json's default
         ("slice", "JSON"),  # dimension -> the request's banded value (spectrace.slices.request_slice)
+        ("block_size", "INTEGER"),  # the KV cache's block size
+        ("eagle_block_drop", "BOOLEAN"),  # vLLM dropped the last matched block of a hit (EAGLE-family drafters)
     ],
     # Per flush and request (engine core, complete): request-steps with drafts, drafted, accepted.
     "request_counts": [

@@ -219,3 +219,33 @@ def test_drain_counts_proposed_against_verified_drafts(traced):
     [f] = [f for f in sink.rows("findings") if f["code"] == codes.DRAFTS_UNVERIFIED]
     evidence = json.loads(f["evidence"])
     assert (evidence["unverified"], evidence["finished_allowance"]) == (720 - 240 - 4, 4)  # k unknown here: 1
+
+
+def test_dropped_hits_is_a_lower_bound_from_the_block_size():
+    assert audit.dropped_hits(4000, 8, 16, 8000) is None  # 128 of 4128: 3 %
+    assert audit.dropped_hits(0, 3, 1024, 8000) is None  # too few hit requests
+    ev = audit.dropped_hits(4 * 528, 4, 528, 8000)  # hybrid, large blocks: half the hits dropped
+    assert (ev["lost_tokens_at_least"], ev["share_of_hits_lost"]) == (2112, 0.5)
+    assert (ev["hit_rate"], ev["hit_rate_without_drop_at_least"]) == (0.264, 0.528)
+    f = audit.dropped_hits_finding(ev, "eagle3")
+    assert f.code == codes.PREFIX_HITS_DROPPED and "disable_eagle_block_drop" in f.fix and "at least 50%" in f.message
+
+
+def test_drain_names_dropped_hits_for_an_eagle_run(traced):
+    rt, sink = traced
+    capture = rt.verify
+    config = SimpleNamespace(
+        cache_config=SimpleNamespace(enable_prefix_caching=True, block_size=256),
+        speculative_config=SimpleNamespace(use_eagle_block_drop=lambda: True),
+        model_config=SimpleNamespace(get_diff_sampling_param=lambda: {"repetition_penalty": 1.0}),
+    )
+    capture.run_configs[RUN] = config
+    for i in range(6):
+        capture.new_requests.append(RequestNote(RUN, f"r{i}", params(), None, prefill(600, 256 if i else 0)))
+    capture.engine_steps.extend(_steps(10, {f"r{i}": 3 for i in range(6)}))
+    rt.flush()
+    [f] = [f for f in sink.rows("findings") if f["code"] == codes.PREFIX_HITS_DROPPED]
+    ev = json.loads(f["evidence"])
+    assert (ev["requests_hit"], ev["cached_tokens"], ev["lost_tokens_at_least"], ev["share_of_hits_lost"]) == (5, 1280, 1280, 0.5)
+    rows = sink.rows("request_slices")
+    assert {(r["block_size"], r["eagle_block_drop"]) for r in rows} == {(256, True)}

@@ -228,3 +228,11 @@ DRAFTS_UNVERIFIED = _code(
     "`Scheduler.update_draft_token_ids`)",
     "raise --max-num-batched-tokens (chunked prefill takes from the same budget), or lower num_speculative_tokens",
 )
+PREFIX_HITS_DROPPED = _code(
+    "PREFIX_HITS_DROPPED", "scheduler", ("warning",),
+    "warning",
+    "vLLM drops the last matched block of every prefix-cache hit for an EAGLE-family drafter (EAGLE, EAGLE3, MTP, "
+    "DFlash), and that block is ≥ 25 % of what ≥ 4 hit requests would have restored (a lower bound: a one-block "
+    "match dropped reads as a miss)",
+    'try "disable_eagle_block_drop": true in --speculative-config and compare acceptance, or a smaller block size',
+)

@@ -99,14 +99,25 @@ JOIN whole w USING (run_id)
 ORDER BY p.run_id, p.dimension, p.value;
 
 -- view: prefix_cache_hits
--- Per run: requests with drafts, their prompt tokens and the tokens the prefix cache restored.
+-- Per run: requests with drafts, their prompt tokens and the tokens the prefix cache restored. With an
+-- EAGLE-family drafter vLLM drops the last matched block of every hit: each hit request lost at least
+-- block_size tokens (a one-block match dropped reads as a miss, so this is a lower bound).
 SELECT run_id,
        count(*) AS requests,
        count(*) FILTER (WHERE cached_tokens > 0) AS requests_hit,
        sum(prompt_tokens) AS prompt_tokens,
        sum(cached_tokens) AS cached_tokens,
-       CASE WHEN sum(prompt_tokens) > 0 THEN sum(cached_tokens) / sum(prompt_tokens) END AS token_hit_rate
-FROM (SELECT run_id, request_id, any_value(prompt_tokens) AS prompt_tokens, any_value(cached_tokens) AS cached_tokens
+       CASE WHEN sum(prompt_tokens) > 0 THEN sum(cached_tokens) / sum(prompt_tokens) END AS token_hit_rate,
+       any_value(block_size) AS block_size,
+       bool_or(eagle_block_drop) AS eagle_block_drop,
+       CASE WHEN bool_or(eagle_block_drop)
+            THEN count(*) FILTER (WHERE cached_tokens > 0) * any_value(block_size) ELSE 0 END AS dropped_tokens_at_least,
+       CASE WHEN sum(prompt_tokens) > 0 THEN
+            (sum(cached_tokens) + CASE WHEN bool_or(eagle_block_drop)
+                                       THEN count(*) FILTER (WHERE cached_tokens > 0) * any_value(block_size) ELSE 0 END)
+            / sum(prompt_tokens) END AS token_hit_rate_without_drop_at_least
+FROM (SELECT run_id, request_id, any_value(prompt_tokens) AS prompt_tokens, any_value(cached_tokens) AS cached_tokens,
+             any_value(block_size) AS block_size, any_value(eagle_block_drop) AS eagle_block_drop
       FROM request_slices GROUP BY run_id, request_id)
 GROUP BY run_id
 ORDER BY run_id;

@@ -129,6 +129,20 @@ def scheduler_facts(vllm_config: Any) -> dict[str, Any] | None:
     }
 
 
+def prefix_cache_facts(vllm_config: Any) -> dict[str, Any]:
+    """Prefix caching on, its block size, and whether vLLM drops the last matched block of a hit for an
+    EAGLE-family drafter (``SpeculativeConfig.use_eagle_block_drop``: EAGLE, EAGLE3, MTP, DFlash, unless
+    ``disable_eagle_block_drop``), from a resolved ``VllmConfig``."""
+    cache = vllm_config.cache_config
+    spec = vllm_config.speculative_config
+    drop = getattr(spec, "use_eagle_block_drop", None) if spec is not None else None
+    return {
+        "enabled": bool(getattr(cache, "enable_prefix_caching", False)),
+        "block_size": getattr(cache, "block_size", None),
+        "eagle_block_drop": bool(drop()) if callable(drop) else False,
+    }
+
+
 def model_runner(vllm_config: Any) -> str | None:
     """``v2`` or ``v1``: which model runner this config selects."""
     try:

@@ -31,7 +31,7 @@ from spectrace import audit
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify.capture import ENGINE, MAX_REQUEST_FLAGS, WORKER, Capture, RequestNote, StepTiming
-from spectrace.vllm_objects.configs import scheduler_facts
+from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
 from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
@@ -426,9 +426,17 @@ class VerifyCapture(Capture):
         if note is not None:
             params = request_parameters(note.sampling_params, note.lora_request, note.prefill_stats)
             labels = slices.request_slice(params)
+            defaults = self._defaults(run_id)  # also reads the run's prefix-cache facts
+            run_slices = self.run_slices[run_id]
+            prefix = run_slices.prefix or {}
             rows.append({**common, "ts": now, "request_id": req_id, **params,
-                         "generation_defaults": json.dumps(defaults_in_force(params, self._defaults(run_id))),
-                         "slice": json.dumps(labels)})
+                         "generation_defaults": json.dumps(defaults_in_force(params, defaults)),
+                         "slice": json.dumps(labels), "block_size": prefix.get("block_size"),
+                         "eagle_block_drop": prefix.get("eagle_block_drop")})
+            if params["prompt_tokens"]:
+                run_slices.prompt_tokens += params["prompt_tokens"]
+                run_slices.cached_tokens += params["cached_tokens"]
+                run_slices.requests_hit += params["cached_tokens"] > 0
         if len(self.slice_of) >= MAX_REQUEST_FLAGS:
             self.slice_of.pop(next(iter(self.slice_of)))
         self.slice_of[req_id] = labels
@@ -445,6 +453,10 @@ class VerifyCapture(Capture):
                     run_slices.defaults = generation_defaults(vllm_config.model_config)
                 except Exception as exc:  # a model config this reader does not know: no defaults named
                     log.debug("spectrace: no generation_config defaults for this run: %s", exc)
+                try:
+                    run_slices.prefix = prefix_cache_facts(vllm_config)
+                except Exception as exc:
+                    log.debug("spectrace: no prefix-cache facts for this run: %s", exc)
         return run_slices.defaults
 
     def _judge_slices(self, rt, run_id: str) -> None:
@@ -455,9 +467,17 @@ class VerifyCapture(Capture):
         run_slices.changed = False
         k = int(_run_k(rt, run_id) or 1)
         gaps = [g for g in slices.slice_gaps(run_slices.by_slice, run_slices.total, k) if g.dimension not in run_slices.emitted]
-        if gaps:
-            run_slices.emitted.update(g.dimension for g in gaps)
-            findings = [audit.slice_finding(g, run_slices.defaults) for g in gaps]
+        findings = [audit.slice_finding(g, run_slices.defaults) for g in gaps]
+        run_slices.emitted.update(g.dimension for g in gaps)
+        prefix = run_slices.prefix or {}
+        if prefix.get("eagle_block_drop") and codes.PREFIX_HITS_DROPPED not in run_slices.emitted:
+            evidence = audit.dropped_hits(run_slices.cached_tokens, run_slices.requests_hit, prefix.get("block_size"),
+                                          run_slices.prompt_tokens)
+            if evidence is not None:
+                run = rt.run_by_id(run_id)
+                findings.append(audit.dropped_hits_finding(evidence, run.info.get("method") if run is not None else None))
+                run_slices.emitted.add(codes.PREFIX_HITS_DROPPED)
+        if findings:
             audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
 
     # -- the token budget: drafts proposed vs drafts verified ------------------------
@@ -593,6 +613,8 @@ class RunSlices:
         self.by_slice: dict[tuple[str, str], list[int]] = {}
         self.requests = self.drafted = self.accepted = 0
         self.defaults: dict | None = None  # generation_config sampling defaults (read once)
+        self.prefix: dict | None = None  # prefix caching, block size, EAGLE block drop (read with the defaults)
+        self.prompt_tokens = self.cached_tokens = self.requests_hit = 0
         self.emitted: set[str] = set()  # dimensions already reported
         self.changed = False
 
