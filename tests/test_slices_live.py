@@ -10,7 +10,10 @@ acceptance without request parameters), so any fall is the request's or the sche
 - ``budget``: ``max_num_batched_tokens=20`` for ``max_num_seqs=16`` and k 7: ``TOKEN_BUDGET_SHORT``
   from the frontend's config audit, and the drafts the scheduler trimmed (``DRAFTS_UNVERIFIED``).
 - ``prefix``: prompts sharing a long prefix with prefix caching on, generated twice: the second
-  round hits the cache (``request_slices.cached_tokens``), hits and misses accept alike.
+  round hits the cache (``request_slices.cached_tokens``), hits and misses accept alike; a
+  ``draft_model`` drafter: no block dropped, no ``PREFIX_HITS_DROPPED`` (its healthy twin).
+- ``eagle_prefix``: the same with an EAGLE3 drafter and 256-token blocks: vLLM drops the last matched
+  block of each hit, half of what the hits would have restored: ``PREFIX_HITS_DROPPED``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 import pytest
 
 import spectrace.store
+from spectrace import slices
 from spectrace.audit import codes
 from spectrace.queries import named as named_queries
 from spectrace.testing.engine import EngineSpec, run_engines
@@ -40,18 +44,23 @@ def slice_runs(zoo, scratch, cache_root):
     store = scratch / "slices-store"
     target = zoo["target"]
 
-    def spec(name, k=K, **extra):
-        return EngineSpec(name=name, target=target, prompts=PROMPTS, max_tokens=48,
+    def spec(name, k=K, max_tokens=48, **extra):
+        return EngineSpec(name=name, target=target, prompts=PROMPTS, max_tokens=max_tokens,
                           speculative={"method": "draft_model", "model": target, "num_speculative_tokens": k}, **extra)
 
     specs = [
         spec("penalized", sampling=[{}, {"repetition_penalty": 1.5}]),
         spec("healthy"),
-        spec("budget", k=7, extra_llm_kwargs={"max_num_seqs": 16, "max_num_batched_tokens": 20}),
+        spec("budget", k=7, max_tokens=128, extra_llm_kwargs={"max_num_seqs": 16, "max_num_batched_tokens": 20}),
         EngineSpec(name="prefix", target=target, max_tokens=16, max_model_len=1024, repeat=2,
                    prompts=[PREFIX + tail for tail in PROMPTS[:4]],
                    speculative={"method": "draft_model", "model": target, "num_speculative_tokens": K},
                    extra_llm_kwargs={"enable_prefix_caching": True}),
+        # EAGLE3 (the zero-norm pair: 100 % acceptance) with 256-token blocks: vLLM drops the last matched block
+        EngineSpec(name="eagle_prefix", target=zoo["target_zero"], max_tokens=16, max_model_len=1024, repeat=2,
+                   prompts=[PREFIX + tail for tail in PROMPTS[:4]],
+                   speculative={"method": "eagle3", "model": zoo["eagle3_zero"], "num_speculative_tokens": K},
+                   extra_llm_kwargs={"enable_prefix_caching": True, "block_size": 256}),
     ]
     started = time.perf_counter()
     results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "slices.log")
@@ -80,8 +89,12 @@ def test_penalty_slice_is_named_with_its_numbers(slice_runs):
     view = {row[0]: row[1:] for row in con.execute(
         "select value, requests, drafted, accepted, rest_rate from acceptance_by_slice "
         "where run_id = ? and dimension = 'repetition_penalty'", [run]).fetchall()}
-    assert view["1.5"][:3] == (ev["slice"]["requests"], ev["slice"]["drafted"], ev["slice"]["accepted"])
-    assert view["off"][1] == ev["rest"]["drafted"] and view["1.5"][3] == 1.0
+    # the finding was judged at the first flush where the rule held; the view holds the whole run
+    assert ev["slice"]["drafted"] <= view["1.5"][1] and ev["rest"]["drafted"] <= view["off"][1]
+    assert view["1.5"][0] == view["off"][0] == 4 and view["1.5"][3] == 1.0
+    final = slices.slice_gap("repetition_penalty", "1.5", view["1.5"][:3], (8, view["1.5"][1] + view["off"][1],
+                             view["1.5"][2] + view["off"][2]), K)
+    assert final is not None and final.rest_rate == 1.0
     # and the counts agree with the run's acceptance_by_position (every request-step counted once)
     total = con.execute("select sum(drafted), sum(accepted) from acceptance_by_position where run_id = ?", [run]).fetchone()
     assert total == (view["1.5"][1] + view["off"][1], view["1.5"][2] + view["off"][2])
@@ -113,7 +126,7 @@ def test_token_budget_rule_live_and_the_drafts_it_trims(slice_runs):
     [(severity, message, evidence, fix, caused_by)] = findings(con, run, codes.DRAFTS_UNVERIFIED)
     ev = json.loads(evidence)
     assert caused_by == codes.TOKEN_BUDGET_SHORT and ev["token_budget"]["needed"] == 144
-    assert ev["proposed"] <= proposed and ev["share"] >= 0.10 and ev["unverified"] == ev["proposed"] - ev["verified"] - 8 * 7
+    assert ev["proposed"] <= proposed and ev["share"] >= 0.10 and ev["unverified"] == ev["proposed"] - ev["verified"] - ev["requests"] * 7
     print(f"budget: proposed {proposed}, verified {verified}; finding {ev['share']:.1%} unverified")
 
 
@@ -134,3 +147,23 @@ def test_prefix_cache_hits_are_recorded_and_accept_like_misses(slice_runs):
     assert set(by_hit) == {"hit", "miss"} and by_hit["hit"] == by_hit["miss"] == 1.0
     assert findings(con, run, codes.SLICE_ACCEPTANCE_LOW) == []
     print(f"prefix: {len(hits)} of 8 requests hit, {cached} of {prompt} prompt tokens restored")
+
+
+def test_eagle_block_drop_costs_half_the_hits(slice_runs):
+    con, results = slice_runs
+    run = results["eagle_prefix"].run_id
+    row = con.execute("select requests, requests_hit, cached_tokens, block_size, eagle_block_drop, dropped_tokens_at_least, "
+                      "token_hit_rate, token_hit_rate_without_drop_at_least from prefix_cache_hits where run_id = ?",
+                      [run]).fetchone()
+    requests, hit, cached, block, drop, dropped, rate, without = row
+    assert (requests, block, drop) == (8, 256, True) and hit >= 4 and dropped == hit * 256 and without > rate
+    [(severity, message, evidence, fix, _)] = findings(con, run, codes.PREFIX_HITS_DROPPED)
+    ev = json.loads(evidence)
+    assert (ev["requests_hit"], ev["cached_tokens"], ev["block_size"]) == (hit, cached, 256)
+    assert ev["share_of_hits_lost"] >= 0.25 and "disable_eagle_block_drop" in fix
+    # the draft_model twin keeps its whole hits
+    twin = results["prefix"].run_id
+    assert con.execute("select eagle_block_drop, dropped_tokens_at_least from prefix_cache_hits where run_id = ?",
+                       [twin]).fetchone() == (False, 0)
+    assert findings(con, twin, codes.PREFIX_HITS_DROPPED) == []
+    print(f"eagle prefix: {hit} hits, {cached} tokens restored, at least {dropped} dropped ({ev['share_of_hits_lost']:.0%})")
