@@ -21,6 +21,7 @@ WORKER = "worker"
 
 MAX_BUFFERED_STEPS = 100_000  # per deque: beyond it a step is dropped and counted
 MAX_REQUEST_FLAGS = 100_000  # requests remembered (greedy, structured; trace headers)
+MAX_ACTIVE_SLICES = 10_000  # requests whose slice the drain keeps (added, or verifying): the oldest go first
 
 
 class EngineStep(NamedTuple):

@@ -30,7 +30,7 @@ from spectrace import acceptance, slices
 from spectrace import audit
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
-from spectrace.tracer.verify.capture import ENGINE, MAX_REQUEST_FLAGS, WORKER, Capture, RequestNote, StepTiming
+from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, RequestNote, StepTiming
 from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
 from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
 
@@ -70,7 +70,7 @@ class VerifyCapture(Capture):
             worker = self.take_worker_steps()
             dropped = self.take_dropped()
             for note in self.take_new_requests():
-                if len(self.requests) >= MAX_REQUEST_FLAGS:
+                if len(self.requests) >= MAX_ACTIVE_SLICES:  # never verified (finished first, or no drafts)
                     self.requests.pop(next(iter(self.requests)))
                 self.requests[note.request_id] = note
             if dropped:
@@ -437,7 +437,7 @@ class VerifyCapture(Capture):
                 run_slices.prompt_tokens += params["prompt_tokens"]
                 run_slices.cached_tokens += params["cached_tokens"]
                 run_slices.requests_hit += params["cached_tokens"] > 0
-        if len(self.slice_of) >= MAX_REQUEST_FLAGS:
+        if len(self.slice_of) >= MAX_ACTIVE_SLICES:
             self.slice_of.pop(next(iter(self.slice_of)))
         self.slice_of[req_id] = labels
         return labels
