@@ -193,6 +193,47 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("length", "INTEGER"),
         ("count", "BIGINT"),
     ],
+    # One row per request with drafts (engine core, at its first verified step): the parameters that
+    # change what the target verifies, no prompt text and no token id (spectrace.vllm_objects.requests).
+    "request_slices": [
+        ("ts", "TIMESTAMP_NS"),
+        ("request_id", "VARCHAR"),
+        ("temperature", "DOUBLE"),
+        ("top_p", "DOUBLE"),
+        ("top_k", "INTEGER"),
+        ("min_p", "DOUBLE"),
+        ("repetition_penalty", "DOUBLE"),
+        ("presence_penalty", "DOUBLE"),
+        ("frequency_penalty", "DOUBLE"),
+        ("logit_bias_tokens", "INTEGER"),  # how many tokens the logit bias names
+        ("allowed_tokens", "INTEGER"),
+        ("bad_words", "INTEGER"),
+        ("structured_output", "VARCHAR"),  # json | regex | choice | grammar | json_object | structural_tag
+        ("lora_adapter", "VARCHAR"),
+        ("prompt_tokens", "BIGINT"),
+        ("cached_tokens", "BIGINT"),  # restored from the prefix cache (local + external)
+        ("generation_defaults", "JSON"),  # fields whose value is generation_config.json's default
+        ("slice", "JSON"),  # dimension -> the request's banded value (spectrace.slices.request_slice)
+        ("block_size", "INTEGER"),  # the KV cache's block size
+        ("eagle_block_drop", "BOOLEAN"),  # vLLM dropped the last matched block of a hit (EAGLE-family drafters)
+    ],
+    # Per flush and request (engine core, complete): request-steps with drafts, drafted, accepted.
+    "request_counts": [
+        ("ts", "TIMESTAMP_NS"),
+        ("request_id", "VARCHAR"),
+        ("request_steps", "BIGINT"),
+        ("drafted", "BIGINT"),
+        ("accepted", "BIGINT"),
+    ],
+    # Per flush (engine core, synchronous scheduling): draft tokens the worker proposed
+    # (Scheduler.update_draft_token_ids) and draft tokens the scheduled steps verified.
+    "draft_budget": [
+        ("ts", "TIMESTAMP_NS"),
+        ("proposed", "BIGINT"),
+        ("verified", "BIGINT"),
+        ("steps", "BIGINT"),  # steps that verified drafts
+        ("new_requests", "BIGINT"),  # requests whose first verified step was in this flush
+    ],
 }
 
 JSON_COLUMNS = {

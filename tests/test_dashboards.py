@@ -197,6 +197,12 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
     for family, slope in (("step_seconds", 2.0), ("draft_seconds", 0.5), ("request_steps", 400), ("tokens", 1000)):
         add(f"spectrace_speculation_{family}", "counter", {"rank": "0"}, 0, slope)
     add("spectrace_speculation_speedup_estimate", "gauge", {"rank": "0"}, 1.4)
+    # request slices: penalized requests accept 20 %, the others 100 %; 120 drafts proposed per interval, 90 verified
+    for value, drafted, accepted in (("1.5", 100, 20), ("off", 100, 100)):
+        add("spectrace_slice_drafted_tokens", "counter", {"dimension": "repetition_penalty", "value": value}, 0, drafted)
+        add("spectrace_slice_accepted_tokens", "counter", {"dimension": "repetition_penalty", "value": value}, 0, accepted)
+    add("spectrace_drafts_proposed", "counter", {}, 0, 120)
+    add("spectrace_drafts_verified", "counter", {}, 0, 90)
     add("spectrace_context_boundary", "gauge", {"model_role": "draft", "field": "max_position_embeddings"}, 4096)
     for code, severity, role in (("SWA_DROPPED", "error", "draft"), ("TAP_MISMATCH", "error", "draft"),
                                  ("METHOD_INFERRED", "info", "draft"), ("DRAFT_CONTEXT_SHORT", "warning", "draft")):
@@ -276,6 +282,8 @@ def test_every_panel_query_returns_data_from_the_metrics_contract(tmp_path):
     assert row("Acceptance rate by position", position="0") == [pytest.approx((0.7 + 0.14) / 2)]
     assert row("Acceptance by context bucket × position", position="1", context_bucket="4k-8k") == [pytest.approx(0.08)]
     assert row("Mean acceptance length over time") == [pytest.approx(2.1)]
+    assert row("Acceptance by request slice", value="1.5") == [pytest.approx(0.2)]
+    assert row("Drafts never verified") == [pytest.approx(0.25)]
     assert row("Collapse alert") == [1] and row("Acceptance alert state [A]") == [2] and row("Acceptance alert state [B]") == [1]
 
 
@@ -501,7 +509,7 @@ def _one_line_error(capsys) -> str:
 def test_push_creates_folder_dashboards_and_rules_and_is_idempotent(grafana, token_env, capsys):
     assert main(["dashboards", "push", "--url", grafana.url]) == 0
     out = capsys.readouterr().out
-    assert "created" in out and "4 rules on data source prom-main" in out
+    assert "created" in out and "5 rules on data source prom-main" in out
     assert grafana.problems == []
     assert set(grafana.folders) == {"spectrace"} and grafana.folders["spectrace"]["title"] == "Spectrace"
     assert set(grafana.dashboards) == {build.ACCEPTANCE_UID, build.CONFIGURATION_UID}

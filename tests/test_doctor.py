@@ -311,6 +311,21 @@ def test_qwen3_draft_model_for_a_qwen3_target_is_clean(capsys, models):
     assert layout(report) == [("full", None)] * 28 and layout(report, "target") == [("full", None)] * 36
 
 
+def test_token_budget_below_a_full_batch_of_drafts_is_token_budget_short(capsys, models):
+    """draft_model, k 3: a decoding request takes 1 + 3 tokens and 1 drafting slot of max_num_batched_tokens."""
+    args = ["--target", models["qwen3-8b"], "--draft", models["qwen3-0.6b"], "--method", "draft_model",
+            "--num-speculative-tokens", "3", "--max-model-len", "1024", "--max-num-seqs", "256"]
+    rc, report = run_json(capsys, *args, "--max-num-batched-tokens", "1024")
+    assert (rc, triples(report)) == (0, [("TOKEN_BUDGET_SHORT", "warning", None)])
+    f = finding(report, "TOKEN_BUDGET_SHORT")
+    assert (f["evidence"]["needed"], f["evidence"]["full_draft_requests"], f["evidence"]["drafting_slots"]) == (1280, 204, 1)
+    assert f["evidence"]["vllm_rule"].startswith("vllm.v1.core.sched.scheduler.Scheduler.schedule")
+    assert "--max-num-batched-tokens to at least 1280" in f["fix"]
+    # the healthy twin: the budget fits a full batch
+    rc, report = run_json(capsys, *args, "--max-num-batched-tokens", "1280")
+    assert (rc, report["findings"]) == (0, [])
+
+
 def test_target_layers_follow_the_target_model_class_rule(capsys, models):
     """Gemma 3: no layer_types, a window and a 5:1 pattern; vLLM's Gemma3 class slides 22 of 26 layers."""
     rc, report = run_json(capsys, "--target", models["gemma3-1b"], "--draft", models["gemma3-1b"], "--method", "draft_model")
@@ -406,6 +421,8 @@ BAD = {
                        "unknown runner 'v3'"),
     "bad k": (lambda m, b: ["--target", m["qwen3-8b"], "--draft", m["qwen3-0.6b"], "--num-speculative-tokens", "0"],
               "positive integer"),
+    "bad budget": (lambda m, b: ["--target", m["qwen3-8b"], "--draft", m["qwen3-0.6b"], "--max-num-batched-tokens", "x"],
+                   "--max-num-batched-tokens must be a positive integer"),
     "no target": (lambda m, b: ["--draft", m["qwen3-0.6b"]], "needs --target"),
     "no draft": (lambda m, b: ["--target", m["qwen3-8b"]], "needs --draft"),
     "flag without value": (lambda m, b: ["--target", m["qwen3-8b"], "--draft"], "expected one argument"),
@@ -459,6 +476,7 @@ def test_query_stays_fast_without_vllm():
 LIVE_ONLY = {
     "ACCEPTANCE_COLLAPSE", "ACCEPTANCE_RECOVERED", "VERIFY_DISAGREEMENT",  # measured while serving
     "CONTEXT_CLIFF", "POSITION_CLIFF", "DUMMY_DRAFTS", "SPECULATION_NOT_PAYING",
+    "SLICE_ACCEPTANCE_LOW", "DRAFTS_UNVERIFIED", "PREFIX_HITS_DROPPED",
 }  # fmt: skip
 LAYOUT_COLUMNS = ("declared_type", "declared_window", "resolved_type", "resolved_window",
                   "runtime_type", "runtime_window", "kv_cache_spec", "causal")  # fmt: skip

@@ -76,7 +76,7 @@ def test_a_hostile_vllm_object_never_costs_vllm_its_result(rt, hook):
     assert len(calls) == 1 and all(a is b for a, b in zip(calls[0], args))  # called once, with vLLM's own arguments
 
 
-PER_STEP = ["engine_core.verify", "engine_core.add_request", "worker.verify", "worker.execute_model", "worker.verify_v2.sample"]
+PER_STEP = ["engine_core.verify", "engine_core.add_request", "engine_core.proposals", "worker.verify", "worker.execute_model", "worker.verify_v2.sample"]
 
 
 @pytest.mark.parametrize("name", PER_STEP)

@@ -47,3 +47,35 @@ def test_report_marks_exactly_the_layers_the_audit_finds(tmp_path):
     assert found == list(range(12))
     assert _flags(text) == found
     assert "12 mismatched (!)" in text
+
+
+def test_report_shows_acceptance_by_request_slice_prefix_hits_and_drafts(tmp_path):
+    """The views over request_slices / request_counts / draft_budget as the drain writes them."""
+    import json
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    writer.append("runs", {"run_id": "r1", "process_role": "frontend", "started_at": 1, "target_model": "t"})
+    for i in range(4):
+        penalty = "1.5" if i % 2 else "off"
+        writer.append("request_slices", {"run_id": "r1", "process_role": "engine_core", "ts": 2, "request_id": f"q{i}",
+                                         "repetition_penalty": 1.5 if i % 2 else 1.0, "prompt_tokens": 600,
+                                         "cached_tokens": 256 if i >= 2 else 0, "block_size": 256, "eagle_block_drop": True,
+                                         "slice": json.dumps({"repetition_penalty": penalty, "temperature": "greedy"})})
+        writer.append("request_counts", {"run_id": "r1", "process_role": "engine_core", "ts": 3, "request_id": f"q{i}",
+                                         "request_steps": 10, "drafted": 30, "accepted": 6 if i % 2 else 30})
+    writer.append("draft_budget", {"run_id": "r1", "process_role": "engine_core", "ts": 3, "proposed": 150, "verified": 120,
+                                   "steps": 10, "new_requests": 4})
+    writer.flush()
+    con = spectrace.store.open(tmp_path)
+    rows = con.execute("select dimension, value, requests, drafted, accepted, rate, rest_rate from acceptance_by_slice "
+                       "order by dimension, value").fetchall()
+    assert rows == [("repetition_penalty", "1.5", 2, 60, 12, 0.2, 1.0), ("repetition_penalty", "off", 2, 60, 60, 1.0, 0.2),
+                    ("temperature", "greedy", 4, 120, 72, 0.6, None)]
+    hits = con.execute("select requests, requests_hit, cached_tokens, dropped_tokens_at_least, token_hit_rate, "
+                       "token_hit_rate_without_drop_at_least from prefix_cache_hits").fetchone()
+    assert hits == (4, 2, 512, 512, 512 / 2400, 1024 / 2400)
+    text = report.render(con)
+    section = text.split("Acceptance by request slice")[1]
+    assert "repetition_penalty" in section and "20.0%" in section and "temperature" not in section  # one value: no row
+    assert "prefix cache: 2 of 4 requests hit, 512 of 2400 prompt tokens restored" in text
+    assert "drafts: 150 proposed, 120 verified (20.0% not" in text

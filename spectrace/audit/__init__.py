@@ -15,6 +15,9 @@ plain dicts, and the unit tests feed them hand-written ones. One module per topi
 - ``causality``: DFlash causality (``CAUSAL_INFERRED``)
 - ``window``: a ``draft_model`` drafter gets the target's window
 - ``curve``: the acceptance curve (boundaries, cliffs, dummy drafts, collapse, not paying)
+- ``requests``: request slices the drafter cannot see (``SLICE_ACCEPTANCE_LOW``), the token budget
+  (``TOKEN_BUDGET_SHORT``), drafts never verified (``DRAFTS_UNVERIFIED``), prefix-cache
+  hits the EAGLE block drop costs (``PREFIX_HITS_DROPPED``)
 - ``ranks``: agreement within one engine (``RANK_DISAGREEMENT``, ``VERIFY_DISAGREEMENT``)
 - ``judge``: one function that composes them for a run's facts
 
@@ -62,6 +65,7 @@ from spectrace.audit.layout import (
 from spectrace.audit.load import explain_build_error, explain_load_error, runner_refusal
 from spectrace.audit.pair import architecture_method, audit_pair, effective_context
 from spectrace.audit.ranks import disagreement_finding, rank_disagreements
+from spectrace.audit.requests import dropped_hits, dropped_hits_finding, drafting_slots, slice_finding, token_budget_findings, unverified_drafts, unverified_finding
 from spectrace.audit.resolution import FieldDiff, audit_config, draft_root_causes, field_diffs, root_causes
 from spectrace.audit.taps import TAP_FIELDS, TapAudit, audit_taps, declared_taps
 from spectrace.audit.window import reapplied_window, target_window
@@ -76,4 +80,5 @@ __all__ = [
     "dummy_drafts_finding", "effective_context", "explain_build_error", "explain_load_error", "field_diffs", "judge",
     "layer_plans", "layout_status", "mismatched_layers", "not_paying_finding", "position_cliff_finding",
     "rank_disagreements", "reapplied_window", "root_causes", "runner_refusal", "target_window", "with_runtime",
+    "dropped_hits", "dropped_hits_finding", "drafting_slots", "slice_finding", "token_budget_findings", "unverified_drafts", "unverified_finding",
 ]

@@ -200,3 +200,39 @@ SPECULATION_NOT_PAYING = _code(
     "the speed-up estimate (below) stays under 1 over the last 200 worker steps (≥ 50)",
     "turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
 )
+# -- requests and the scheduler: slices the drafter cannot see, the token budget (#24)
+SLICE_ACCEPTANCE_LOW = _code(
+    "SLICE_ACCEPTANCE_LOW", "verification", ("warning",),
+    "warning",
+    "requests sharing one parameter value (a penalty, logit bias, bad words, allowed tokens, min-p, temperature band, "
+    "top-p/top-k, a grammar, a LoRA adapter, a prefix-cache hit, a prompt-length band) accept under 75 % of the rest "
+    "of the run's rate, the 95 % intervals apart (≥ 100 drafted tokens and ≥ 2 requests each side; a request-step's "
+    "k drafts count as one trial); the drafter proposes without what the target verifies with",
+    "for penalties, logit bias, bad words, allowed tokens, min-p: the drafter cannot see them, route such requests to "
+    "an engine without speculative decoding or drop the parameter (`--generation-config vllm` where "
+    "generation_config.json sets it); a LoRA adapter: a drafter for the adapter; a prefix-cache hit: reset the prefix cache",
+)
+TOKEN_BUDGET_SHORT = _code(
+    "TOKEN_BUDGET_SHORT", "scheduler", ("warning",),
+    "warning",
+    "`max_num_batched_tokens` is below `max_num_seqs` × (1 + k + the method's drafting slots): a full batch of decoding "
+    "requests gets its drafts trimmed or leaves requests waiting (chunked prefill takes from the same budget); "
+    "live and in `doctor`",
+    "raise --max-num-batched-tokens to the product, or lower --max-num-seqs or num_speculative_tokens",
+)
+DRAFTS_UNVERIFIED = _code(
+    "DRAFTS_UNVERIFIED", "scheduler", ("warning",),
+    "warning (caused by `TOKEN_BUDGET_SHORT` when the budget rule holds for the run)",
+    "≥ 10 % of the draft tokens the worker proposed never reached verification (≥ 500 proposed; each finished request's "
+    "last proposal allowed): the scheduler trimmed them to its token budget; synchronous scheduling (the engine core's "
+    "`Scheduler.update_draft_token_ids`)",
+    "raise --max-num-batched-tokens (chunked prefill takes from the same budget), or lower num_speculative_tokens",
+)
+PREFIX_HITS_DROPPED = _code(
+    "PREFIX_HITS_DROPPED", "scheduler", ("warning",),
+    "warning",
+    "vLLM drops the last matched block of every prefix-cache hit for an EAGLE-family drafter (EAGLE, EAGLE3, MTP, "
+    "DFlash), and that block is ≥ 25 % of what ≥ 4 hit requests would have restored (a lower bound: a one-block "
+    "match dropped reads as a miss)",
+    'try "disable_eagle_block_drop": true in --speculative-config and compare acceptance, or a smaller block size',
+)

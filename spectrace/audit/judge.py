@@ -1,5 +1,7 @@
 """One judge: the facts of a run in, its findings, root causes and context boundaries out.
 
+The composition: config → pair → refusal → token budget → layout → root causes → boundaries.
+
 The frontend (``tracer.audit_live``), the engine core (``tracer.verify``) and
 ``spectrace doctor`` each gather what their process can know and call
 :func:`judge`, so the composition (config → pair → refusal → layout → root causes
@@ -18,6 +20,7 @@ from spectrace.audit.findings import Finding
 from spectrace.audit.layout import audit_model_layout, config_findings, layout_status
 from spectrace.audit.load import explain_load_error
 from spectrace.audit.pair import audit_pair
+from spectrace.audit.requests import token_budget_findings
 from spectrace.audit.resolution import FieldDiff, root_causes
 
 
@@ -38,6 +41,8 @@ class RunFacts:
     # built or read in this process, so no LAYOUT_MISMATCH can be judged here
     runtime_layers: dict[str, list[dict[str, Any]] | None] | None = None
     load_error: str | None = None  # vLLM refused the configs: its error text
+    # the scheduler's budget and the speculation it must fit (``vllm_objects.configs.scheduler_facts``)
+    scheduler: dict[str, Any] | None = None
 
 
 @dataclass
@@ -73,6 +78,8 @@ def judge(facts: RunFacts) -> Judgement:
     )
     if facts.load_error is not None:
         findings.append(explain_load_error(facts.load_error, findings))
+    if facts.scheduler is not None:
+        findings += token_budget_findings(**facts.scheduler)
     plans: dict[str, list[LayerPlan]] = {}
     statuses: dict[str, list[str]] = {}
     built_from = facts.built_from if facts.built_from is not None else {

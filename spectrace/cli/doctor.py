@@ -28,6 +28,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             num_speculative_tokens=args.num_speculative_tokens,
             runner=args.runner,
             max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
         )
     except DoctorInputError as exc:
         raise UsageError(str(exc)) from None
@@ -68,6 +70,9 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
         help="whose rules apply: v2 (default; vLLM 0.32's default on CUDA) or v1 (the CPU build's)",
     )
     parser.add_argument("--max-model-len", metavar="N", help="as vLLM's --max-model-len (default: derived by vLLM)")
+    parser.add_argument("--max-num-seqs", metavar="N", help="as vLLM's --max-num-seqs (default: vLLM's)")
+    parser.add_argument("--max-num-batched-tokens", metavar="N",
+                        help="as vLLM's --max-num-batched-tokens (default: vLLM's); checked against max-num-seqs x (1 + k)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=cmd_doctor)
     parser.error = _one_line_error  # type: ignore[method-assign]

@@ -159,6 +159,10 @@ def _tap_mismatch_value(p: Profile) -> str:
     return _findings('code=~"' + "|".join(promql.TAP_CODES) + '"')
 
 
+def _request_finding_value(p: Profile) -> str:
+    return _findings('code=~"' + "|".join(promql.REQUEST_CODES) + '"')
+
+
 @dataclass(frozen=True)
 class AlertRule:
     """One check. ``threshold`` and ``for_`` name ``Profile`` fields (or give a number)."""
@@ -263,6 +267,24 @@ RULES: tuple[AlertRule, ...] = (
             "target depth; acceptance drops without an error. Run: spectrace query --named tap_mismatch."
         ),
         named_query="tap_mismatch",
+    ),
+    AlertRule(
+        name="SpectraceRequestsCostAcceptance",
+        uid="spectrace-requests-cost-acceptance",
+        severity="warning",
+        value=_request_finding_value,
+        op=">",
+        threshold=0,
+        for_="finding_for",
+        summary="Requests or the scheduler cost speculation: {{ $labels.code }} on {{ $labels.instance }}",
+        description=(
+            "spectrace found {{ $labels.code }} for " + _DEPLOYMENT_TEXT + " (run {{ $labels.run_id }}). Likely cause: "
+            "requests whose penalties, logit bias, grammar or LoRA adapter the drafter cannot see accept far below the "
+            "rest (SLICE_ACCEPTANCE_LOW), or max_num_batched_tokens too small for max_num_seqs x (1 + k) trims drafts "
+            "(TOKEN_BUDGET_SHORT, DRAFTS_UNVERIFIED). Run: spectrace query --named slice_acceptance_low, then "
+            "spectrace report (acceptance by request slice, drafts proposed vs verified)."
+        ),
+        named_query="slice_acceptance_low",
     ),
 )
 

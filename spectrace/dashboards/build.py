@@ -349,6 +349,29 @@ def acceptance_dashboard() -> Any:
         .with_target(k.query(promql.acceptance(W, ["instance"], MATCHERS), "{{instance}}"))
     )
 
+    # -- requests and the scheduler
+    d = d.with_row(k.row("Requests and the scheduler"))
+    d = d.with_panel(
+        k.table_panel("Acceptance by request slice",
+                      "Acceptance over the selected range per request parameter and value (a penalty, logit bias, "
+                      "temperature band, top-p/top-k, grammar, LoRA adapter, prefix-cache hit, prompt length). The "
+                      "drafter proposes without the request's penalties and logit processors: one value far below the "
+                      f"others is {codes.SLICE_ACCEPTANCE_LOW}.", span=16)
+        .unit("percentunit").decimals(1).min(0).max(1)
+        .color_scheme(db.FieldColor().mode(dm.FieldColorModeId.CONTINUOUS_RD_YL_GR))
+        .cell_options(k.cm.TableColoredBackgroundCellOptions())
+        .with_target(k.query(promql.slice_acceptance("$__range", matchers=MATCHERS, fn="increase"), instant=True, table=True))
+        .with_transformation(k.hide_fields("Time"))
+    )
+    d = d.with_panel(
+        k.timeseries_panel("Drafts never verified", "Share of the draft tokens the worker proposed that no step verified: "
+                           "the scheduler trimmed them to max_num_batched_tokens, or their request finished "
+                           f"({codes.DRAFTS_UNVERIFIED}, {codes.TOKEN_BUDGET_SHORT}; synchronous scheduling).",
+                           "percentunit", span=8)
+        .min(0).max(1).decimals(1)
+        .with_target(k.query(promql.unverified_share(W, matchers=MATCHERS), "not verified"))
+    )
+
     # -- alerts
     d = d.with_row(k.row("Alerts"))
     drop = alerts.rule("SpectraceAcceptanceDrop")

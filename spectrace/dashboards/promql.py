@@ -20,6 +20,10 @@ VERIFY_STEPS = "spectrace_verify_steps_total"
 ACCEPTANCE_LENGTH = "spectrace_verify_acceptance_length"  # histogram: _bucket, _sum, _count
 WORKER_DRAFTED = "spectrace_worker_verified_drafted_tokens_total"
 WORKER_ACCEPTED = "spectrace_worker_verified_accepted_tokens_total"
+SLICE_DRAFTED = "spectrace_slice_drafted_tokens_total"  # dimension, value: the request slices (spectrace.slices)
+SLICE_ACCEPTED = "spectrace_slice_accepted_tokens_total"
+DRAFTS_PROPOSED = "spectrace_drafts_proposed_total"
+DRAFTS_VERIFIED = "spectrace_drafts_verified_total"
 CONFIG_FINDING = "spectrace_config_finding"
 ATTENTION_LAYER = "spectrace_attention_layer"
 HIDDEN_STATES_TAP = "spectrace_hidden_states_tap"
@@ -47,6 +51,8 @@ CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+
 
 # the tap findings that mean the drafter reads the wrong hidden states (errors; TAP_DEFAULTED is a warning)
 TAP_CODES = codes.codes(component="taps", severity="error")
+# the findings about requests and the scheduler: a slice the drafter cannot see, the token budget
+REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, *codes.codes(component="scheduler"))
 
 
 def series(metric: str, matchers: Iterable[str] = ()) -> str:
@@ -84,6 +90,17 @@ def ratio(
 def acceptance(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
     """Acceptance rate: accepted / drafted tokens (engine-core counts)."""
     return ratio(ACCEPTED, DRAFTED, window, labels, matchers, fn)
+
+
+def slice_acceptance(window: str, labels: Sequence[str] = ("dimension", "value"), matchers: Iterable[str] = (),
+                     fn: str = "rate") -> str:
+    """Acceptance per request slice (a penalty, temperature band, prefix-cache hit, ...)."""
+    return ratio(SLICE_ACCEPTED, SLICE_DRAFTED, window, labels, matchers, fn)
+
+
+def unverified_share(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
+    """Share of proposed draft tokens that no step verified (trimmed by the token budget, or finished requests')."""
+    return f"1 - {paren(ratio(DRAFTS_VERIFIED, DRAFTS_PROPOSED, window, labels, matchers, fn))}"
 
 
 def worker_acceptance(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = ()) -> str:

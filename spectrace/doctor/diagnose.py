@@ -24,7 +24,7 @@ from spectrace.audit import MODEL_FREE_METHODS, codes
 from spectrace.doctor import sandbox
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
-from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, model_configs
+from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, model_configs, scheduler_facts
 from spectrace.vllm_objects.taps import RULE_DFLASH_FC
 
 RUNNERS = ("v1", "v2")
@@ -299,6 +299,8 @@ def diagnose(
     num_speculative_tokens: int | None = None,
     runner: str = DEFAULT_RUNNER,
     max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> Report:
     """Audit ``target`` + ``draft`` from their ``config.json`` files with vLLM's own rules.
 
@@ -309,6 +311,12 @@ def diagnose(
         raise DoctorInputError(f"unknown runner {runner!r} (choose from {', '.join(RUNNERS)})")
     k = _positive_int(num_speculative_tokens, "--num-speculative-tokens") or DEFAULT_K
     max_model_len = _positive_int(max_model_len, "--max-model-len")
+    scheduler_args = {
+        name: number
+        for name, number in (("max_num_seqs", _positive_int(max_num_seqs, "--max-num-seqs")),
+                             ("max_num_batched_tokens", _positive_int(max_num_batched_tokens, "--max-num-batched-tokens")))
+        if number is not None
+    }
     declared = {"target": load_declared(target, "target"), "draft": load_declared(draft, "draft")}
     with sandbox.quiet():
         try:
@@ -320,12 +328,12 @@ def diagnose(
             if method not in known:
                 raise DoctorInputError(f"unknown method {method!r} (choose from {', '.join(known)})")
         with sandbox.runner_rules(runner), _terminated_cleanly():
-            report = _diagnose(target, draft, declared, method, k, runner, max_model_len)
+            report = _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Report:
+def _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args=None) -> Report:
     import vllm
     from vllm.engine.arg_utils import EngineArgs
 
@@ -349,7 +357,8 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Repo
     with sandbox.capture_get_config(captures):
         try:
             engine_args = EngineArgs(
-                model=target, speculative_config=speculative, max_model_len=max_model_len, enforce_eager=True
+                model=target, speculative_config=speculative, max_model_len=max_model_len, enforce_eager=True,
+                **(scheduler_args or {}),
             )
             vllm_config = engine_args.create_engine_config()
         except Exception as exc:  # vLLM refused: a finding, not a crash
@@ -391,6 +400,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len) -> Repo
             built_from=built_from,
             runtime_layers=built,
             load_error=_error_text(config_error) if config_error is not None else None,
+            scheduler=scheduler_facts(vllm_config) if vllm_config is not None else None,
         )
     )
     report.layout.update({role: [plan.as_row() for plan in plans] for role, plans in judged.plans.items()})

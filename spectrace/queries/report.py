@@ -68,7 +68,39 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out += ranks
     out.append("")
     out += _acceptance(con, rid, plot)
+    requests = _requests(con, rid)
+    if requests:
+        out.append("")
+        out += requests
     return "\n".join(out) + "\n"
+
+
+def _requests(con, run_id: str) -> list[str]:
+    """Acceptance by request slice (dimensions where the run's requests differ), prefix-cache hits, drafts unverified."""
+    lines: list[str] = []
+    rows = con.execute(
+        "select dimension, value, requests, drafted, accepted, rate from acceptance_by_slice where run_id = ? "
+        "and dimension in (select dimension from acceptance_by_slice where run_id = ? group by dimension "
+        "having count(*) > 1) order by dimension, value",
+        [run_id, run_id],
+    ).fetchall()
+    if rows:
+        lines.append("Acceptance by request slice (where the run's requests differ)")
+        table = [(d, v, n, drafted, accepted, "-" if rate is None else f"{rate:.1%}") for d, v, n, drafted, accepted, rate in rows]
+        lines.append(_indent(format_table(["dimension", "value", "requests", "drafted", "accepted", "rate"], table)))
+    hits = con.execute("select requests, requests_hit, prompt_tokens, cached_tokens from prefix_cache_hits where run_id = ?",
+                       [run_id]).fetchone()
+    if hits and hits[1]:
+        requests, hit, prompt, cached = hits
+        lines.append(f"  prefix cache: {hit} of {requests} requests hit, {cached} of {prompt} prompt tokens restored")
+    budget = con.execute("select sum(proposed), sum(verified) from draft_budget where run_id = ?", [run_id]).fetchone()
+    if budget and budget[0]:
+        proposed, verified = budget
+        lines.append(f"  drafts: {proposed} proposed, {verified} verified ({(proposed - verified) / proposed:.1%} not, "
+                     "each finished request's last proposal included)")
+    if lines and not rows:
+        lines.insert(0, "Requests")
+    return lines
 
 
 def _findings(con, run_id: str) -> list[str]:

@@ -14,6 +14,8 @@
 | counters spectrace.speculation.{step_seconds,draft_seconds,request_steps,tokens} | spectrace_speculation_*_total | rank + common |
 | gauge spectrace.speculation.speedup_estimate | spectrace_speculation_speedup_estimate           | rank + common |
 | gauge spectrace.context.boundary          | spectrace_context_boundary (value: tokens)          | model_role, field + common |
+| counters spectrace.slice.{drafted_tokens,accepted_tokens} | spectrace_slice_{drafted,accepted}_tokens_total | dimension, value (at most 8 values per dimension and process, then `other`) + common |
+| counters spectrace.drafts.{proposed,verified} | spectrace_drafts_{proposed,verified}_total     | common (synchronous scheduling) |
 | counter spectrace.export.dropped          | spectrace_export_dropped_total                      | — |
 | counter spectrace.internal.errors         | spectrace_internal_errors_total                     | hook |
 
@@ -36,6 +38,7 @@ from opentelemetry.sdk.resources import Resource
 log = logging.getLogger("vllm.spectrace")
 
 COMMON = ("model", "draft_model", "method", "run_id")
+MAX_SLICE_VALUES = 8  # label values per slice dimension and process (bounded series)
 
 
 def common_labels(info: dict[str, Any], run_id: str | None) -> dict[str, str]:
@@ -67,6 +70,11 @@ class Metrics:
         self._boundaries: dict[tuple, dict[str, str]] = {}
         self._speedups: dict[tuple, tuple[float, dict[str, str]]] = {}
         meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_speedups], unit="", description="Estimated speed-up over decoding without drafts, last 200 worker steps (README)")
+        self.slice_drafted = meter.create_counter("spectrace.slice.drafted_tokens", unit="", description="Draft tokens verified, per request slice (dimension, value)")
+        self.slice_accepted = meter.create_counter("spectrace.slice.accepted_tokens", unit="", description="Draft tokens accepted, per request slice (dimension, value)")
+        self._slice_values: dict[str, set[str]] = {}
+        self.drafts_proposed = meter.create_counter("spectrace.drafts.proposed", unit="", description="Draft tokens the worker proposed (synchronous scheduling)")
+        self.drafts_verified = meter.create_counter("spectrace.drafts.verified", unit="", description="Draft tokens the scheduled steps verified")
         self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
         self._length_histogram: Any = None  # built at the first run (its buckets need k)
         self._findings: dict[tuple, dict[str, str]] = {}
@@ -126,6 +134,24 @@ class Metrics:
             if row["drafted"]:
                 self.drafted.add(row["drafted"], attrs)
             self.accepted.add(row["accepted"], attrs)
+
+    def slices(self, counts: dict[tuple[str, str], list[int]], labels: dict[str, str]) -> None:
+        """(dimension, value) -> [drafted, accepted]; a dimension's 9th distinct value and later ones read ``other``."""
+        for (dimension, value), (drafted, accepted) in counts.items():
+            seen = self._slice_values.setdefault(dimension, set())
+            if value not in seen:
+                if len(seen) >= MAX_SLICE_VALUES:
+                    value = "other"
+                else:
+                    seen.add(value)
+            attrs = {**labels, "dimension": dimension, "value": value}
+            if drafted:
+                self.slice_drafted.add(drafted, attrs)
+            self.slice_accepted.add(accepted, attrs)
+
+    def draft_budget(self, proposed: int, verified: int, labels: dict[str, str]) -> None:
+        self.drafts_proposed.add(proposed, labels)
+        self.drafts_verified.add(verified, labels)
 
     def worker_counts(self, drafted: int, accepted: int, rank: int | None, labels: dict[str, str]) -> None:
         attrs = {**labels, "rank": str(rank if rank is not None else 0)}

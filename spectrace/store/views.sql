@@ -65,3 +65,59 @@ SELECT run_id, rank,
        CASE WHEN request_steps > 0 AND step_ns > 0 THEN tokens / request_steps * no_draft_ns / step_ns END AS speedup_estimate
 FROM priced
 ORDER BY run_id, rank;
+
+-- view: acceptance_by_slice
+-- Acceptance per request slice (spectrace.slices.request_slice: a penalty, logit bias, temperature band,
+-- prefix-cache hit, prompt-length band, ...): run x dimension x value, the rest of the same run beside it.
+-- Complete counts (request_counts); requests without a request_slices row are left out.
+WITH req AS (
+    SELECT run_id, request_id, any_value("slice") AS s
+    FROM request_slices
+    GROUP BY run_id, request_id
+), joined AS (
+    SELECT c.run_id, c.request_id, sum(c.drafted) AS drafted, sum(c.accepted) AS accepted, any_value(r.s) AS s
+    FROM request_counts c
+    JOIN req r USING (run_id, request_id)
+    GROUP BY c.run_id, c.request_id
+), per AS (
+    SELECT run_id, d AS dimension, s::JSON ->> d AS value,
+           count(*) AS requests, sum(drafted) AS drafted, sum(accepted) AS accepted
+    FROM joined, unnest(json_keys(s::JSON)) AS u(d)
+    GROUP BY run_id, d, s::JSON ->> d
+), whole AS (
+    SELECT run_id, count(*) AS requests, sum(drafted) AS drafted, sum(accepted) AS accepted
+    FROM joined
+    GROUP BY run_id
+)
+SELECT p.run_id, p.dimension, p.value, p.requests, p.drafted, p.accepted,
+       CASE WHEN p.drafted > 0 THEN p.accepted / p.drafted END AS rate,
+       w.requests - p.requests AS rest_requests,
+       w.drafted - p.drafted AS rest_drafted,
+       CASE WHEN w.drafted > p.drafted THEN (w.accepted - p.accepted) / (w.drafted - p.drafted) END AS rest_rate
+FROM per p
+JOIN whole w USING (run_id)
+ORDER BY p.run_id, p.dimension, p.value;
+
+-- view: prefix_cache_hits
+-- Per run: requests with drafts, their prompt tokens and the tokens the prefix cache restored. With an
+-- EAGLE-family drafter vLLM drops the last matched block of every hit: each hit request lost at least
+-- block_size tokens (a one-block match dropped reads as a miss, so this is a lower bound).
+SELECT run_id,
+       count(*) AS requests,
+       count(*) FILTER (WHERE cached_tokens > 0) AS requests_hit,
+       sum(prompt_tokens) AS prompt_tokens,
+       sum(cached_tokens) AS cached_tokens,
+       CASE WHEN sum(prompt_tokens) > 0 THEN sum(cached_tokens) / sum(prompt_tokens) END AS token_hit_rate,
+       any_value(block_size) AS block_size,
+       bool_or(eagle_block_drop) AS eagle_block_drop,
+       CASE WHEN bool_or(eagle_block_drop)
+            THEN count(*) FILTER (WHERE cached_tokens > 0) * any_value(block_size) ELSE 0 END AS dropped_tokens_at_least,
+       CASE WHEN sum(prompt_tokens) > 0 THEN
+            (sum(cached_tokens) + CASE WHEN bool_or(eagle_block_drop)
+                                       THEN count(*) FILTER (WHERE cached_tokens > 0) * any_value(block_size) ELSE 0 END)
+            / sum(prompt_tokens) END AS token_hit_rate_without_drop_at_least
+FROM (SELECT run_id, request_id, any_value(prompt_tokens) AS prompt_tokens, any_value(cached_tokens) AS cached_tokens,
+             any_value(block_size) AS block_size, any_value(eagle_block_drop) AS eagle_block_drop
+      FROM request_slices GROUP BY run_id, request_id)
+GROUP BY run_id
+ORDER BY run_id;

@@ -50,6 +50,7 @@ class EngineSpec:
     count_syncs: bool = False  # CUDA only: count device synchronisations while generating (EngineResult.syncs)
     wait_for_file: str | None = None  # start this engine only once the file exists (`<file>.waiting` says we wait)
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    sampling: list[dict[str, Any]] | None = None  # per prompt: SamplingParams fields over the greedy default (cycled)
 
 
 @dataclass
@@ -214,6 +215,9 @@ def _child(request: dict[str, Any]) -> None:
             kwargs.update(spec.extra_llm_kwargs)
             _inject_fault(spec.inject_fault)
             params = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens)
+            if spec.sampling:
+                params = [SamplingParams(**{"temperature": 0.0, "max_tokens": spec.max_tokens,
+                                            **spec.sampling[i % len(spec.sampling)]}) for i in range(len(spec.prompts))]
             if spec.async_engine:
                 result.tokens = _generate_async(kwargs, spec, params)
             else:

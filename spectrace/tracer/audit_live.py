@@ -12,6 +12,7 @@ from typing import Any
 
 from spectrace import audit
 from spectrace.audit import codes
+from spectrace.vllm_objects.configs import scheduler_facts
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -65,6 +66,7 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
             draft_path=info.get("draft_model"),
             max_model_len=getattr(getattr(vllm_config, "model_config", None), "max_model_len", None),
             load_error=error,
+            scheduler=scheduler_facts(vllm_config) if vllm_config is not None else None,
         )
     )
     rt.records("config_fields", [d.as_row() for d in judged.diffs], role="frontend")

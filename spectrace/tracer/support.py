@@ -87,8 +87,13 @@ SUPPORT: dict[str, Support] = {
     ),
     "engine_core.add_request": Support(
         params=("self", "request"),
-        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output")),),
-        site="request flags (greedy, structured output)",
+        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output", "lora_request")),),
+        site="request flags (greedy, structured output), the request's slice",
+    ),
+    "engine_core.proposals": Support(
+        params=("self", "draft_token_ids"),
+        reads=(Reads("vllm.v1.outputs:DraftTokenIds", ("draft_token_ids",)),),
+        site="drafts proposed (synchronous scheduling), against the drafts the next step verifies",
     ),
     "worker.verify": Support(
         params=("self", "scheduler_output"),

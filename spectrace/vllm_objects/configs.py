@@ -111,6 +111,38 @@ def run_info(engine_args: Any, vllm_config: Any) -> dict[str, Any]:
     return info
 
 
+def scheduler_facts(vllm_config: Any) -> dict[str, Any] | None:
+    """The scheduler's token budget and the speculation it must fit (``audit.token_budget_findings``'s
+    arguments), from a resolved ``VllmConfig``; ``None`` without speculative decoding."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return None
+    sched = vllm_config.scheduler_config
+    return {
+        "method": spec.method,
+        "k": spec.num_speculative_tokens,
+        "parallel": bool(getattr(spec, "parallel_drafting", False)),
+        "dynamic_k": getattr(spec, "num_speculative_tokens_per_batch_size", None),
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "chunked_prefill": bool(getattr(sched, "enable_chunked_prefill", False)),
+    }
+
+
+def prefix_cache_facts(vllm_config: Any) -> dict[str, Any]:
+    """Prefix caching on, its block size, and whether vLLM drops the last matched block of a hit for an
+    EAGLE-family drafter (``SpeculativeConfig.use_eagle_block_drop``: EAGLE, EAGLE3, MTP, DFlash, unless
+    ``disable_eagle_block_drop``), from a resolved ``VllmConfig``."""
+    cache = vllm_config.cache_config
+    spec = vllm_config.speculative_config
+    drop = getattr(spec, "use_eagle_block_drop", None) if spec is not None else None
+    return {
+        "enabled": bool(getattr(cache, "enable_prefix_caching", False)),
+        "block_size": getattr(cache, "block_size", None),
+        "eagle_block_drop": bool(drop()) if callable(drop) else False,
+    }
+
+
 def model_runner(vllm_config: Any) -> str | None:
     """``v2`` or ``v1``: which model runner this config selects."""
     try:

@@ -21,6 +21,7 @@ WORKER = "worker"
 
 MAX_BUFFERED_STEPS = 100_000  # per deque: beyond it a step is dropped and counted
 MAX_REQUEST_FLAGS = 100_000  # requests remembered (greedy, structured; trace headers)
+MAX_ACTIVE_SLICES = 10_000  # requests whose slice the drain keeps (added, or verifying): the oldest go first
 
 
 class EngineStep(NamedTuple):
@@ -46,6 +47,23 @@ class WorkerStep(NamedTuple):
     drafts: Any  # V1: request id -> draft token ids; V2: draft count per row
     valid_lens: list[int]  # tokens each row yielded (accepted + 1)
     row_of: dict | None  # V1: request id -> row; V2: None (rows aligned with ``drafts``)
+
+
+class RequestNote(NamedTuple):
+    """One request as the scheduler took it (``Scheduler.add_request``): references vLLM holds, read in the drain."""
+
+    run_id: str | None
+    request_id: str
+    sampling_params: Any  # Request.sampling_params (None for pooling)
+    lora_request: Any  # Request.lora_request
+    prefill_stats: Any  # Request.prefill_stats: prompt and prefix-cache tokens once first scheduled
+
+
+class Proposal(NamedTuple):
+    """The drafts the worker proposed after one step (``Scheduler.update_draft_token_ids``, synchronous scheduling)."""
+
+    run_id: str | None
+    draft_token_ids: list  # DraftTokenIds.draft_token_ids: one list per request (a new object every step)
 
 
 class StepTiming:
@@ -80,6 +98,8 @@ class Capture:
         self.engine_step_no = 0
         self.request_flags: dict[str, tuple[bool, bool]] = {}  # request id -> (greedy, structured output)
         self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
+        self.new_requests: deque[RequestNote] = deque()  # requests added since the last drain
+        self.proposals: deque[Proposal] = deque()
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
 
@@ -105,6 +125,14 @@ class Capture:
         while len(queue) > 1 or (queue and queue[0].done):
             taken.append(queue.popleft())
         return taken
+
+    def take_new_requests(self) -> list[RequestNote]:
+        queue = self.new_requests
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def take_proposals(self) -> list[Proposal]:
+        queue = self.proposals
+        return [queue.popleft() for _ in range(len(queue))]
 
     def take_dropped(self) -> int:
         dropped, self.dropped_steps = self.dropped_steps, 0

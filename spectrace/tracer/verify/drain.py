@@ -26,11 +26,13 @@ from collections import defaultdict
 
 import numpy as np
 
-from spectrace import acceptance
+from spectrace import acceptance, slices
 from spectrace import audit
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
-from spectrace.tracer.verify.capture import ENGINE, WORKER, Capture, StepTiming
+from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, RequestNote, StepTiming
+from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
+from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -55,6 +57,10 @@ class VerifyCapture(Capture):
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
         self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
+        self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
+        self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
+        self.run_slices: dict[str, RunSlices] = {}
+        self.run_budgets: dict[str, RunBudget] = {}
 
     # -- background ------------------------------------------------------------
 
@@ -63,16 +69,25 @@ class VerifyCapture(Capture):
             engine = self.take_engine_steps()
             worker = self.take_worker_steps()
             dropped = self.take_dropped()
+            for note in self.take_new_requests():
+                if len(self.requests) >= MAX_ACTIVE_SLICES:  # never verified (finished first, or no drafts)
+                    self.requests.pop(next(iter(self.requests)))
+                self.requests[note.request_id] = note
             if dropped:
                 rt.pipeline.count_dropped(dropped)
+            proposals = self.take_proposals()
             if engine:
                 self._drain_engine(rt, engine)
+            if proposals or engine:
+                self._drain_budget(rt, proposals, engine)
             yielded = self._drain_worker(rt, worker) if worker else {}
             timings = self.take_timings()
             if timings:
                 self._drain_timings(rt, timings, yielded)
             for run_id in list(self.curves):
                 self._judge_curve(rt, run_id)
+            for run_id in list(self.run_slices):
+                self._judge_slices(rt, run_id)
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         settings = rt.settings
@@ -86,6 +101,7 @@ class VerifyCapture(Capture):
         marks: dict[str, list[acceptance.StepMark]] = defaultdict(list)
         draft_rows: dict[str, list] = defaultdict(list)
         draft_accepted: dict[str, list[int]] = defaultdict(list)
+        per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
@@ -107,6 +123,13 @@ class VerifyCapture(Capture):
                 ctx = int(context.get(req_id, -1))
                 batch.append((drafted, accepted, ctx))
                 batch_ids.append(req_id)
+                counts = per_request.get((run_id, req_id))
+                if counts is None:
+                    per_request[(run_id, req_id)] = [1, drafted, accepted]
+                else:
+                    counts[0] += 1
+                    counts[1] += drafted
+                    counts[2] += accepted
                 rows_of_run.append(draft_ids)
                 accepted_of_run.append(accepted)
                 if sample_all or self._rng.random() < settings.step_sample:
@@ -154,6 +177,8 @@ class VerifyCapture(Capture):
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
             self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
+        if per_request:
+            self._drain_slices(rt, per_request)
 
     def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
         """Counts the worker's steps; per (run, rank): (draft rows, tokens yielded) for the cross-check."""
@@ -362,6 +387,136 @@ class VerifyCapture(Capture):
         if findings:
             audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
 
+    # -- request slices: the parameters the drafter never sees ----------------------
+
+    def _drain_slices(self, rt, per_request: dict[tuple[str, str], list[int]]) -> None:
+        """``request_counts`` per request; ``request_slices`` once per request, at its first verified step."""
+        now = time.time_ns()
+        count_rows, slice_rows = [], []
+        by_slice: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(dict)  # this flush, for the metrics
+        commons: dict[str, dict] = {}
+        for (run_id, req_id), (steps, drafted, accepted) in per_request.items():
+            common = commons.get(run_id)
+            if common is None:
+                common = commons[run_id] = rt.common(ENGINE, run_id=run_id)
+            count_rows.append({**common, "ts": now, "request_id": req_id, "request_steps": steps,
+                               "drafted": drafted, "accepted": accepted})
+            if req_id in self.slice_of:
+                labels, new = self.slice_of[req_id], False
+            else:
+                labels, new = self._read_slice(run_id, req_id, common, now, slice_rows), True
+                self.run_budgets.setdefault(run_id, RunBudget()).new_requests += 1
+            if labels is not None:
+                self.run_slices.setdefault(run_id, RunSlices()).add(labels, new, drafted, accepted)
+                if rt.metrics is not None:
+                    flush_counts = by_slice[run_id]
+                    for item in labels.items():
+                        counts = flush_counts.setdefault(item, [0, 0])
+                        counts[0] += drafted
+                        counts[1] += accepted
+        if rt.metrics is not None:
+            for run_id, counts in by_slice.items():
+                rt.metrics.slices(counts, rt.labels(run_id))
+        rt.pipeline.extend("request_slices", slice_rows)
+        rt.pipeline.extend("request_counts", count_rows)
+
+    def _read_slice(self, run_id: str, req_id: str, common: dict, now: int, rows: list) -> dict[str, str] | None:
+        note = self.requests.pop(req_id, None)
+        labels = None
+        if note is not None:
+            params = request_parameters(note.sampling_params, note.lora_request, note.prefill_stats)
+            labels = slices.request_slice(params)
+            defaults = self._defaults(run_id)  # also reads the run's prefix-cache facts
+            run_slices = self.run_slices[run_id]
+            prefix = run_slices.prefix or {}
+            rows.append({**common, "ts": now, "request_id": req_id, **params,
+                         "generation_defaults": json.dumps(defaults_in_force(params, defaults)),
+                         "slice": json.dumps(labels), "block_size": prefix.get("block_size"),
+                         "eagle_block_drop": prefix.get("eagle_block_drop")})
+            if params["prompt_tokens"]:
+                run_slices.prompt_tokens += params["prompt_tokens"]
+                run_slices.cached_tokens += params["cached_tokens"]
+                run_slices.requests_hit += params["cached_tokens"] > 0
+        if len(self.slice_of) >= MAX_ACTIVE_SLICES:
+            self.slice_of.pop(next(iter(self.slice_of)))
+        self.slice_of[req_id] = labels
+        return labels
+
+    def _defaults(self, run_id: str) -> dict:
+        """The run's generation_config sampling defaults (read once per run, off the engine's threads)."""
+        run_slices = self.run_slices.setdefault(run_id, RunSlices())
+        if run_slices.defaults is None:
+            run_slices.defaults = {}
+            vllm_config = self.run_configs.get(run_id)
+            if vllm_config is not None:
+                try:
+                    run_slices.defaults = generation_defaults(vllm_config.model_config)
+                except Exception as exc:  # a model config this reader does not know: no defaults named
+                    log.debug("spectrace: no generation_config defaults for this run: %s", exc)
+                try:
+                    run_slices.prefix = prefix_cache_facts(vllm_config)
+                except Exception as exc:
+                    log.debug("spectrace: no prefix-cache facts for this run: %s", exc)
+        return run_slices.defaults
+
+    def _judge_slices(self, rt, run_id: str) -> None:
+        """SLICE_ACCEPTANCE_LOW, once per run and dimension (the rule: ``spectrace.slices.slice_gaps``)."""
+        run_slices = self.run_slices[run_id]
+        if not run_slices.changed:
+            return
+        run_slices.changed = False
+        k = int(_run_k(rt, run_id) or 1)
+        gaps = [g for g in slices.slice_gaps(run_slices.by_slice, run_slices.total, k) if g.dimension not in run_slices.emitted]
+        findings = [audit.slice_finding(g, run_slices.defaults) for g in gaps]
+        run_slices.emitted.update(g.dimension for g in gaps)
+        prefix = run_slices.prefix or {}
+        if prefix.get("eagle_block_drop") and codes.PREFIX_HITS_DROPPED not in run_slices.emitted:
+            evidence = audit.dropped_hits(run_slices.cached_tokens, run_slices.requests_hit, prefix.get("block_size"),
+                                          run_slices.prompt_tokens)
+            if evidence is not None:
+                run = rt.run_by_id(run_id)
+                findings.append(audit.dropped_hits_finding(evidence, run.info.get("method") if run is not None else None))
+                run_slices.emitted.add(codes.PREFIX_HITS_DROPPED)
+        if findings:
+            audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
+
+    # -- the token budget: drafts proposed vs drafts verified ------------------------
+
+    def _drain_budget(self, rt, proposals: list, engine: list) -> None:
+        """``draft_budget`` per run and flush; DRAFTS_UNVERIFIED once per run (``audit.unverified_drafts``)."""
+        proposed: dict[str | None, int] = defaultdict(int)
+        verified: dict[str | None, list[int]] = defaultdict(lambda: [0, 0])
+        for run_id, drafts in proposals:  # Proposal
+            proposed[run_id] += sum(map(len, drafts))
+        for step in engine:
+            counts = verified[step.run_id]
+            counts[0] += sum(map(len, step.drafts.values()))
+            counts[1] += 1
+        now = time.time_ns()
+        for run_id in proposed.keys() | verified.keys():
+            budget = self.run_budgets.setdefault(run_id, RunBudget())
+            budget.proposed += proposed.get(run_id, 0)
+            v, steps = verified.get(run_id, (0, 0))
+            budget.verified += v
+            if not budget.proposed:  # no proposals seen (asynchronous scheduling, the hook off): nothing to compare
+                budget.new_requests = 0
+                continue
+            rt.pipeline.append("draft_budget", {**rt.common(ENGINE, run_id=run_id), "ts": now, "proposed": proposed.get(run_id, 0),
+                                                "verified": v, "steps": steps, "new_requests": budget.new_requests})
+            if rt.metrics is not None:
+                rt.metrics.draft_budget(proposed.get(run_id, 0), v, rt.labels(run_id))
+            budget.requests += budget.new_requests
+            budget.new_requests = 0
+            if budget.emitted:
+                continue
+            evidence = audit.unverified_drafts(budget.proposed, budget.verified, budget.requests, int(_run_k(rt, run_id) or 1))
+            if evidence is not None:
+                budget.emitted = True
+                vllm_config = self.run_configs.get(run_id)
+                facts = scheduler_facts(vllm_config) if vllm_config is not None else None
+                short = audit.token_budget_findings(**facts) if facts else []
+                audit_live.emit_findings(rt, [audit.unverified_finding(evidence, short)], role=ENGINE, run=rt.run_by_id(run_id))
+
     # -- does speculation pay? (worker host times) ------------------------------------
 
     def _drain_timings(self, rt, timings: list[StepTiming], yielded: dict) -> None:
@@ -441,6 +596,44 @@ def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptanc
         pos0_accepted += a > 0
         context = max(context, c)
     return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted)
+
+
+class RunBudget:
+    """One run's draft tokens proposed and verified so far, and the requests that verified drafts."""
+
+    def __init__(self) -> None:
+        self.proposed = self.verified = self.requests = self.new_requests = 0
+        self.emitted = False
+
+
+class RunSlices:
+    """One run's acceptance per request slice: (dimension, value) -> [requests, drafted, accepted]."""
+
+    def __init__(self) -> None:
+        self.by_slice: dict[tuple[str, str], list[int]] = {}
+        self.requests = self.drafted = self.accepted = 0
+        self.defaults: dict | None = None  # generation_config sampling defaults (read once)
+        self.prefix: dict | None = None  # prefix caching, block size, EAGLE block drop (read with the defaults)
+        self.prompt_tokens = self.cached_tokens = self.requests_hit = 0
+        self.emitted: set[str] = set()  # dimensions already reported
+        self.changed = False
+
+    @property
+    def total(self) -> tuple[int, int, int]:
+        return self.requests, self.drafted, self.accepted
+
+    def add(self, labels: dict[str, str], new_request: bool, drafted: int, accepted: int) -> None:
+        self.requests += new_request
+        self.drafted += drafted
+        self.accepted += accepted
+        for item in labels.items():
+            counts = self.by_slice.get(item)
+            if counts is None:
+                counts = self.by_slice[item] = [0, 0, 0]
+            counts[0] += new_request
+            counts[1] += drafted
+            counts[2] += accepted
+        self.changed = True
 
 
 class RunCurve:

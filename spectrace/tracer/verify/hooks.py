@@ -10,7 +10,11 @@ Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
     (the step's draft dict, row index and cached-request data — new objects every step —
     plus the per-request sampled-token counts taken with one C-level ``map(len, ...)``
     before vLLM trims anything). ``Scheduler.add_request`` notes once per request whether
-    it is greedy and structured.
+    it is greedy and structured, and keeps references to its sampling parameters, LoRA request
+    and prefill statistics (``RequestNote``: its slice, read in the drain).
+    ``Scheduler.update_draft_token_ids`` (synchronous scheduling) hands over the drafts the worker
+    proposed after a step: one ``Proposal`` (the list of draft lists); the drain compares what was
+    proposed with what the following steps verified (trimmed by the token budget, or dropped).
 
 Worker (V1 model runner, ``v1/worker/gpu_model_runner.py``)
     ``GPUModelRunner._bookkeeping_sync`` returns the rejection sampler's host output
@@ -36,7 +40,7 @@ import time
 
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, StepTiming
+from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, Proposal, RequestNote, StepTiming
 from spectrace.vllm_objects.steps import bookkeeping_sampled
 
 
@@ -86,6 +90,11 @@ def wrap_add_request(original, hook: str):
                     bool(params is not None and params.temperature == 0),
                     bool(request.use_structured_output),
                 )
+                if len(capture.new_requests) < MAX_REQUEST_FLAGS:  # the request's slice, read in the drain
+                    capture.new_requests.append(RequestNote(
+                        rt.run.run_id if rt.run is not None else None, request.request_id, params,
+                        request.lora_request, getattr(request, "prefill_stats", None),
+                    ))
                 headers = getattr(request, "trace_headers", None)
                 if headers:  # vLLM's own tracing is on: remember the request's llm_request trace
                     contexts = capture.request_traces
@@ -97,6 +106,24 @@ def wrap_add_request(original, hook: str):
         return original(self, request, *args, **kwargs)
 
     return add_request
+
+
+def wrap_update_draft_token_ids(original, hook: str):
+    def update_draft_token_ids(self, draft_token_ids, *args, **kwargs):
+        try:
+            rt = runtime.active(hook)
+            if rt is not None:
+                capture = rt.verify
+                if len(capture.proposals) >= MAX_BUFFERED_STEPS:
+                    capture.dropped_steps += 1
+                else:
+                    capture.proposals.append(Proposal(rt.run.run_id if rt.run is not None else None,
+                                                      draft_token_ids.draft_token_ids))
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return original(self, draft_token_ids, *args, **kwargs)
+
+    return update_draft_token_ids
 
 
 def wrap_bookkeeping_sync(original, hook: str):
@@ -175,5 +202,6 @@ HOOKS = [
     Hook("worker.propose_drafts", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids", _timed("draft_ns", False)),
     Hook("engine_core.verify", "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", wrap_update_from_output),
     Hook("engine_core.add_request", "vllm.v1.core.sched.scheduler:Scheduler.add_request", wrap_add_request),
+    Hook("engine_core.proposals", "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids", wrap_update_draft_token_ids),
     Hook("worker.verify", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", wrap_bookkeeping_sync),
 ]
