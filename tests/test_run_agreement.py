@@ -134,3 +134,24 @@ def test_ranks_on_two_hosts_are_judged_together_with_their_hosts():
     assert "Ranks: 2 (0 on node-0, 1 on node-1), 1 disagreement(s)" in report._ranks(con, "r")[0]
     con.execute("update hidden_state_taps set tapped_ids = '[1, 4, 5]'")
     assert report._ranks(con, "r") == ["Ranks: 2 (0 on node-0, 1 on node-1) agree on layout, taps and verified counts"]
+
+
+def dp_config(size: int, index: int):
+    return SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=size, data_parallel_index=index,
+                                                           data_parallel_rank=index))
+
+
+def test_each_data_parallel_engine_is_a_run_of_its_own():
+    """Captured facts of ``--data-parallel-size 2`` on one host: both engine cores and their workers inherit
+    the frontend's run; engine ``engine`` index 0 and 1 (``parallel_config.data_parallel_index``)."""
+    frontend = Run("run-x", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    engines = []
+    for index in (0, 1):
+        core = Node(Run(frontend.run_id, frontend.traceparent))
+        assert run_agreement.join_dp_engine(core, dp_config(2, index)) is True
+        worker = Node(Run(core.run.run_id, core.run.traceparent))  # a worker the engine core started
+        assert run_agreement.join_dp_engine(worker, dp_config(2, index)) is False  # already there
+        engines.append((core.run.run_id, worker.run.run_id, core.run.traceparent))
+    assert engines == [("run-x.dp0", "run-x.dp0", frontend.traceparent), ("run-x.dp1", "run-x.dp1", frontend.traceparent)]
+    one = Node(Run("run-y", ""))
+    assert run_agreement.join_dp_engine(one, dp_config(1, 0)) is False and one.run.run_id == "run-y"

@@ -9,6 +9,11 @@ own. The ranks of one engine already share torch.distributed's rendezvous store 
 anything of the engine, the engine's first rank publishes its run (``<run_id>;<traceparent>``)
 under one key per data-parallel engine, and every other rank reads it once and adopts it.
 
+Data parallelism: each DP engine is a run of its own, ``<frontend run>.dp<index>``
+(:func:`join_dp_engine`, in the engine core and in each worker, before the agreement), so the
+ranks of two DP engines (both rank 0 within their engine) never mix in one run; the index is also
+the ``engine`` label of the series, as on vLLM's ``/metrics``.
+
 Store operations only: no collective is added to vLLM's groups. A rank waits at most
 :data:`WAIT_S` for the key (rank 0 not traced, an older spectrace there, a store that fails): it
 then keeps its node's run, with one log line, and vLLM's startup goes on as if spectrace were
@@ -41,6 +46,32 @@ def dp_index(vllm_config: Any) -> int:
     if not isinstance(index, int):
         index = getattr(parallel, "data_parallel_rank", 0)
     return index if isinstance(index, int) else 0
+
+
+def dp_size(vllm_config: Any) -> int:
+    size = getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_size", 1)
+    return size if isinstance(size, int) else 1
+
+
+def dp_run_id(run_id: str, index: int) -> str:
+    return f"{run_id}.dp{index}"
+
+
+def join_dp_engine(rt: Any, vllm_config: Any) -> bool:
+    """In a DP engine's process (engine core, worker): move to the engine's own run; True if it moved."""
+    from spectrace.tracer.runtime import Run
+
+    run = rt.run
+    if run is None or dp_size(vllm_config) < 2:
+        return False
+    index = dp_index(vllm_config)
+    suffix = dp_run_id("", index)
+    if run.run_id.endswith(suffix):
+        return False
+    engine = Run(dp_run_id(run.run_id, index), run.traceparent, info=dict(run.info))
+    rt.set_run(engine)
+    os.environ[ACTIVE_RUN_ENV] = engine.env_value()
+    return True
 
 
 def default_store() -> Any:

@@ -32,7 +32,9 @@ class _Load:
 
 def _load_start(rt, worker, *args, **kwargs) -> _Load:
     rank = _rank(worker)
-    # every rank of the engine under rank 0's run, on every host (before anything is recorded)
+    # every rank of the engine under rank 0's run, on every host (before anything is recorded);
+    # a data-parallel engine is a run of its own
+    run_agreement.join_dp_engine(rt, worker.vllm_config)
     run_agreement.agree(rt, rank, worker.vllm_config)
     rt.note_vllm_config(worker.vllm_config)
     rt.enter_role(ROLE, rank)
