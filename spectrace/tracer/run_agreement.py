@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from spectrace.settings import ACTIVE_RUN_ENV
+from spectrace.tracer.runtime import Run
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -59,8 +60,6 @@ def dp_run_id(run_id: str, index: int) -> str:
 
 def join_dp_engine(rt: Any, vllm_config: Any) -> bool:
     """In a DP engine's process (engine core, worker): move to the engine's own run; True if it moved."""
-    from spectrace.tracer.runtime import Run
-
     run = rt.run
     if run is None or dp_size(vllm_config) < 2:
         return False
@@ -86,11 +85,9 @@ def default_store() -> Any:
 def agree(rt: Any, rank: int | None, vllm_config: Any, store: Any = None, wait_s: float = WAIT_S) -> str | None:
     """Publish (rank 0) or adopt (any other rank) the engine's run; returns the outcome in words.
 
-    ``store`` is torch.distributed's default store unless given (tests pass a ``HashStore``).
+    ``store`` is torch.distributed's default store unless given (tests pass one of the same shape).
     Never raises: a failure is one log line and the rank keeps the run it has.
     """
-    from spectrace.tracer.runtime import Run
-
     try:
         store = store if store is not None else default_store()
         if store is None or rank is None:
