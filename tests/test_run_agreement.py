@@ -142,8 +142,8 @@ def dp_config(size: int, index: int):
 
 
 def test_each_data_parallel_engine_is_a_run_of_its_own():
-    """Captured facts of ``--data-parallel-size 2`` on one host: both engine cores and their workers inherit
-    the frontend's run; engine ``engine`` index 0 and 1 (``parallel_config.data_parallel_index``)."""
+    """``--data-parallel-size 2`` on one host, MoE target: both engine cores and their workers inherit
+    the frontend's run; engine index 0 and 1 (``parallel_config.data_parallel_index``), size 2 kept."""
     frontend = Run("run-x", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
     engines = []
     for index in (0, 1):
@@ -155,3 +155,15 @@ def test_each_data_parallel_engine_is_a_run_of_its_own():
     assert engines == [("run-x.dp0", "run-x.dp0", frontend.traceparent), ("run-x.dp1", "run-x.dp1", frontend.traceparent)]
     one = Node(Run("run-y", ""))
     assert run_agreement.join_dp_engine(one, dp_config(1, 0)) is False and one.run.run_id == "run-y"
+
+
+def test_independent_dp_engines_engine_0_keeps_the_frontends_run():
+    """Captured on CPU (vLLM 0.32, ``vllm serve --data-parallel-size 2``, a dense target): each engine
+    core's config says ``data_parallel_size`` 1 (``reconfigure_for_independent_dp_rank``) with its
+    ``data_parallel_index`` kept (0 and 1); before this rule both engines' rows shared one run."""
+    runs = []
+    for index in (0, 1):
+        core = Node(Run("run-x", ""))
+        run_agreement.join_dp_engine(core, dp_config(1, index))
+        runs.append(core.run.run_id)
+    assert runs == ["run-x", "run-x.dp1"]

@@ -12,7 +12,8 @@ under one key per data-parallel engine, and every other rank reads it once and a
 Data parallelism: each DP engine is a run of its own, ``<frontend run>.dp<index>``
 (:func:`join_dp_engine`, in the engine core and in each worker, before the agreement), so the
 ranks of two DP engines (both rank 0 within their engine) never mix in one run; the index is also
-the ``engine`` label of the series, as on vLLM's ``/metrics``.
+the ``engine`` label of the series, as on vLLM's ``/metrics``. vLLM reconfigures a non-MoE DP
+engine as DP=1 with its index kept, so there engine 0 keeps the frontend's run itself.
 
 Store operations only: no collective is added to vLLM's groups. A rank waits at most
 :data:`WAIT_S` for the key (rank 0 not traced, an older spectrace there, a store that fails): it
@@ -61,9 +62,12 @@ def dp_run_id(run_id: str, index: int) -> str:
 def join_dp_engine(rt: Any, vllm_config: Any) -> bool:
     """In a DP engine's process (engine core, worker): move to the engine's own run; True if it moved."""
     run = rt.run
-    if run is None or dp_size(vllm_config) < 2:
-        return False
     index = dp_index(vllm_config)
+    # A non-MoE DP engine's config says size 1 (vLLM's reconfigure_for_independent_dp_rank) and
+    # keeps its index: engine 0 of such an engine set stays on the frontend's run, engine i > 0
+    # moves to <run>.dp<i>. A MoE DP engine keeps its size: every engine moves, 0 included.
+    if run is None or (dp_size(vllm_config) < 2 and index == 0):
+        return False
     suffix = dp_run_id("", index)
     if run.run_id.endswith(suffix):
         return False
