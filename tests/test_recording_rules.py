@@ -67,8 +67,9 @@ def test_kubernetes_manifests_shape():
     tree = files(ExportOptions())
     monitor = yaml.safe_load(tree["kubernetes/podmonitor.yaml"])
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
-    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["path"] == "/metrics" and endpoint["port"] and monitor["spec"]["selector"]["matchLabels"]
+    serving, headless = monitor["spec"]["podMetricsEndpoints"]  # vLLM's /metrics; a headless node's own endpoint
+    assert (serving["port"], headless["port"]) == ("http", "spectrace") and monitor["spec"]["selector"]["matchLabels"]
+    assert serving["path"] == headless["path"] == "/metrics"
     rule = yaml.safe_load(tree["kubernetes/prometheusrule.yaml"])
     assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
     assert rule["metadata"]["name"] and rule["spec"] == alerts.prometheus_rules(alerts.PRODUCTION)

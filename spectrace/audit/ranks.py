@@ -10,14 +10,18 @@ from spectrace.audit.findings import Finding
 
 
 def rank_disagreements(
-    layouts: dict[int, list[tuple]], taps: dict[int, list[int] | None], counts: dict[int, tuple[int, int]]
+    layouts: dict[int, list[tuple]],
+    taps: dict[int, list[int] | None],
+    counts: dict[int, tuple[int, int]],
+    hosts: dict[int, str] | None = None,
 ) -> list[Finding]:
     """RANK_DISAGREEMENT where the ranks of one engine (tensor parallelism) differ.
 
     Every rank builds the whole model and verifies the same batch, so each one's
     ``layouts`` (per rank: ``(model_role, layer_index, runtime_type, runtime_window, causal)``
     rows), ``taps`` (tapped ids) and verified ``counts`` (drafted, accepted) must equal
-    the lowest rank's. One finding per aspect that differs, naming the ranks.
+    the lowest rank's. One finding per aspect that differs, naming the ranks (and, where
+    ``hosts`` is given, the host of each rank: the ranks of one engine may run on several).
     """
     findings = []
     for aspect, by_rank, what in (
@@ -33,6 +37,8 @@ def rank_disagreements(
         if not differ:
             continue
         evidence: dict[str, Any] = {"aspect": aspect, "ranks": ranks, "differing_ranks": differ}
+        if hosts:
+            evidence["hosts"] = {str(r): hosts.get(r) for r in ranks}
         if aspect == "layout":
             evidence["layers"] = {
                 str(r): [row for row in by_rank[r] if row not in reference] for r in differ

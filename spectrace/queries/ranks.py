@@ -1,5 +1,8 @@
 """The ranks of one run compared from the store (each rank is a process of its own, so only the
-store sees them all): the rows each rank recorded, judged by ``spectrace.audit.rank_disagreements``."""
+store sees them all): the rows each rank recorded, judged by ``spectrace.audit.rank_disagreements``.
+
+Ranks on several hosts (``--nnodes``, Ray) write into their own node's store; they meet in the
+lake, where the same queries compare them (``spectrace report --lake``)."""
 
 from __future__ import annotations
 
@@ -35,8 +38,20 @@ def rank_rows(con: Any, run_id: str) -> tuple[dict[int, list[tuple]], dict[int, 
     return dict(layouts), taps, counts
 
 
+def rank_hosts(con: Any, run_id: str) -> dict[int, str]:
+    """The host each worker rank of ``run_id`` ran on (from its layout rows)."""
+    return {
+        int(rank): host
+        for rank, host in con.execute(
+            "select rank, any_value(host) from attention_layout where run_id = ? and rank is not null group by rank",
+            [run_id],
+        ).fetchall()
+    }
+
+
 def rank_findings(con: Any, run_id: str) -> tuple[list[int], list[audit.Finding]]:
     """The ranks seen for ``run_id`` and the RANK_DISAGREEMENT findings among them."""
     layouts, taps, counts = rank_rows(con, run_id)
     ranks = sorted(set(layouts) | set(taps) | set(counts))
-    return ranks, audit.rank_disagreements(layouts, taps, counts)
+    hosts = rank_hosts(con, run_id)
+    return ranks, audit.rank_disagreements(layouts, taps, counts, hosts if len(set(hosts.values())) > 1 else None)

@@ -167,14 +167,17 @@ def _layout(con, run_id: str, role: str) -> list[str]:
 
 def _ranks(con, run_id: str) -> list[str]:
     """Tensor-parallel ranks compared (RANK_DISAGREEMENT); nothing for a one-rank engine."""
-    from spectrace.queries.ranks import rank_findings
+    from spectrace.queries.ranks import rank_findings, rank_hosts
 
     ranks, findings = rank_findings(con, run_id)
     if len(ranks) < 2:
         return []
+    hosts = rank_hosts(con, run_id)
+    several = len(set(hosts.values())) > 1  # one engine over several hosts (multi-node TP/PP, Ray)
+    seen = ", ".join(f"{r} on {hosts.get(r)}" if several else str(r) for r in ranks)
     if not findings:
-        return [f"Ranks: {len(ranks)} ({', '.join(map(str, ranks))}) agree on layout, taps and verified counts"]
-    lines = [f"Ranks: {len(ranks)} ({', '.join(map(str, ranks))}), {len(findings)} disagreement(s)"]
+        return [f"Ranks: {len(ranks)} ({seen}) agree on layout, taps and verified counts"]
+    lines = [f"Ranks: {len(ranks)} ({seen}), {len(findings)} disagreement(s)"]
     lines += [f"  ERROR   {f.code} {f.message}" for f in findings]
     return lines
 

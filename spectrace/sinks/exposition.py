@@ -221,6 +221,15 @@ class ProcessFile:
                 return
             try:
                 self._replace(self.render())
+            except FileNotFoundError as exc:
+                if not self.path.parent.exists():
+                    # the directory is gone: the process that made it (the server, or a headless node's
+                    # launcher, which exits before its workers) removed it at exit; nobody reads it now
+                    self.closed = True
+                elif self.on_error is None:
+                    raise
+                else:
+                    self.on_error(exc)
             except Exception as exc:  # counted, never raised into the flush
                 if self.on_error is None:
                     raise
@@ -409,7 +418,7 @@ class FileCollector:
 _standalone: dict[int, Any] = {}
 
 
-def serve_standalone(directory: Path, host: str, port: int, on_error=None) -> bool:
+def serve_standalone(directory: Path, host: str, port: int, on_error=None, what: str = "offline engine") -> bool:
     """Serve the directory's series on ``host:port``/metrics, once per process.
 
     A taken port is one log line (the series stay in the store); no other port is tried.
@@ -424,14 +433,15 @@ def serve_standalone(directory: Path, host: str, port: int, on_error=None) -> bo
         server = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         log.error(
-            "spectrace: Prometheus port %s:%d is not available (%s): this offline engine's series are "
+            "spectrace: Prometheus port %s:%d is not available (%s): this %s's series are "
             "not served; set SPECTRACE_PROMETHEUS_PORT to a free port",
             host,
             port,
             exc.strerror or exc,
+            what,
         )
         _standalone[os.getpid()] = None
         return False
     _standalone[os.getpid()] = server
-    log.info("spectrace: Prometheus metrics of this offline engine on http://%s:%d/metrics", host, port)
+    log.info("spectrace: Prometheus metrics of this %s on http://%s:%d/metrics", what, host, port)
     return True

@@ -16,6 +16,14 @@ prints one verdict line per check:
 - ``syncs``    device synchronisations while generating (``torch.cuda.set_sync_debug_mode``), traced
   <= untraced: the hooks add none.
 
+Then Ray (``ray`` installed; vLLM on CPU refuses Ray): one draft_model engine with
+``distributed_executor_backend="ray"`` and tensor parallelism over ``min(2, GPUs)`` (TP=2 needs two
+GPUs; the verdict line says which ran), V1 runner, traced and untraced:
+
+- ``tokens``   traced == untraced;
+- ``ranks``    every rank recorded under the engine's one run id (Ray workers got ``SPECTRACE*``
+  through ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``), no ``RANK_DISAGREEMENT``.
+
 Without a GPU it fails at once (exit 2) unless ``--cpu`` is given; any failed check exits 1. About
 ten minutes on one GPU (16 engine starts in 8 child processes).
 """
@@ -106,6 +114,37 @@ def _check_cell(cell: Cell, zoo: dict[str, str], root: Path, cache: Path, *, cud
     return lines
 
 
+def _check_ray(zoo: dict[str, str], root: Path, cache: Path, gpus: int) -> list[tuple[bool, str]]:
+    import spectrace.store
+    from spectrace.queries import ranks
+    from spectrace.testing.engine import ChildFailed, method_specs, run_engines
+
+    tp = min(2, gpus)
+    cell = Cell("v1", False)
+    spec = next(s for s in method_specs(zoo) if s.name == "self")
+    spec = dataclasses.replace(spec, name="ray", extra_llm_kwargs={"tensor_parallel_size": tp,
+                                                                   "distributed_executor_backend": "ray"})
+    store = root / "store-ray"
+    common = dict(cache_root=cache, env=cell.env(), scratch=root, timeout=600, multiprocessing=True)
+    lines: list[tuple[bool, str]] = []
+    name = f"ray/tp{tp}"
+    try:
+        on = run_engines([spec], store=store, log_file=root / "ray.log", **common)["ray"]
+        off = run_engines([spec], store=None, traced=False, **common)["ray"]
+    except ChildFailed as exc:  # ray missing, or the engine died: a failed check, never a skip
+        _verdict(lines, False, cell, name, "run", str(exc).splitlines()[0])
+        return lines
+    if not (on.ok and off.ok):
+        _verdict(lines, False, cell, name, "run", f"traced: {on.error or 'ok'}; untraced: {off.error or 'ok'}")
+        return lines
+    _verdict(lines, on.tokens == off.tokens, cell, name, "tokens", f"{sum(map(len, on.tokens))} tokens")
+    seen, findings = ranks.rank_findings(spectrace.store.open(store), on.run_id)
+    _verdict(lines, seen == list(range(tp)) and not findings, cell, name, "ranks",
+             f"ranks {seen} under run {on.run_id}, {len(findings)} RANK_DISAGREEMENT"
+             + ("" if tp == 2 else " (one GPU: TP=2 needs two)"))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="no GPU: check what a CPU build runs (V1, sync scheduling)")
@@ -132,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[tuple[bool, str]] = []
     for cell in cells:
         lines += _check_cell(cell, zoo, root, root / "vllm-cache", cuda=cuda)
+    if cuda:
+        lines += _check_ray(zoo, root, root / "vllm-cache", torch.cuda.device_count())
     failed = sum(not ok for ok, _ in lines)
     print(f"gpu-check: {len(lines) - failed} passed, {failed} failed in {time.time() - started:.0f} s", flush=True)
     return 1 if failed or not lines else 0

@@ -47,16 +47,23 @@ class Server:
         self.model, self.args, self.env, self.log_path, self.port = model, args, env, log_path, port
         self.process = None
 
-    def start(self, timeout: float = 400.0) -> "Server":
+    def launch(self) -> "Server":
+        """Start the process and return at once (a headless node: ``--headless`` in ``args``, no /health)."""
         import subprocess
-        import time
-        import urllib.request
 
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "spectrace.testing.serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args],
             env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        return self
+
+    def start(self, timeout: float = 400.0) -> "Server":
+        import time
+        import urllib.request
+
+        if self.process is None:
+            self.launch()
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.process.poll() is not None:

@@ -21,7 +21,11 @@ engine core (``Scheduler.__init__``, after vLLM loaded the plugin there) and in
 each worker (``Worker.__init__``).
 
 Offline engines (the ``LLM`` class) have no API server: ``LLMEngine.from_engine_args`` starts
-the standalone endpoint on ``SPECTRACE_PROMETHEUS_PORT``.
+the standalone endpoint on ``SPECTRACE_PROMETHEUS_PORT``. Neither has a headless node
+(``vllm serve --headless``: the workers of a multi-node engine, or headless DP engines): its
+launcher resolves the config with ``headless=True`` (``EngineArgs.create_engine_config``, hooked in
+``spectrace.tracer.frontend``), which starts the same standalone endpoint there, on the same fixed
+port, for the series of every process of that node.
 """
 
 from __future__ import annotations
@@ -147,6 +151,19 @@ def wrap_llm_engine_from_engine_args(original, hook: str):
         return original(cls, *args, **kwargs)
 
     return from_engine_args
+
+
+def serve_headless_node() -> None:
+    """The standalone endpoint of a headless node's launcher (called inside the frontend hook's guard)."""
+    rt = _enabled()
+    if rt is not None and not _api_server:
+        exposition.serve_standalone(
+            exposition.server_dir(rt.settings.metrics_dir),
+            rt.settings.prometheus_host,
+            rt.settings.prometheus_port,
+            on_error=_count("headless.collect"),
+            what="headless node",
+        )
 
 
 HOOKS = [

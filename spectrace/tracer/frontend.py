@@ -24,7 +24,7 @@ from typing import Any
 
 import spectrace
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
-from spectrace.tracer import audit_live, runtime
+from spectrace.tracer import api_server, audit_live, runtime
 from spectrace.tracer.around import around
 from spectrace.tracer.hooks import Hook
 
@@ -34,9 +34,13 @@ ROLE = "frontend"
 # -- hooks -----------------------------------------------------------------------
 
 
-def _begin(rt, engine_args, *args, **kwargs):
+def _begin(rt, engine_args, usage_context=None, headless=False, *args, **kwargs):
     run = rt.begin_run()
     rt.enter_role(ROLE)
+    if headless:  # a headless node's launcher: no API server will serve this node's series
+        with runtime.guard("headless.prometheus_endpoint") as own:
+            if own is not None:
+                api_server.serve_headless_node()
     return run
 
 

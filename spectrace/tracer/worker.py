@@ -2,13 +2,14 @@
 
 vLLM 0.32 site: ``v1/worker/gpu_worker.py::Worker.load_model`` (``CPUWorker``
 inherits it) builds and loads target and drafter on the worker. After it returns,
-the layers hold what they will really execute.
+the layers hold what they will really execute. Before it runs, the distributed environment is
+up: the ranks agree on one run there (``spectrace.tracer.run_agreement``).
 """
 
 from __future__ import annotations
 
 from spectrace.tracer.around import around
-from spectrace.tracer import layout, runtime, taps
+from spectrace.tracer import layout, run_agreement, runtime, taps
 from spectrace.tracer.hooks import Hook
 
 ROLE = "worker"
@@ -31,6 +32,10 @@ class _Load:
 
 def _load_start(rt, worker, *args, **kwargs) -> _Load:
     rank = _rank(worker)
+    # every rank of the engine under rank 0's run, on every host (before anything is recorded);
+    # a data-parallel engine is a run of its own
+    run_agreement.join_dp_engine(rt, worker.vllm_config)
+    run_agreement.agree(rt, rank, worker.vllm_config)
     rt.note_vllm_config(worker.vllm_config)
     rt.enter_role(ROLE, rank)
     return _Load(rank, rt.start_span("spectrace.worker.load_model", role=ROLE, rank=rank))
