@@ -71,6 +71,61 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(lane)
 
 
+# Session fixtures that start engines several modules read: under `pytest -n 2` (make test) the modules that
+# share one run in the same worker, so each such engine starts once (pytest-xdist, --dist loadgroup).
+# untraced_methods (the baseline tokens) is left out: read by modules of both workers, it may start twice,
+# which costs less than keeping all of them in one worker.
+SHARED_ENGINES = ("traced_methods", "audit_runs", "tap_runs")
+
+
+def _module_groups(items) -> dict[str, str]:
+    """Module path -> its xdist group: modules that share a SHARED_ENGINES fixture (transitively) form one
+    group, named after its first module; every other module is a group of its own (module fixtures start once)."""
+    shared: dict[str, set[str]] = {}
+    for item in items:
+        shared.setdefault(item.module.__file__, set()).update(f for f in item.fixturenames if f in SHARED_ENGINES)
+    parent = {module: module for module in shared}
+
+    def find(module: str) -> str:
+        while parent[module] != module:
+            module = parent[module]
+        return module
+
+    by_fixture: dict[str, str] = {}
+    for module in sorted(shared):
+        for fixture in sorted(shared[module]):
+            if fixture in by_fixture:
+                a, b = sorted((find(by_fixture[fixture]), find(module)))
+                parent[b] = a
+            else:
+                by_fixture[fixture] = module
+    return {module: Path(find(module)).stem for module in shared}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under xdist: every test in its module's group, and the groups that share engines first (they are the
+    longest), then the other live modules, then the fast ones, so the two workers finish together."""
+    if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "no":
+        return
+    groups = _module_groups(items)
+    size: dict[str, int] = {}
+    for module, group in groups.items():
+        size[group] = size.get(group, 0) + 1
+    live: set[str] = set()
+    for item in items:
+        group = groups[item.module.__file__]
+        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("vllm") is not None or item.get_closest_marker("server") is not None:
+            live.add(group)
+
+    def rank(item) -> tuple:
+        group = groups[item.module.__file__]
+        return (-size[group], group not in live, group)
+
+    items.sort(key=rank)  # stable: the order within a group is kept
+
+
 def _note_heavy(config, nodeid: str) -> None:
     if _heavy_key in config.stash and config.stash[_heavy_key] is None:
         if any(name in sys.modules for name in HEAVY):
