@@ -200,3 +200,13 @@ def test_short_file_and_no_checkpoint(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no *.safetensors files" in read_manifest(empty).error
+
+
+def test_ranks_that_share_embeddings_differently_disagree():
+    """vLLM's weight-equality test decides per rank whether the drafter keeps its own embeddings."""
+    own = [("draft", "own", "own", "[]")]
+    shared = [("draft", "target", "own", "[]")]
+    assert audit.rank_disagreements({}, {}, {}, {0: own, 1: own}) == []
+    [finding] = audit.rank_disagreements({}, {}, {}, {0: own, 1: shared})
+    assert (finding.code, finding.evidence["aspect"], finding.evidence["differing_ranks"]) == (codes.RANK_DISAGREEMENT, "weights", [1])
+    assert "embeddings and head" in finding.message

@@ -12,7 +12,6 @@ the checkpoint's from its safetensors headers (``spectrace.vllm_objects.weights`
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable
 
 from spectrace.audit import codes
@@ -21,7 +20,9 @@ from spectrace.audit.findings import Finding
 SHOWN = 20  # names listed in a finding's evidence (the counts are complete)
 # checkpoint names vLLM folds into one fused parameter
 _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
-_LAYER = re.compile(r"\.(\d+)\.")
+# checkpoint tensors vLLM consumes without a parameter of that name, or skips by design
+_RENAMED = {"d2t": "draft_id_to_target_id"}  # EAGLE3's draft -> target vocabulary map
+_NOT_PARAMETERS = ("t2d", "mask_hidden", "rotary_emb.inv_freq")  # skipped, or loaded into a buffer
 
 
 def _leaf(name: str) -> tuple[str, str]:
@@ -29,7 +30,8 @@ def _leaf(name: str) -> tuple[str, str]:
     namings of one weight share (``midlayer.self_attn.q_proj.weight`` ~ ``model.layers.2.self_attn.qkv_proj.weight``)."""
     parts = name.split(".")
     module = parts[-2] if len(parts) > 1 else ""
-    return _FUSED.get(module, module), parts[-1]
+    leaf = _RENAMED.get(parts[-1], parts[-1])
+    return _FUSED.get(module, module), leaf
 
 
 def _shared_prefixes(shared: dict[str, str | None] | None) -> tuple[str, ...]:
@@ -45,7 +47,13 @@ def unloaded_parameters(parameters: Iterable[str], loaded: set[str], shared: dic
 def unused_tensors(tensors: Iterable[str], loaded: set[str]) -> list[str]:
     """Checkpoint tensors whose (module, parameter) no loaded parameter has: nothing consumed them."""
     keys = {_leaf(name) for name in loaded}
-    return sorted(t for t in tensors if _leaf(t) not in keys)
+    leaves = {key[1] for key in keys}
+    return sorted(
+        t for t in tensors
+        if not any(piece in t for piece in _NOT_PARAMETERS)
+        and _leaf(t) not in keys
+        and not ("." not in t and _leaf(t)[1] in leaves)  # a top-level tensor named like its parameter
+    )
 
 
 def audit_weights(
