@@ -210,3 +210,22 @@ def test_ranks_that_share_embeddings_differently_disagree():
     [finding] = audit.rank_disagreements({}, {}, {}, {0: own, 1: shared})
     assert (finding.code, finding.evidence["aspect"], finding.evidence["differing_ranks"]) == (codes.RANK_DISAGREEMENT, "weights", [1])
     assert "embeddings and head" in finding.message
+
+
+def test_a_collapse_names_the_model_findings_of_its_run_as_likely_causes():
+    from types import SimpleNamespace
+
+    event = SimpleNamespace(code=codes.ACCEPTANCE_COLLAPSE, evidence={
+        "position_0_rate": 0.01, "overall_rate": 0.01, "window_drafted_tokens": 400, "threshold": 0.1})
+    finding = audit.collapse_finding(event, {codes.ROPE_DIFFERS, codes.SWA_DROPPED})
+    assert finding.evidence["likely_causes"] == [codes.ROPE_DIFFERS]
+    assert "likely cause: ROPE_DIFFERS" in finding.message
+    assert "likely_causes" not in audit.collapse_finding(event).evidence
+
+
+def test_a_context_cliff_past_the_drafters_length_is_explained_by_its_rope():
+    [boundary] = audit.context_boundaries(
+        method="draft_model", target_declared={}, target_resolved={}, max_model_len=4096,
+        draft_declared={"max_position_embeddings": 2048}, draft_resolved={"max_position_embeddings": 2048},
+    )
+    assert codes.ROPE_DIFFERS in boundary.explained_by and codes.ROPE_MISMATCH in boundary.explained_by
