@@ -229,3 +229,23 @@ def test_a_context_cliff_past_the_drafters_length_is_explained_by_its_rope():
         draft_declared={"max_position_embeddings": 2048}, draft_resolved={"max_position_embeddings": 2048},
     )
     assert codes.ROPE_DIFFERS in boundary.explained_by and codes.ROPE_MISMATCH in boundary.explained_by
+
+
+def test_a_parameter_the_model_never_reads_needs_no_tensor():
+    """DFlash's mask_embedding is read only when the checkpoint ships one (vLLM 0.32 qwen3_dflash)."""
+    params = ["model.mask_embedding", "model.fc.weight"]
+    assert audit_weights("draft", tensors=["fc.weight"], parameters=params, loaded={"model.fc.weight"},
+                         inert={"model.mask_embedding"}) == []
+    [unloaded] = audit_weights("draft", tensors=["fc.weight"], parameters=params, loaded={"model.fc.weight"})
+    assert unloaded.evidence["unloaded"] == ["model.mask_embedding"]
+
+
+def test_inert_parameters_read_dflashs_flag():
+    from types import SimpleNamespace
+
+    from spectrace.vllm_objects.weights import inert_parameters
+
+    built = SimpleNamespace(model=SimpleNamespace(mask_embedding=object(), has_separate_mask_embedding=False))
+    assert inert_parameters(built) == {"model.mask_embedding"}
+    built.model.has_separate_mask_embedding = True
+    assert inert_parameters(built) == set() and inert_parameters(object()) == set()

@@ -39,9 +39,16 @@ def _shared_prefixes(shared: dict[str, str | None] | None) -> tuple[str, ...]:
     return tuple(f"{module}." for module, source in (shared or {}).items() if source == "target")
 
 
-def unloaded_parameters(parameters: Iterable[str], loaded: set[str], shared: dict[str, str | None] | None = None) -> list[str]:
+def unloaded_parameters(
+    parameters: Iterable[str], loaded: set[str], shared: dict[str, str | None] | None = None, inert: Iterable[str] = ()
+) -> list[str]:
+    """Parameters nothing loaded, less those the target's modules replaced and those the model never reads."""
     pieces = _shared_prefixes(shared)
-    return sorted(p for p in parameters if p not in loaded and not any(piece in f".{p}" or p.startswith(piece) for piece in pieces))
+    skip = set(inert)
+    return sorted(
+        p for p in parameters
+        if p not in loaded and p not in skip and not any(piece in f".{p}" or p.startswith(piece) for piece in pieces)
+    )
 
 
 def unused_tensors(tensors: Iterable[str], loaded: set[str]) -> list[str]:
@@ -64,17 +71,19 @@ def audit_weights(
     loaded: set[str] | None,
     shared: dict[str, str | None] | None = None,
     quantization: str | None = None,
+    inert: Iterable[str] = (),
 ) -> list[Finding]:
     """``DRAFT_WEIGHTS_UNLOADED`` and ``DRAFT_TENSORS_UNUSED`` for the drafter.
 
     ``tensors``: the checkpoint's tensor names (manifest); ``parameters``: the built drafter's
     parameter names; ``loaded``: the names vLLM's loader says it filled (None: not known, no
-    judgement); ``shared``: ``{"embed_tokens": "own"|"target", "lm_head": ...}``.
+    judgement); ``shared``: ``{"embed_tokens": "own"|"target", "lm_head": ...}``; ``inert``: parameters the
+    model never reads in its configuration (``spectrace.vllm_objects.weights.inert_parameters``).
     """
     if role != "draft" or loaded is None or parameters is None:
         return []
     findings: list[Finding] = []
-    missing = unloaded_parameters(parameters, loaded, shared)
+    missing = unloaded_parameters(parameters, loaded, shared, inert)
     unused = unused_tensors(tensors, loaded) if tensors else []
     base = {"quantization": quantization, "parameters": len(parameters), "loaded": len(loaded),
             "checkpoint_tensors": len(tensors) if tensors is not None else None, "shared_with_target": shared or {}}

@@ -29,7 +29,7 @@ from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, model_configs, same_model
 from spectrace.vllm_objects.taps import RULE_DFLASH_FC
-from spectrace.vllm_objects.weights import Manifest, read_manifest
+from spectrace.vllm_objects.weights import Manifest, inert_parameters, read_manifest
 
 RUNNERS = ("v1", "v2")
 DEFAULT_RUNNER = "v2"
@@ -558,7 +558,8 @@ def _weights_audit(
     quantization = getattr(model_config, "quantization", None)
     tensors = manifest.tensors if own_checkpoint else None  # MTP: the target's tensors are the target's
     findings = audit_weights("draft", tensors=tensors, parameters=parameters, loaded=loaded, shared=shared,
-                             quantization=str(quantization) if quantization is not None else None)
+                             quantization=str(quantization) if quantization is not None else None,
+                             inert=inert_parameters(model))
     for finding in findings:
         finding.evidence["vllm_rule"] = RULE_WEIGHTS
     return findings

@@ -114,7 +114,10 @@ def _model_facts(
         "quantization": load.quantization if load is not None else None,
         "parameters": len(parameters) if parameters is not None else None,
         "loaded": len(loaded) if loaded is not None else None,
-        "unloaded": json.dumps(unloaded_parameters(parameters, loaded, shared) if loaded is not None and parameters else None),
+        "unloaded": json.dumps(
+            unloaded_parameters(parameters, loaded, shared, read_weights.inert_parameters(model))
+            if loaded is not None and parameters else None
+        ),
         "unused_tensors": json.dumps(unused_tensors(manifest.tensors, loaded) if loaded is not None and own_checkpoint else None),
         "embed_tokens": shared.get("embed_tokens"),
         "lm_head": shared.get("lm_head"),
@@ -155,6 +158,7 @@ def record_model_weights(rt, worker: Any, role: str, rank: int | None, span: Any
                 loaded=load.loaded if load is not None and load.model is model else None,
                 shared=shared,
                 quantization=row["quantization"],
+                inert=read_weights.inert_parameters(model),
             )
     findings += _runtime_rope(method, configs, models)
     rt.weight_loads.clear()  # hold no model past its engine's load
@@ -197,6 +201,7 @@ def record_failed_load(rt, worker: Any, role: str, rank: int | None, span: Any =
         loaded=load.loaded,
         shared={},
         quantization=load.quantization,
+        inert=read_weights.inert_parameters(load.model),
     )
     audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)
     rt.flush()

@@ -181,3 +181,16 @@ def shared_with_target(draft: Any, target: Any) -> dict[str, str | None]:
     if draft_head is not None:
         found["lm_head"] = "target" if draft_head is target_head else "own"
     return found
+
+
+def inert_parameters(model: Any) -> set[str]:
+    """Parameters the built model holds but never reads in this configuration, so nothing need load them.
+
+    vLLM 0.32 ``qwen3_dflash.py``: ``model.mask_embedding`` (zeros) is used only when the checkpoint ships
+    a separate mask embedding (``has_separate_mask_embedding``, set by ``load_weights``).
+    """
+    inert = set()
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "mask_embedding") and getattr(inner, "has_separate_mask_embedding", None) is False:
+        inert.add("model.mask_embedding")
+    return inert
