@@ -53,7 +53,7 @@ RULE_LLAMA_EAGLE3_FC = "vllm.model_executor.models.llama_eagle3.LlamaModel.__ini
 RULE_DRAFT_DTYPE = "vllm.config.speculative.SpeculativeConfig.__post_init__ (dtype=self.target_model_config.dtype)"
 RULE_ROPE = "vllm.model_executor.layers.rotary_embedding.get_rope (from the config's rope_parameters)"
 RULE_WEIGHTS = (
-    "the drafter class's load_weights -> vllm.model_executor.models.utils.AutoWeightsLoader.load_weights, "
+    "vllm.model_executor.models.utils.AutoWeightsLoader.load_weights (from the drafter class's load_weights), "
     "dry-run on meta tensors of the checkpoint's safetensors headers"
 )
 TAP_KEYS = ("declared_field", "declared_ids", "expected_ids", "tapped_ids", "input_taps", "status", "vllm_rule")
