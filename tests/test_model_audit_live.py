@@ -90,6 +90,13 @@ def test_a_tensor_missing_from_the_drafter_checkpoint_is_named_while_vllm_serves
     assert facts["unloaded"] == [parameter] and facts["unused"] == []
     assert facts["loaded"] == facts["parameters"] - 3  # the shared embeddings and head, and the missing one
     assert facts["manifest_error"] is None and facts["tensors"] == 11  # the source's 12, less the one
+    # `spectrace report` flags the drafter's row
+    from spectrace.queries import report
+
+    text = report.render(con, run_id=result.run_id)
+    models = text[text.index("Models (checkpoint"):]
+    draft_row = next(line for line in models.splitlines() if " draft " in line)
+    assert draft_row.lstrip().startswith("!") and "target/target" in draft_row and "float32 -> float32" in draft_row
 
 
 def test_an_eagle3_drafter_with_another_rotary_base_is_rope_mismatch(model_runs):
