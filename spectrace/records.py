@@ -234,6 +234,28 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("steps", "BIGINT"),  # steps that verified drafts
         ("new_requests", "BIGINT"),  # requests whose first verified step was in this flush
     ],
+    # Per model and rank, after load: its checkpoint (safetensors headers only), what vLLM loaded into it,
+    # whose embeddings and head the drafter uses, the dtype and RoPE it runs with (issue #24).
+    "model_weights": [
+        ("model_role", "VARCHAR"),
+        ("model", "VARCHAR"),
+        ("checkpoint_files", "INTEGER"),
+        ("checkpoint_tensors", "INTEGER"),
+        ("checkpoint_dtypes", "JSON"),  # safetensors dtype -> tensor count
+        ("manifest_error", "VARCHAR"),
+        ("manifest_ms", "DOUBLE"),  # time spent reading the headers
+        ("quantization", "VARCHAR"),
+        ("parameters", "INTEGER"),
+        ("loaded", "INTEGER"),  # parameters vLLM's loader says it filled (NULL: not captured)
+        ("unloaded", "JSON"),  # parameter names no checkpoint tensor reached (shared modules excluded)
+        ("unused_tensors", "JSON"),  # checkpoint tensors matching no loaded parameter
+        ("embed_tokens", "VARCHAR"),  # own | target (the drafter's, per rank)
+        ("lm_head", "VARCHAR"),
+        ("declared_dtype", "VARCHAR"),
+        ("runtime_dtype", "VARCHAR"),
+        ("declared_rope", "JSON"),
+        ("runtime_rope", "JSON"),
+    ],
 }
 
 JSON_COLUMNS = {

@@ -265,7 +265,11 @@ def test_draft_model_with_another_vocabulary_is_vocab_mismatch(capsys, models):
         capsys, "--target", models["qwen3-8b"], "--draft", models["llama-3.2-1b"], "--method", "draft_model"
     )
     assert rc == 1
-    assert triples(report) == [("LOAD_FAILED", "info", "VOCAB_MISMATCH"), ("VOCAB_MISMATCH", "error", None)]
+    assert triples(report) == [
+        ("LOAD_FAILED", "info", "VOCAB_MISMATCH"),
+        ("ROPE_DIFFERS", "info", None),  # an independent drafter's own RoPE (llama3 scaling): named, not an error
+        ("VOCAB_MISMATCH", "error", None),
+    ]
     vocab = finding(report, "VOCAB_MISMATCH")
     assert (vocab["evidence"]["target_vocab_size"], vocab["evidence"]["draft_vocab_size"]) == (151936, 128256)
     assert vocab["evidence"]["vllm_rule"] == doctor.RULE_DRAFT_VOCAB
@@ -279,18 +283,24 @@ def test_yarn_target_with_a_plain_drafter_is_draft_context_short(capsys, models)
     rc, report = run_json(
         capsys, "--target", models["qwen3-8b-yarn"], "--draft", models["qwen3-8b-dflash-flagged"], "--method", "dflash"
     )
-    assert rc == 0  # a warning, not an error
-    assert triples(report) == [("CAUSAL_INFERRED", "warning", None), ("DRAFT_CONTEXT_SHORT", "warning", None)]
+    # the drafter reads the target's positions without the target's YaRN: a RoPE mismatch (issue #24)
+    assert rc == 1
+    assert triples(report) == [
+        ("CAUSAL_INFERRED", "warning", None), ("DRAFT_CONTEXT_SHORT", "warning", None), ("ROPE_MISMATCH", "error", None),
+    ]
+    assert finding(report, "ROPE_MISMATCH")["evidence"]["differs"] == ["rope_type", "factor", "original_max_position_embeddings"]
     assert report["max_model_len"] == 131072  # vLLM's derivation (YaRN: already scaled)
     short = finding(report, "DRAFT_CONTEXT_SHORT")
     assert short["evidence"]["target_context"] == 131072
     assert short["evidence"]["vllm_rule"] == doctor.RULE_MAX_LEN
-    # capped the way vLLM would be served: clean
+    # capped the way vLLM would be served: the context is no longer short, the rotation still differs
     rc, report = run_json(
         capsys, "--target", models["qwen3-8b-yarn"], "--draft", models["qwen3-8b-dflash-flagged"],
         "--method", "dflash", "--max-model-len", "32768",
     )  # fmt: skip
-    assert (rc, triples(report), report["max_model_len"]) == (0, [("CAUSAL_INFERRED", "warning", None)], 32768)
+    assert (rc, triples(report), report["max_model_len"]) == (
+        1, [("CAUSAL_INFERRED", "warning", None), ("ROPE_MISMATCH", "error", None)], 32768,
+    )
 
 
 def test_eagle3_with_a_reduced_draft_vocabulary_is_clean(capsys, models):

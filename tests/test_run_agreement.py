@@ -124,6 +124,8 @@ def test_ranks_on_two_hosts_are_judged_together_with_their_hosts():
                 "layer_index integer, runtime_type varchar, runtime_window integer, causal boolean)")
     con.execute("create table hidden_state_taps (run_id varchar, rank integer, tapped_ids varchar)")
     con.execute("create table verify_counts (run_id varchar, rank integer, source varchar, drafted bigint, accepted bigint)")
+    con.execute("create table model_weights (run_id varchar, rank integer, model_role varchar, embed_tokens varchar, "
+                "lm_head varchar, unloaded json)")
     for rank, host in ((0, "node-0"), (1, "node-1")):
         con.execute("insert into attention_layout values ('r', ?, ?, 'target', 0, 'full', null, true)", [host, rank])
         con.execute("insert into verify_counts values ('r', ?, 'worker', 30, 30)", [rank])

@@ -236,3 +236,43 @@ PREFIX_HITS_DROPPED = _code(
     "match dropped reads as a miss)",
     'try "disable_eagle_block_drop": true in --speculative-config and compare acceptance, or a smaller block size',
 )
+# -- the drafter's model: weights, RoPE, dtype (issue #24)
+DRAFT_WEIGHTS_UNLOADED = _code(
+    "DRAFT_WEIGHTS_UNLOADED", "weights", ("error",),
+    "error",
+    "drafter parameters that no checkpoint tensor reached at load (the names vLLM's loader returns, against the "
+    "built drafter's parameters): they run with their initial values; vLLM's own check is off for quantized models "
+    "and for drafters whose load_weights returns nothing (EAGLE3, DFlash)",
+    "convert the drafter checkpoint again for this vLLM (the tensor names its load_weights expects), "
+    "or use a checkpoint that has them",
+)
+DRAFT_TENSORS_UNUSED = _code(
+    "DRAFT_TENSORS_UNUSED", "weights", ("warning", "info"),
+    "warning (info next to `DRAFT_WEIGHTS_UNLOADED`)",
+    "drafter checkpoint tensors (from the safetensors headers) that match no parameter vLLM loaded",
+    "check the tensor names against the drafter class vLLM builds: mis-named or skipped tensors leave parameters "
+    "at their initial values",
+)
+ROPE_MISMATCH = _code(
+    "ROPE_MISMATCH", "rope", ("error",),
+    "error",
+    "an eagle / eagle3 / dflash / mtp drafter, which reads the target's positions, rotates them differently: "
+    "base, scaling type or factor, original length, partial rotary factor or NeoX/GPT-J layout (config, and the "
+    "built rotary modules live)",
+    "give the drafter the target's RoPE in its config.json (\"rope_parameters\", or \"rope_theta\" and "
+    "\"rope_scaling\" for older readers)",
+)
+ROPE_DIFFERS = _code(
+    "ROPE_DIFFERS", "rope", ("info",),
+    "info",
+    "a `draft_model` drafter's RoPE differs from the target's: legitimate for an independent drafter, the first "
+    "suspect when its acceptance collapses or falls with context",
+    "if acceptance collapses or falls with context, give the drafter the target's RoPE or use one trained with it",
+)
+DRAFT_DTYPE_LOSSY = _code(
+    "DRAFT_DTYPE_LOSSY", "dtype", ("error", "warning"),
+    "error (bfloat16 run in float16: overflow; warning for float32 → float16 and float16 → bfloat16)",
+    "the drafter runs in a dtype it was not trained in (config.json's dtype, else its checkpoint's), lossily; "
+    "vLLM builds the draft config with the target's dtype",
+    "run the target in the drafter's training dtype (--dtype), so the drafter gets it too",
+)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from spectrace.audit import codes
 from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
@@ -44,16 +44,17 @@ def context_boundaries(
             return
         found.append(ContextBoundary(int(tokens), role, field_name, explained))
 
-    drafter_explains = (codes.SWA_DROPPED, codes.LAYOUT_MISMATCH, codes.DRAFT_CONTEXT_SHORT)
+    rope = (codes.ROPE_MISMATCH, codes.ROPE_DIFFERS)  # a drafter rotating positions otherwise falls with context
+    drafter_explains = (codes.SWA_DROPPED, codes.LAYOUT_MISMATCH, codes.DRAFT_CONTEXT_SHORT, *rope)
     add(_declared_window(target_declared), "target", "sliding_window (declared)")
     add(target_window(target_resolved), "target", "sliding_window")
     if draft_declared is not None and method not in MODEL_FREE_METHODS:
         add(_declared_window(draft_declared), "draft", "sliding_window (declared)", drafter_explains)
         add(_resolved_window(draft_resolved), "draft", "sliding_window", drafter_explains)
-        add(_get(draft_declared, "max_position_embeddings", None), "draft", "max_position_embeddings", (codes.DRAFT_CONTEXT_SHORT,))
+        add(_get(draft_declared, "max_position_embeddings", None), "draft", "max_position_embeddings", (codes.DRAFT_CONTEXT_SHORT, *rope))
         scaling = _get(draft_declared, "rope_scaling", None) or _get(draft_declared, "rope_parameters", None)
         if isinstance(scaling, dict):
-            add(scaling.get("original_max_position_embeddings"), "draft", "rope original_max_position_embeddings", (codes.DRAFT_CONTEXT_SHORT,))
+            add(scaling.get("original_max_position_embeddings"), "draft", "rope original_max_position_embeddings", (codes.DRAFT_CONTEXT_SHORT, *rope))
     return sorted(found, key=lambda b: b.tokens)
 
 
@@ -153,10 +154,18 @@ def not_paying_finding(evidence: dict[str, Any]) -> Finding:
     )
 
 
-def collapse_finding(event: Any) -> Finding:
-    """``ACCEPTANCE_COLLAPSE`` or ``ACCEPTANCE_RECOVERED`` (``event``: an ``acceptance.CollapseEvent``)."""
+# config findings that, present in a run, are the likely cause of a collapse (named in its message)
+COLLAPSE_SUSPECTS = (codes.DRAFT_WEIGHTS_UNLOADED, codes.DRAFT_DTYPE_LOSSY, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS)
+
+
+def collapse_finding(event: Any, suspects: Iterable[str] = ()) -> Finding:
+    """``ACCEPTANCE_COLLAPSE`` or ``ACCEPTANCE_RECOVERED`` (``event``: an ``acceptance.CollapseEvent``);
+    ``suspects``: codes of the run's findings, those of :data:`COLLAPSE_SUSPECTS` named as likely causes."""
     collapse = event.code == codes.ACCEPTANCE_COLLAPSE
     ev = event.evidence
+    likely = [code for code in COLLAPSE_SUSPECTS if code in set(suspects)] if collapse else []
+    if likely:
+        ev = {**ev, "likely_causes": likely}
     onset = (
         f"; it began at step {ev['onset_step']} (context {ev['onset_context_len']})" if collapse and "onset_step" in ev
         else f" at step {ev['recovered_step']} (context {ev['recovered_context_len']})" if "recovered_step" in ev
@@ -171,6 +180,7 @@ def collapse_finding(event: Any) -> Finding:
             f"acceptance {'collapsed' if collapse else 'recovered'}: position 0 {ev['position_0_rate']:.1%}, "
             f"overall {ev['overall_rate']:.1%} over the last {ev['window_drafted_tokens']} drafted tokens "
             f"(threshold {ev['threshold']:.0%}){onset}"
+            + (f"; likely cause: {', '.join(likely)} (see the run's findings)" if likely else "")
         ),
         evidence=ev,
         fix=(

@@ -11,7 +11,7 @@ from typing import Any
 class Finding:
     code: str
     severity: str  # error | warning | info
-    component: str  # config | layout | method | vocab | context | load | taps | verification | ranks (codes.Code.component)
+    component: str  # config | layout | method | vocab | context | load | taps | verification | ranks | weights | rope | dtype (codes.Code.component)
     model_role: str | None
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)

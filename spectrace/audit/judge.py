@@ -16,12 +16,14 @@ from typing import Any
 
 from spectrace.audit.config_dicts import LayerPlan
 from spectrace.audit.curve import ContextBoundary, context_boundaries
+from spectrace.audit.dtype import audit_dtype, declared_dtype
 from spectrace.audit.findings import Finding
 from spectrace.audit.layout import audit_model_layout, config_findings, layout_status
 from spectrace.audit.load import explain_load_error
 from spectrace.audit.pair import audit_pair
 from spectrace.audit.requests import token_budget_findings
 from spectrace.audit.resolution import FieldDiff, root_causes
+from spectrace.audit.rope import audit_rope, rope_of
 
 
 @dataclass
@@ -43,6 +45,10 @@ class RunFacts:
     load_error: str | None = None  # vLLM refused the configs: its error text
     # the scheduler's budget and the speculation it must fit (``vllm_objects.configs.scheduler_facts``)
     scheduler: dict[str, Any] | None = None
+    # per role, the dtype vLLM runs the model in (model_config.dtype); None: not resolved here
+    runs_in: dict[str, str | None] | None = None
+    # per role, the dtype most of its checkpoint's tensors hold (safetensors headers); None: not read
+    checkpoint_dtypes: dict[str, str | None] | None = None
 
 
 @dataclass
@@ -76,6 +82,7 @@ def judge(facts: RunFacts) -> Judgement:
         draft=draft.get("declared"),
         target_max_model_len=facts.max_model_len,
     )
+    findings += _audit_model_pair(facts, target, draft)
     if facts.load_error is not None:
         findings.append(explain_load_error(facts.load_error, findings))
     if facts.scheduler is not None:
@@ -103,3 +110,28 @@ def judge(facts: RunFacts) -> Judgement:
         max_model_len=facts.max_model_len,
     )
     return Judgement(findings, root_causes(findings), boundaries, diffs, plans, statuses)
+
+
+def _resolved(model: dict[str, Any], built_from: dict[str, dict[str, Any] | None] | None, role: str) -> dict[str, Any] | None:
+    """The config vLLM builds ``role`` from: the built config, else vLLM's final, else transformers'."""
+    if built_from is not None and built_from.get(role) is not None:
+        return built_from[role]
+    return model.get("vllm_resolved") or model.get("transformers_resolved")
+
+
+def _audit_model_pair(facts: RunFacts, target: dict[str, Any], draft: dict[str, Any]) -> list[Finding]:
+    """The drafter's RoPE against the target's, and the dtype it runs in against the one it was trained in."""
+    if not draft:
+        return []
+    findings = audit_rope(
+        facts.method, rope_of(_resolved(target, facts.built_from, "target")), rope_of(_resolved(draft, facts.built_from, "draft"))
+    )
+    if facts.runs_in is not None:
+        findings += audit_dtype(
+            "draft",
+            declared=declared_dtype(draft.get("declared")),
+            checkpoint=(facts.checkpoint_dtypes or {}).get("draft"),
+            runs_in=facts.runs_in.get("draft"),
+            target_runs_in=facts.runs_in.get("target"),
+        )
+    return findings

@@ -13,21 +13,28 @@ def rank_disagreements(
     layouts: dict[int, list[tuple]],
     taps: dict[int, list[int] | None],
     counts: dict[int, tuple[int, int]],
+    *,
     hosts: dict[int, str] | None = None,
+    weights: dict[int, list[tuple]] | None = None,
 ) -> list[Finding]:
     """RANK_DISAGREEMENT where the ranks of one engine (tensor parallelism) differ.
 
     Every rank builds the whole model and verifies the same batch, so each one's
     ``layouts`` (per rank: ``(model_role, layer_index, runtime_type, runtime_window, causal)``
     rows), ``taps`` (tapped ids) and verified ``counts`` (drafted, accepted) must equal
-    the lowest rank's. One finding per aspect that differs, naming the ranks (and, where
-    ``hosts`` is given, the host of each rank: the ranks of one engine may run on several).
+    the lowest rank's; so must ``weights`` (per rank: ``(model_role, embed_tokens, lm_head,
+    unloaded)`` rows from ``model_weights``: whether the drafter uses its own embeddings and head
+    or the target's, which vLLM decides per rank by comparing weights). One finding per aspect
+    that differs, naming the ranks (and, where ``hosts`` is given, the host of each rank: the
+    ranks of one engine may run on several).
     """
     findings = []
     for aspect, by_rank, what in (
         ("layout", {r: sorted(rows) for r, rows in layouts.items()}, "attention layout (type, window, causal per layer)"),
         ("taps", taps, "hidden-state taps"),
         ("counts", counts, "verified drafted / accepted tokens"),
+        ("weights", {r: sorted(rows) for r, rows in (weights or {}).items()},
+         "the drafter's embeddings and head (own or the target's) or its unloaded parameters"),
     ):
         if len(by_rank) < 2:
             continue

@@ -246,7 +246,8 @@ RULES: tuple[AlertRule, ...] = (
             "spectrace found {{ $labels.code }} (severity error) for the {{ $labels.model_role }} model of "
             + _DEPLOYMENT_TEXT + ", run {{ $labels.run_id }}. Likely cause: vLLM resolved the model config "
             "differently from what the checkpoint declares (a field dropped or defaulted, a different attention layout, method or "
-            "vocabulary), so the drafter runs with settings it was not trained for, usually without an error in "
+            "vocabulary, a RoPE or dtype the drafter was not trained in) or left drafter parameters unloaded, so the "
+            "drafter runs with settings or weights it was not trained with, usually without an error in "
             "vLLM's logs. Run: spectrace query --named config_errors (message, evidence and fix per finding)."
         ),
         named_query="config_errors",

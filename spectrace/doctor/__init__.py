@@ -54,14 +54,17 @@ from spectrace.doctor.diagnose import (
     RULE_ATTENTION,
     RULE_DFLASH,
     RULE_DFLASH_FC,
+    RULE_DRAFT_DTYPE,
     RULE_DRAFT_VOCAB,
     RULE_GET_CONFIG,
     RULE_LLAMA_EAGLE3_FC,
     RULE_MAX_LEN,
+    RULE_ROPE,
     RULE_RUNNER,
     RULE_SPEC,
     RULE_TAPS,
     RULE_VOCAB,
+    RULE_WEIGHTS,
     RUNNERS,
     TAP_KEYS,
     TAP_SETTER,
@@ -74,8 +77,9 @@ from spectrace.doctor.diagnose import (
 from spectrace.doctor.render import render_text
 
 __all__ = [
-    "DEFAULT_K", "DEFAULT_RUNNER", "RULE_ATTENTION", "RULE_DFLASH", "RULE_DFLASH_FC", "RULE_DRAFT_VOCAB",
-    "RULE_GET_CONFIG", "RULE_LLAMA_EAGLE3_FC", "RULE_MAX_LEN", "RULE_RUNNER", "RULE_SPEC", "RULE_TAPS", "RULE_VOCAB",
+    "DEFAULT_K", "DEFAULT_RUNNER", "RULE_ATTENTION", "RULE_DFLASH", "RULE_DFLASH_FC", "RULE_DRAFT_DTYPE",
+    "RULE_DRAFT_VOCAB", "RULE_GET_CONFIG", "RULE_LLAMA_EAGLE3_FC", "RULE_MAX_LEN", "RULE_ROPE", "RULE_RUNNER", "RULE_SPEC",
+    "RULE_TAPS", "RULE_VOCAB", "RULE_WEIGHTS",
     "RUNNERS", "TAP_KEYS", "TAP_SETTER", "DoctorInputError", "Report", "diagnose",
     "load_declared", "model_methods", "render_text",
 ]

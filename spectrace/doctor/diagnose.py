@@ -21,11 +21,17 @@ from typing import Any, Iterator
 
 from spectrace import audit
 from spectrace.audit import MODEL_FREE_METHODS, codes
+from spectrace.audit.dtype import declared_dtype, dtype_name
+from spectrace.audit.rope import rope_of
+from spectrace.audit.weights import audit_weights
 from spectrace.doctor import sandbox
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
-from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, model_configs, scheduler_facts
+from spectrace.vllm_objects.configs import (
+    ConfigCapture, assign_roles, config_to_dict, model_configs, same_model, scheduler_facts,
+)
 from spectrace.vllm_objects.taps import RULE_DFLASH_FC
+from spectrace.vllm_objects.weights import Manifest, inert_parameters, read_manifest
 
 RUNNERS = ("v1", "v2")
 DEFAULT_RUNNER = "v2"
@@ -46,6 +52,12 @@ RULE_TAPS = {
     "v1": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._get_eagle3_aux_layers_from_config",
 }
 RULE_LLAMA_EAGLE3_FC = "vllm.model_executor.models.llama_eagle3.LlamaModel.__init__"
+RULE_DRAFT_DTYPE = "vllm.config.speculative.SpeculativeConfig.__post_init__ (dtype=self.target_model_config.dtype)"
+RULE_ROPE = "vllm.model_executor.layers.rotary_embedding.get_rope (from the config's rope_parameters)"
+RULE_WEIGHTS = (
+    "vllm.model_executor.models.utils.AutoWeightsLoader.load_weights (from the drafter class's load_weights), "
+    "dry-run on meta tensors of the checkpoint's safetensors headers"
+)
 TAP_KEYS = ("declared_field", "declared_ids", "expected_ids", "tapped_ids", "input_taps", "status", "vllm_rule")
 
 
@@ -177,6 +189,8 @@ class Report:
     rules: dict[str, str] = field(default_factory=dict)
     architectures: dict[str, str] = field(default_factory=dict)
     taps: dict[str, Any] | None = None  # the hidden-state tap audit (TAP_KEYS); None when no taps apply
+    # per role: checkpoint manifest (safetensors headers), declared dtype, dtype vLLM runs it in, resolved RoPE
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
     vllm_version: str | None = None
     seconds: float = 0.0
 
@@ -211,6 +225,7 @@ class Report:
             ],
             "layout": self.layout,
             "taps": self.taps,
+            "models": self.models,
             "seconds": round(self.seconds, 3),
         }
 
@@ -385,9 +400,20 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
     built_from: dict[str, dict[str, Any] | None] | None = None
     findings: list[audit.Finding] = []
     build_refusal: audit.Finding | None = None
+    manifests = {"target": read_manifest(target), "draft": read_manifest(draft)}
+    runs_in = None
     if vllm_config is not None:
-        built, findings, build_refusal = _build(report, vllm_config, declared, runner)
+        built, findings, build_refusal = _build(report, vllm_config, declared, runner, manifests)
         built_from = {role: config_to_dict(c.hf_config) for role, c in model_configs(vllm_config).items()}
+        runs_in = {role: dtype_name(c.dtype) for role, c in model_configs(vllm_config).items()}
+    for role in ("target", "draft"):
+        rope = rope_of((built_from or {}).get(role) or config_to_dict(resolved.get(role)))
+        report.models.setdefault(role, {}).update(
+            checkpoint=manifests[role].summary(),
+            declared_dtype=declared_dtype(declared[role]),
+            runs_in=(runs_in or {}).get(role),
+            rope=rope.as_dict() if rope is not None else None,
+        )
 
     # 3. the one judge (audit.judge), as the live frontend and engine core call it
     judged = audit.judge(
@@ -401,6 +427,8 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
             runtime_layers=built,
             load_error=_error_text(config_error) if config_error is not None else None,
             scheduler=scheduler_facts(vllm_config) if vllm_config is not None else None,
+            runs_in=runs_in,
+            checkpoint_dtypes={role: dtype_name(m.main_dtype()) for role, m in manifests.items()},
         )
     )
     report.layout.update({role: [plan.as_row() for plan in plans] for role, plans in judged.plans.items()})
@@ -429,6 +457,10 @@ def _annotate(report: Report, finding: Any, resolved: dict[str, Any], config_err
             finding.model_role = "target"
     elif finding.component == "layout":
         finding.evidence.setdefault("vllm_rule", report.rules.get(finding.model_role))
+    elif finding.code == codes.DRAFT_DTYPE_LOSSY:
+        finding.evidence.setdefault("vllm_rule", RULE_DRAFT_DTYPE)
+    elif finding.component == "rope":
+        finding.evidence.setdefault("vllm_rule", RULE_ROPE)
 
 
 def _annotate_refusal(finding: Any, exc: BaseException, runner: str, *, phase: str) -> None:
@@ -440,7 +472,7 @@ def _annotate_refusal(finding: Any, exc: BaseException, runner: str, *, phase: s
 
 
 def _build(
-    report: Report, vllm_config: Any, declared: dict[str, Any], runner: str
+    report: Report, vllm_config: Any, declared: dict[str, Any], runner: str, manifests: dict[str, Manifest]
 ) -> tuple[dict[str, list[dict[str, Any]]], list[Any], Any]:
     """Each model built on the meta device: its layer rows, the tap findings, and vLLM's refusal to build (or None)."""
     from vllm.model_executor.model_loader.utils import get_model_architecture
@@ -472,6 +504,9 @@ def _build(
                     config, prefix = sandbox.draft_build_config(vllm_config)
                 model = sandbox.build_on_meta(config, model_config, prefix)
                 built[role] = read_layers.attention_layers(model, config)
+                if role == "draft":
+                    own = not same_model(str(model_config.model), str(vllm_config.model_config.model))
+                    findings += _weights_audit(report, model, manifests["draft"], spec.method, model_config, own)
                 if use_taps:
                     kept[role] = model
                 del model
@@ -510,6 +545,36 @@ def _build(
         _annotate_refusal(load, exc, runner, phase=phase)
         return built, findings, load
     return built, findings, None
+
+
+# -- weights -----------------------------------------------------------------------------------
+
+
+def _weights_audit(
+    report: Report, model: Any, manifest: Manifest, method: str | None, model_config: Any, own_checkpoint: bool
+) -> list[Any]:
+    """The live run's weight audit (``spectrace.tracer.weights``) on the meta-built drafter: vLLM's own
+    ``load_weights`` fed meta tensors of the checkpoint's header shapes."""
+    facts = report.models.setdefault("draft", {})
+    if manifest.error is not None:
+        facts["dry_load"] = f"not run: {manifest.error}"
+        return []
+    try:
+        loaded = sandbox.dry_load(model, manifest.tensors)
+    except Exception as exc:  # a loader that needs data or refuses a shape: no judgement, said so
+        facts["dry_load"] = f"vLLM's loader raised on meta tensors: {type(exc).__name__}: {str(exc)[:200]}"
+        return []
+    shared = sandbox.shared_modules(model, method)
+    parameters = [name for name, _ in model.named_parameters()]
+    facts.update(dry_load="ok", parameters=len(parameters), loaded=len(loaded), shared_with_target=shared)
+    quantization = getattr(model_config, "quantization", None)
+    tensors = manifest.tensors if own_checkpoint else None  # MTP: the target's tensors are the target's
+    findings = audit_weights("draft", tensors=tensors, parameters=parameters, loaded=loaded, shared=shared,
+                             quantization=str(quantization) if quantization is not None else None,
+                             inert=inert_parameters(model))
+    for finding in findings:
+        finding.evidence["vllm_rule"] = RULE_WEIGHTS
+    return findings
 
 
 # -- hidden-state taps -----------------------------------------------------------------------

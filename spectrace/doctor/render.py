@@ -58,6 +58,9 @@ def render_text(report: Report) -> str:
     if report.taps is not None:
         lines.extend(_taps_lines(report))
         lines.append("")
+    if report.models:
+        lines.extend(_models_lines(report))
+        lines.append("")
     if not report.findings:
         lines.append("no findings: vLLM builds this pair as declared.")
     else:
@@ -112,4 +115,33 @@ def _finding_lines(finding: Any, *, indent: str) -> list[str]:
     rule = finding.evidence.get("vllm_rule") if isinstance(finding.evidence, dict) else None
     if rule:
         out.append(f"{indent}        vLLM rule: {rule}")
+    return out
+
+
+def _models_lines(report: Report) -> list[str]:
+    """Per model: its checkpoint (safetensors headers), dtype declared and run, RoPE, the drafter's dry load."""
+    out = ["Models (checkpoint from safetensors headers; dtype declared -> run; RoPE resolved):"]
+    for role in ("target", "draft"):
+        facts = report.models.get(role)
+        if not facts:
+            continue
+        checkpoint = facts.get("checkpoint") or {}
+        if checkpoint.get("error"):
+            weights = f"checkpoint: {checkpoint['error']}"
+        else:
+            dtypes = ", ".join(f"{k} {v}" for k, v in (checkpoint.get("dtypes") or {}).items())
+            weights = f"{checkpoint.get('tensors')} tensors in {checkpoint.get('files')} file(s) ({dtypes})"
+        rope = facts.get("rope") or {}
+        rope_text = (
+            f"rope {rope.get('rope_type')} theta {rope.get('theta') if rope.get('theta') is not None else 'unset (10000)'}"
+            + (f" factor {rope.get('factor')}" if rope.get("factor") else "")
+            if rope
+            else "rope ?"
+        )
+        out.append(
+            f"  {role:7s} {weights}; dtype {facts.get('declared_dtype') or '?'} -> {facts.get('runs_in') or '?'}; {rope_text}"
+        )
+        if role == "draft" and facts.get("dry_load"):
+            loaded = f", {facts.get('loaded')} of {facts.get('parameters')} parameters filled" if facts.get("dry_load") == "ok" else ""
+            out.append(f"          dry load: {facts['dry_load']}{loaded}")
     return out

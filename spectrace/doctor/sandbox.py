@@ -162,3 +162,58 @@ def draft_build_config(vllm_config: Any) -> tuple[Any, str]:
     if spec.method == "draft_model":
         return replace(vllm_config, model_config=spec.draft_model_config, quant_config=None), "draft_model"
     return vllm_config, ""
+
+
+# safetensors header dtype -> torch dtype, for the meta tensors a dry load feeds vLLM
+_HEADER_DTYPES = {
+    "BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+
+
+def dry_load(model: Any, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> set[str]:
+    """The parameter names vLLM's own ``load_weights`` fills from a checkpoint of ``tensors``,
+    run on the meta-built ``model`` with meta tensors of the manifest's shapes (no data read).
+
+    As the live hook (``spectrace.tracer.weights``): the set ``AutoWeightsLoader.load_weights``
+    returns for the whole model, else what the model's ``load_weights`` returns. Raises what the
+    model's loader raises (a shape it refuses, a loader that needs data).
+    """
+    import torch
+    from vllm.model_executor.models import utils as model_utils
+
+    loader_class = model_utils.AutoWeightsLoader
+    original = loader_class.__dict__["load_weights"]
+    filled: set[str] = set()
+
+    def capture(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if self.module is model and isinstance(result, set):
+            filled.update(result)
+        return result
+
+    def weights():
+        for name, (dtype, shape) in tensors.items():
+            yield name, torch.empty(shape, dtype=getattr(torch, _HEADER_DTYPES.get(dtype, "float32")), device="meta")
+
+    loader_class.load_weights = capture
+    try:
+        with torch.device("meta"):
+            returned = model.load_weights(weights())
+    finally:
+        loader_class.load_weights = original
+    return filled or (set(returned) if isinstance(returned, set) else set())
+
+
+def shared_modules(model: Any, method: str | None) -> dict[str, str | None]:
+    """Whether vLLM will give the drafter the target's ``embed_tokens`` / ``lm_head``, as far as a
+    dry load can tell (``SpecDecodeBaseProposer._maybe_share_*``: EAGLE-style drafters by the
+    ``has_own_*`` flags their load sets, MTP always, ``draft_model`` never; the live run's weight
+    equality test cannot be made without data, so a drafter with its own copy reads "own")."""
+    if method == "draft_model":
+        return {}
+    found: dict[str, str | None] = {}
+    for module, flag in (("embed_tokens", "has_own_embed_tokens"), ("lm_head", "has_own_lm_head")):
+        own = getattr(model, flag, None)
+        found[module] = "target" if own is None or own is False else "own"
+    return found

@@ -49,9 +49,22 @@ def rank_hosts(con: Any, run_id: str) -> dict[int, str]:
     }
 
 
+def weight_rows(con: Any, run_id: str) -> dict[int, list[tuple]]:
+    """Per worker rank: (model_role, embed_tokens, lm_head, unloaded) from ``model_weights``."""
+    rows: dict[int, list[tuple]] = defaultdict(list)
+    for rank, *row in con.execute(
+        "select rank, model_role, embed_tokens, lm_head, unloaded from model_weights "
+        "where run_id = ? and rank is not null", [run_id]
+    ).fetchall():
+        rows[rank].append(tuple(row))
+    return dict(rows)
+
+
 def rank_findings(con: Any, run_id: str) -> tuple[list[int], list[audit.Finding]]:
     """The ranks seen for ``run_id`` and the RANK_DISAGREEMENT findings among them."""
     layouts, taps, counts = rank_rows(con, run_id)
     ranks = sorted(set(layouts) | set(taps) | set(counts))
     hosts = rank_hosts(con, run_id)
-    return ranks, audit.rank_disagreements(layouts, taps, counts, hosts if len(set(hosts.values())) > 1 else None)
+    return ranks, audit.rank_disagreements(
+        layouts, taps, counts, hosts=hosts if len(set(hosts.values())) > 1 else None, weights=weight_rows(con, run_id)
+    )

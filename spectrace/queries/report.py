@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 from spectrace import audit
@@ -62,6 +64,10 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
     if taps:
         out.append("")
         out += taps
+    models = _models(con, rid)
+    if models:
+        out.append("")
+        out += models
     ranks = _ranks(con, rid)
     if ranks:
         out.append("")
@@ -197,6 +203,37 @@ def _taps(con, run_id: str) -> list[str]:
     return [
         "Hidden-state taps (vLLM ids: k = output of target layer k-1)",
         _indent(format_table(["rank", "declared in", "declared", "expected", "tapped", "fc takes", "status"], table)),
+    ]
+
+
+def _models(con, run_id: str) -> list[str]:
+    """Per model and rank: the checkpoint, what vLLM loaded, shared modules, dtype and RoPE run with."""
+    rows = con.execute(
+        "select model_role, rank, checkpoint_tensors, checkpoint_dtypes, manifest_error, parameters, loaded, unloaded, "
+        "embed_tokens, lm_head, declared_dtype, runtime_dtype, runtime_rope from model_weights where run_id = ? "
+        "order by model_role desc, rank nulls first",
+        [run_id],
+    ).fetchall()
+    if not rows:
+        return []
+    table = []
+    for role, rank, tensors, dtypes, error, params, loaded, unloaded, embed, head, declared, runtime, rope in rows:
+        names = json.loads(unloaded) if unloaded else None
+        rope = json.loads(rope) if rope else None
+        table.append((
+            "!" if names else "",
+            role,
+            "" if rank is None else rank,
+            error or f"{tensors} ({', '.join(f'{k} {v}' for k, v in json.loads(dtypes or '{}').items())})",
+            "?" if loaded is None else f"{loaded}/{params}",
+            len(names) if names is not None else "?",
+            "/".join(x or "-" for x in (embed, head)) if role == "draft" else "",
+            f"{declared or '?'} -> {runtime or '?'}",
+            f"{rope.get('rope_type')} {rope.get('base')}" + (" neox" if rope.get("neox_style") else "") if rope else "?",
+        ))
+    return [
+        "Models (checkpoint from safetensors headers; loaded: parameters vLLM's loader filled)",
+        _indent(format_table(["", "model", "rank", "checkpoint tensors", "loaded", "unloaded", "embed/head", "dtype", "rope"], table)),
     ]
 
 

@@ -528,11 +528,13 @@ def derive_model(
     config: Mapping[str, Any] | None = None,
     drop: Iterable[str] = (),
     zero: Iterable[str] = (),
+    drop_tensors: Iterable[str] = (),
 ) -> Path:
     """A copy of the model in ``source_dir`` with ``config.json`` keys set (``config``) or
     removed (``drop``) and the named tensors zeroed (``zero``); the weights are otherwise
-    the source's. For drafters that are the target itself but for one planted fault
-    (a shorter ``max_position_embeddings``, a zero final norm, a parallel-drafting token)."""
+    the source's, less the tensors named in ``drop_tensors``. For drafters that are the target
+    itself but for one planted fault (a shorter ``max_position_embeddings``, a zero final norm,
+    a parallel-drafting token, a tensor missing from the checkpoint)."""
     from safetensors.torch import load_file
 
     out = Path(out_dir)
@@ -544,11 +546,13 @@ def derive_model(
         declared.pop(key, None)
     declared.update(config or {})
     (out / "config.json").write_text(json.dumps(declared, indent=2, sort_keys=True) + "\n")
-    zero = list(zero)
-    if zero:
+    zero, drop_tensors = list(zero), list(drop_tensors)
+    if zero or drop_tensors:
         tensors = load_file(str(out / "model.safetensors"))
         for name in zero:
             tensors[name].zero_()
+        for name in drop_tensors:
+            del tensors[name]
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

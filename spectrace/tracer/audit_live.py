@@ -12,7 +12,9 @@ from typing import Any
 
 from spectrace import audit
 from spectrace.audit import codes
-from spectrace.vllm_objects.configs import scheduler_facts
+from spectrace.audit.dtype import declared_dtype, dtype_name
+from spectrace.vllm_objects.configs import model_configs, scheduler_facts
+from spectrace.vllm_objects.weights import read_manifest
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -67,8 +69,27 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
             max_model_len=getattr(getattr(vllm_config, "model_config", None), "max_model_len", None),
             load_error=error,
             scheduler=scheduler_facts(vllm_config) if vllm_config is not None else None,
+            runs_in=runs_in(vllm_config),
+            checkpoint_dtypes=checkpoint_dtypes(models),
         )
     )
     rt.records("config_fields", [d.as_row() for d in judged.diffs], role="frontend")
     span = rt.run.root_span if rt.run is not None else None
     emit_findings(rt, judged.findings, role="frontend", span=span)
+
+
+def runs_in(vllm_config: Any) -> dict[str, str | None] | None:
+    """The dtype vLLM builds each model with (``ModelConfig.dtype``; the drafter's is the target's)."""
+    if vllm_config is None:
+        return None
+    return {role: dtype_name(getattr(config, "dtype", None)) for role, config in model_configs(vllm_config).items()}
+
+
+def checkpoint_dtypes(models: list[dict[str, Any]]) -> dict[str, str | None]:
+    """The dtype most of each checkpoint's tensors hold, from its safetensors headers, where its
+    config.json names none (headers only: no tensor data is read)."""
+    found: dict[str, str | None] = {}
+    for model in models:
+        if model.get("model") and declared_dtype(model.get("declared")) is None:
+            found[model["model_role"]] = dtype_name(read_manifest(model["model"]).main_dtype())
+    return found

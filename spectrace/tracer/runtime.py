@@ -134,6 +134,8 @@ class Runtime:
         self._dropped_reported = 0
         self._shut_down = False
         self.verify = make_capture() if make_capture is not None else None
+        # model loads in this process (tracer.weights): the one in progress, and the last per model role
+        self.weight_loads: dict[str, Any] = {}
         # The flush, in this order: the verification capture's drain (its rows, counts and
         # findings), the hook error counts, then the metric counters; then every sink.
         sources = [self._drain_verification] if self.verify is not None else []

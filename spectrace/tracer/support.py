@@ -68,6 +68,8 @@ SUPPORT: dict[str, Support] = {
     "frontend.async_llm_started": Support(params=("self",), site="engine started (server)"),
     "engine_core.kv_caches": Support(params=("self", "vllm_config"), site="engine core joins the run"),
     "worker.load_model": Support(params=("self",), site="model load: runtime layout, hidden-state taps"),
+    "worker.load_weights": Support(params=("self", "model", "model_config"), site="… one model's weights loading (target or drafter)"),
+    "worker.weights_loaded": Support(params=("self", "weights"), site="… the parameters the loader filled"),
     "worker.execute_model": Support(
         params=("self", "scheduler_output"),
         reads=(Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens", "total_num_scheduled_tokens", "num_scheduled_tokens")),),

@@ -9,7 +9,7 @@ up: the ranks agree on one run there (``spectrace.tracer.run_agreement``).
 from __future__ import annotations
 
 from spectrace.tracer.around import around
-from spectrace.tracer import layout, run_agreement, runtime, taps
+from spectrace.tracer import layout, run_agreement, runtime, taps, weights
 from spectrace.tracer.hooks import Hook
 
 ROLE = "worker"
@@ -44,6 +44,9 @@ def _load_start(rt, worker, *args, **kwargs) -> _Load:
 def _load_failed(rt, load, exc, worker, *args, **kwargs) -> None:
     rank, span = (load.rank, load.span) if load is not None else (_rank(worker), None)
     layout.record_load_error(rt, worker, exc, ROLE, rank, span)
+    with runtime.guard("worker.weights") as weights_rt:  # its own guard: the span still ends
+        if weights_rt is not None:
+            weights.record_failed_load(weights_rt, worker, ROLE, rank, span)
     rt.end_span(span, exc)
 
 
@@ -57,6 +60,11 @@ def _taps(rt, load, result, worker, *args, **kwargs) -> None:
         taps.record_taps(rt, worker, ROLE, load.rank, load.span)
 
 
+def _weights(rt, load, result, worker, *args, **kwargs) -> None:
+    if load is not None:
+        weights.record_model_weights(rt, worker, ROLE, load.rank, load.span)
+
+
 def _load_done(rt, load, result, worker, *args, **kwargs) -> None:
     if load is not None:
         rt.end_span(load.span)
@@ -65,11 +73,12 @@ def _load_done(rt, load, result, worker, *args, **kwargs) -> None:
 # Worker.load_model: the worker's role and rank, then what the built model runs (layout, taps)
 wrap_load_model = around(
     before=_load_start,
-    after=[("worker.layout", _layout), ("worker.taps", _taps), (None, _load_done)],
+    after=[("worker.layout", _layout), ("worker.taps", _taps), ("worker.weights", _weights), (None, _load_done)],
     failed=_load_failed,
 )
 
 
 HOOKS = [
     Hook("worker.load_model", "vllm.v1.worker.gpu_worker:Worker.load_model", wrap_load_model),
+    *weights.HOOKS,
 ]

@@ -276,7 +276,8 @@ class VerifyCapture(Capture):
         event = detector.observe(drafted_at, accepted_at, marks)
         if event is None:
             return
-        finding = audit.collapse_finding(event)
+        curve = self.curves.get(run_id)
+        finding = audit.collapse_finding(event, curve.roots if curve is not None else ())
         run = rt.run_by_id(run_id)
         with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run, attributes={"spectrace.event": event.code}) as span:
             audit_live.emit_findings(rt, [finding], role=ENGINE, span=span, run=run)
@@ -701,6 +702,7 @@ def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list,
     multiprocess executor) the engine core holds no built model and no layer rows reach it,
     so it judges the layout from the configs alone and a LAYOUT_MISMATCH cannot be a root here.
     """
+    from spectrace.audit.dtype import dtype_name
     from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
 
     configs = model_configs(vllm_config)
@@ -710,8 +712,11 @@ def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list,
         for role, c in configs.items()
     ]
     facts = audit.RunFacts(models, getattr(spec, "method", None), max_model_len=vllm_config.model_config.max_model_len,
-                           runtime_layers=runtime_layers)
+                           runtime_layers=runtime_layers,
+                           runs_in={role: dtype_name(getattr(c, "dtype", None)) for role, c in configs.items()})
     judged = audit.judge(facts)
-    return judged.boundaries, judged.roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
+    # an independent drafter's own RoPE is info, not a root cause, but the likely one of a cliff or collapse
+    roots = judged.roots | {f.code for f in judged.findings if f.code == audit.codes.ROPE_DIFFERS}
+    return judged.boundaries, roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
 
 

@@ -1,0 +1,123 @@
+"""Drafter weights: the parameters no checkpoint tensor reached, and the tensors nothing loaded.
+
+A drafter parameter no tensor reaches keeps its initial value (``torch.empty``: whatever memory
+held) and drafts garbage: 0 % acceptance or a mean length pinned at 1.00 (vllm#35548, #37667,
+#47091, #49552, #43455). vLLM 0.32's strict "weights were not initialized" check
+(``DefaultModelLoader.track_weights_loading``) is skipped for quantized models, for every
+drafter whose ``load_weights`` returns nothing (EAGLE3, DFlash, EAGLE), and even when it runs it
+counts every parameter of a layer with a ``quant_method`` (linear layers, embeddings) as loaded.
+The loaded names come from vLLM itself (the set ``AutoWeightsLoader.load_weights`` returns);
+the checkpoint's from its safetensors headers (``spectrace.vllm_objects.weights``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from spectrace.audit import codes
+from spectrace.audit.findings import Finding
+
+SHOWN = 20  # names listed in a finding's evidence (the counts are complete)
+# checkpoint names vLLM folds into one fused parameter
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+# checkpoint tensors vLLM consumes without a parameter of that name, or skips by design
+_RENAMED = {"d2t": "draft_id_to_target_id"}  # EAGLE3's draft -> target vocabulary map
+_NOT_PARAMETERS = ("t2d", "mask_hidden", "rotary_emb.inv_freq")  # skipped, or loaded into a buffer
+
+
+def _leaf(name: str) -> tuple[str, str]:
+    """(module, parameter) of a tensor or parameter name, fused names folded: the coarse key two
+    namings of one weight share (``midlayer.self_attn.q_proj.weight`` ~ ``model.layers.2.self_attn.qkv_proj.weight``)."""
+    parts = name.split(".")
+    module = parts[-2] if len(parts) > 1 else ""
+    leaf = _RENAMED.get(parts[-1], parts[-1])
+    return _FUSED.get(module, module), leaf
+
+
+def _shared_prefixes(shared: dict[str, str | None] | None) -> tuple[str, ...]:
+    """Parameter-name pieces of the drafter's modules replaced by the target's (nothing to load)."""
+    return tuple(f"{module}." for module, source in (shared or {}).items() if source == "target")
+
+
+def unloaded_parameters(
+    parameters: Iterable[str], loaded: set[str], shared: dict[str, str | None] | None = None, inert: Iterable[str] = ()
+) -> list[str]:
+    """Parameters nothing loaded, less those the target's modules replaced and those the model never reads."""
+    pieces = _shared_prefixes(shared)
+    skip = set(inert)
+    return sorted(
+        p for p in parameters
+        if p not in loaded and p not in skip and not any(piece in f".{p}" or p.startswith(piece) for piece in pieces)
+    )
+
+
+def unused_tensors(tensors: Iterable[str], loaded: set[str]) -> list[str]:
+    """Checkpoint tensors whose (module, parameter) no loaded parameter has: nothing consumed them."""
+    keys = {_leaf(name) for name in loaded}
+    leaves = {key[1] for key in keys}
+    return sorted(
+        t for t in tensors
+        if not any(piece in t for piece in _NOT_PARAMETERS)
+        and _leaf(t) not in keys
+        and not ("." not in t and _leaf(t)[1] in leaves)  # a top-level tensor named like its parameter
+    )
+
+
+def audit_weights(
+    role: str,
+    *,
+    tensors: dict[str, Any] | None,
+    parameters: list[str] | None,
+    loaded: set[str] | None,
+    shared: dict[str, str | None] | None = None,
+    quantization: str | None = None,
+    inert: Iterable[str] = (),
+) -> list[Finding]:
+    """``DRAFT_WEIGHTS_UNLOADED`` and ``DRAFT_TENSORS_UNUSED`` for the drafter.
+
+    ``tensors``: the checkpoint's tensor names (manifest); ``parameters``: the built drafter's
+    parameter names; ``loaded``: the names vLLM's loader says it filled (None: not known, no
+    judgement); ``shared``: ``{"embed_tokens": "own"|"target", "lm_head": ...}``; ``inert``: parameters the
+    model never reads in its configuration (``spectrace.vllm_objects.weights.inert_parameters``).
+    """
+    if role != "draft" or loaded is None or parameters is None:
+        return []
+    findings: list[Finding] = []
+    missing = unloaded_parameters(parameters, loaded, shared, inert)
+    unused = unused_tensors(tensors, loaded) if tensors else []
+    base = {"quantization": quantization, "parameters": len(parameters), "loaded": len(loaded),
+            "checkpoint_tensors": len(tensors) if tensors is not None else None, "shared_with_target": shared or {}}
+    if missing:
+        suspects = {p: [t for t in unused if _leaf(t)[1] == p.rsplit(".", 1)[-1]][:3] for p in missing[:SHOWN]}
+        findings.append(
+            Finding(
+                code=codes.DRAFT_WEIGHTS_UNLOADED,
+                severity="error",
+                component="weights",
+                model_role=role,
+                message=f"{len(missing)} of the drafter's {len(parameters)} parameters received no checkpoint tensor and "
+                f"run with their initial values (uninitialised memory): {', '.join(missing[:5])}"
+                + (" …" if len(missing) > 5 else "")
+                + (f"; vLLM's own check is off for quantized models ({quantization})" if quantization else ""),
+                evidence={**base, "unloaded_count": len(missing), "unloaded": missing[:SHOWN],
+                          "unused_tensors_like_them": {k: v for k, v in suspects.items() if v}},
+                fix="the drafter checkpoint lacks or mis-names these tensors: convert it again for this vLLM "
+                "(the names its load_weights expects), or use a checkpoint that has them",
+            )
+        )
+    if unused:
+        findings.append(
+            Finding(
+                code=codes.DRAFT_TENSORS_UNUSED,
+                severity="info" if missing else "warning",
+                component="weights",
+                model_role=role,
+                message=f"{len(unused)} of the drafter checkpoint's {len(tensors)} tensors match no parameter vLLM "
+                f"loaded: {', '.join(unused[:5])}" + (" …" if len(unused) > 5 else ""),
+                evidence={**base, "unused_count": len(unused), "unused": unused[:SHOWN]},
+                fix="check the tensor names against the drafter class vLLM builds (mis-named or skipped tensors "
+                "leave parameters at their initial values)",
+                caused_by=codes.DRAFT_WEIGHTS_UNLOADED if missing else None,
+            )
+        )
+    return findings

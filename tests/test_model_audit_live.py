@@ -1,0 +1,145 @@
+"""The drafter's model against the target's (issue #24), on real vLLM 0.32 runs on CPU.
+
+- A drafter checkpoint missing a tensor: vLLM's EAGLE3 ``load_weights`` returns nothing to
+  vLLM, so its "weights were not initialized" check never runs and the parameter keeps its
+  ``torch.empty`` value while the engine serves: ``DRAFT_WEIGHTS_UNLOADED`` names it.
+- An EAGLE3 drafter whose rotary base differs from the target's: ``ROPE_MISMATCH``.
+- A ``draft_model`` drafter trained in bfloat16 next to a float16 target: vLLM builds it in
+  float16 (``DRAFT_DTYPE_LOSSY``); its other rotary base is legitimate, named (``ROPE_DIFFERS``, info).
+
+The healthy twins are the session's standard engines (``traced_methods``: draft_model, eagle3,
+dflash, mtp), which must carry none of these findings.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import spectrace.store
+from spectrace.testing.engine import EngineSpec, run_engines
+
+pytestmark = pytest.mark.vllm
+
+MODEL_CODES = ("DRAFT_WEIGHTS_UNLOADED", "DRAFT_TENSORS_UNUSED", "ROPE_MISMATCH", "ROPE_DIFFERS", "DRAFT_DTYPE_LOSSY")
+MISSING = "midlayer.mlp.down_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def model_runs(zoo, scratch, cache_root):
+    from spectrace.testing.models import derive_model
+
+    root = scratch / "model-audit-models"
+    target = zoo["target"]
+    target_rope = json.loads(open(f"{target}/config.json").read())["rope_parameters"]
+    other_rope = {**target_rope, "rope_theta": 500000.0}  # the zoo target rotates with 10000
+    missing = derive_model(root / "eagle3-missing", zoo["eagle3"], drop_tensors=[MISSING])
+    rope = derive_model(root / "eagle3-rope", zoo["eagle3"], config={"rope_parameters": other_rope})
+    bf16 = derive_model(root / "draft-bf16", target, config={"dtype": "bfloat16", "rope_parameters": other_rope})
+
+    def spec(name, method, model, **extra):
+        return EngineSpec(name=name, target=target, max_tokens=4, prompts=["the quick brown fox"],
+                          speculative={"method": method, "model": str(model), "num_speculative_tokens": 2}, **extra)
+
+    specs = [
+        spec("missing", "eagle3", missing),
+        spec("rope", "eagle3", rope),
+        spec("bf16_in_fp16", "draft_model", bf16, extra_llm_kwargs={"dtype": "float16"}),
+    ]
+    store = scratch / "model-audit-store"
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "model-audit.log")
+    return spectrace.store.open(store), results
+
+
+def _findings(con, run_id):
+    return con.execute(
+        "select code, severity, model_role, process_role, message, evidence, fix from findings "
+        "where run_id = ? and list_contains(?, code) order by code",
+        [run_id, list(MODEL_CODES)],
+    ).fetchall()
+
+
+def _weights(con, run_id, role="draft"):
+    row = con.execute(
+        "select parameters, loaded, unloaded, unused_tensors, embed_tokens, lm_head, checkpoint_tensors, "
+        "checkpoint_dtypes, manifest_error, manifest_ms, declared_dtype, runtime_dtype, runtime_rope "
+        "from model_weights where run_id = ? and model_role = ?",
+        [run_id, role],
+    ).fetchone()
+    names = ("parameters", "loaded", "unloaded", "unused", "embed_tokens", "lm_head", "tensors", "dtypes",
+             "manifest_error", "manifest_ms", "declared_dtype", "runtime_dtype", "runtime_rope")
+    facts = dict(zip(names, row))
+    for key in ("unloaded", "unused", "dtypes", "runtime_rope"):
+        facts[key] = json.loads(facts[key]) if facts[key] is not None else None
+    return facts
+
+
+def test_a_tensor_missing_from_the_drafter_checkpoint_is_named_while_vllm_serves(model_runs):
+    con, results = model_runs
+    result = results["missing"]
+    assert result.ok, result.error  # vLLM loads it without a word
+    [(code, severity, role, process, message, evidence, fix)] = _findings(con, result.run_id)
+    parameter = "model.layers.0.mlp.down_proj.weight"  # vLLM names its EAGLE3 layer 0 (its attention layer is numbered after the target's)
+    assert (code, severity, role, process) == ("DRAFT_WEIGHTS_UNLOADED", "error", "draft", "worker")
+    evidence = json.loads(evidence)
+    assert evidence["unloaded"] == [parameter] and evidence["unloaded_count"] == 1
+    assert evidence["shared_with_target"] == {"embed_tokens": "target", "lm_head": "target"}
+    assert parameter in message and "initial values" in message and "convert" in fix
+    facts = _weights(con, result.run_id)
+    assert facts["unloaded"] == [parameter] and facts["unused"] == []
+    assert facts["loaded"] == facts["parameters"] - 3  # the shared embeddings and head, and the missing one
+    assert facts["manifest_error"] is None and facts["tensors"] == 11  # the source's 12, less the one
+    # `spectrace report` flags the drafter's row
+    from spectrace.queries import report
+
+    text = report.render(con, run_id=result.run_id)
+    models = text[text.index("Models (checkpoint"):]
+    draft_row = next(line for line in models.splitlines() if " draft " in line)
+    assert draft_row.lstrip().startswith("!") and "target/target" in draft_row and "float32 -> float32" in draft_row
+
+
+def test_an_eagle3_drafter_with_another_rotary_base_is_rope_mismatch(model_runs):
+    con, results = model_runs
+    result = results["rope"]
+    assert result.ok, result.error
+    [(code, severity, role, process, message, evidence, fix)] = _findings(con, result.run_id)
+    assert (code, severity, role, process) == ("ROPE_MISMATCH", "error", "draft", "frontend")
+    evidence = json.loads(evidence)
+    assert evidence["differs"] == ["theta"]
+    assert (evidence["target"]["theta"], evidence["draft"]["theta"]) == (10000.0, 500000.0)
+    assert '"rope_theta": 10000.0' in fix
+    # the built rotary modules run what the configs said
+    assert _weights(con, result.run_id)["runtime_rope"]["base"] == 500000.0
+    assert _weights(con, result.run_id, "target")["runtime_rope"]["base"] == 10000.0
+
+
+def test_a_bf16_drafter_next_to_an_fp16_target_runs_in_fp16(model_runs):
+    con, results = model_runs
+    result = results["bf16_in_fp16"]
+    assert result.ok, result.error
+    found = {code: (severity, json.loads(evidence), message, fix) for code, severity, _, _, message, evidence, fix in _findings(con, result.run_id)}
+    assert set(found) == {"DRAFT_DTYPE_LOSSY", "ROPE_DIFFERS"}
+    severity, evidence, message, fix = found["DRAFT_DTYPE_LOSSY"]
+    assert severity == "error" and evidence["declared_dtype"] == "bfloat16" and evidence["runs_in"] == "float16"
+    assert "the target's dtype" in message and "--dtype bfloat16" in fix
+    assert found["ROPE_DIFFERS"][0] == "info" and "first suspect" in found["ROPE_DIFFERS"][2]
+    facts = _weights(con, result.run_id)
+    assert (facts["declared_dtype"], facts["runtime_dtype"]) == ("bfloat16", "float16")
+    assert facts["unloaded"] == [] and (facts["embed_tokens"], facts["lm_head"]) == ("own", "own")  # draft_model shares nothing
+
+
+def test_healthy_pairs_have_no_model_finding_and_a_complete_load(traced_methods):
+    store, results = traced_methods
+    con = spectrace.store.open(store)
+    for name in ("self", "seeded", "eagle3", "dflash", "mtp"):
+        result = results[name]
+        assert result.ok, result.error
+        assert _findings(con, result.run_id) == [], name
+        facts = _weights(con, result.run_id)
+        # a drafter in the target's own checkpoint (self, mtp) leaves the target's tensors unjudged
+        assert facts["unloaded"] == [] and facts["unused"] == (None if name in ("self", "mtp") else []), (name, facts)
+        assert facts["loaded"] is not None and facts["manifest_error"] is None, name
+        assert facts["runtime_dtype"] == "float32" and facts["runtime_rope"]["base"] == 10000.0, name
+        assert facts["manifest_ms"] < 50, name  # headers only
+    assert _weights(con, results["self"].run_id)["loaded"] == _weights(con, results["self"].run_id)["parameters"]
