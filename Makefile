@@ -1,5 +1,5 @@
 # Set-up and checks. Everything a fresh machine needs is installed from here.
-#   make test   create .venv, install spectrace with the CPU build of vLLM, run the whole suite
+#   make test   create .venv, install spectrace with the CPU build of vLLM, run the whole suite (two workers)
 #   make unit   same venv, only the tests that need neither vLLM/torch nor a server (under a minute)
 #   make demo   same venv, then the config-audit demo (real vLLM on CPU, a few minutes)
 
@@ -36,8 +36,12 @@ postgres:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
 	  else echo "PostgreSQL missing: sudo apt-get install postgresql"; exit 1; fi; }
 
+# Two workers (pytest-xdist): live tests wait on engines, servers and flushes much of the time, so two
+# share the two cores; modules that share an engine run in one worker (tests/conftest.py, SHARED_ENGINES).
+TEST_WORKERS ?= 2
+
 test: $(STAMP) prometheus postgres
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.
 unit: $(STAMP)
