@@ -37,11 +37,11 @@ postgres:
 	  else echo "PostgreSQL missing: sudo apt-get install postgresql"; exit 1; fi; }
 
 # Two workers (pytest-xdist): live tests wait on engines, servers and flushes much of the time, so two
-# share the two cores; modules that share an engine run in one worker (tests/conftest.py, SHARED_ENGINES).
+# share the two cores; each module runs whole in one worker (--dist loadfile; tests/conftest.py orders them).
 TEST_WORKERS ?= 2
 
 test: $(STAMP) prometheus postgres
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.
 unit: $(STAMP)

@@ -63,67 +63,36 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects
-def pytest_collection_modifyitems(items):
+def _mark_lanes(items) -> None:
     for item in items:
         for lane in sorted({LANE_OF_FIXTURE[f] for f in item.fixturenames if f in LANE_OF_FIXTURE}):
             if item.get_closest_marker(lane) is None:
                 item.add_marker(lane)
 
 
-# Session fixtures that start engines several modules read: under `pytest -n 2` (make test) the modules that
-# share one run in the same worker, so each such engine starts once (pytest-xdist, --dist loadgroup).
-# untraced_methods (the baseline tokens) is left out: read by modules of both workers, it may start twice,
-# which costs less than keeping all of them in one worker.
-SHARED_ENGINES = ("traced_methods", "audit_runs", "tap_runs")
+# Session fixtures that start engines several modules read. `make test` runs two pytest-xdist workers with
+# --dist loadfile: each module runs whole in one worker (its module fixtures start once); a session engine
+# read by modules of both workers starts in each. The modules reading these run first (they are the longest).
+SHARED_ENGINES = ("traced_methods", "untraced_methods", "audit_runs", "tap_runs")
 
 
-def _module_groups(items) -> dict[str, str]:
-    """Module path -> its xdist group: modules that share a SHARED_ENGINES fixture (transitively) form one
-    group, named after its first module; every other module is a group of its own (module fixtures start once)."""
-    shared: dict[str, set[str]] = {}
-    for item in items:
-        shared.setdefault(item.module.__file__, set()).update(f for f in item.fixturenames if f in SHARED_ENGINES)
-    parent = {module: module for module in shared}
-
-    def find(module: str) -> str:
-        while parent[module] != module:
-            module = parent[module]
-        return module
-
-    by_fixture: dict[str, str] = {}
-    for module in sorted(shared):
-        for fixture in sorted(shared[module]):
-            if fixture in by_fixture:
-                a, b = sorted((find(by_fixture[fixture]), find(module)))
-                parent[b] = a
-            else:
-                by_fixture[fixture] = module
-    return {module: Path(find(module)).stem for module in shared}
-
-
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config, items):
-    """Under xdist: every test in its module's group, and the groups that share engines first (they are the
-    longest), then the other live modules, then the fast ones, so the two workers finish together."""
+    """The lanes (a test requesting a fixture that needs vLLM or a server gets that mark); under xdist, the
+    modules that read a shared engine first, then the other live modules, then the fast ones, so the two
+    workers finish together (the order within a module is kept)."""
+    _mark_lanes(items)
     if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "no":
         return
-    groups = _module_groups(items)
-    size: dict[str, int] = {}
-    for module, group in groups.items():
-        size[group] = size.get(group, 0) + 1
+    shared: set[str] = set()
     live: set[str] = set()
     for item in items:
-        group = groups[item.module.__file__]
-        item.add_marker(pytest.mark.xdist_group(group))
+        module = item.module.__file__
+        if any(f in SHARED_ENGINES for f in item.fixturenames):
+            shared.add(module)
         if item.get_closest_marker("vllm") is not None or item.get_closest_marker("server") is not None:
-            live.add(group)
-
-    def rank(item) -> tuple:
-        group = groups[item.module.__file__]
-        return (-size[group], group not in live, group)
-
-    items.sort(key=rank)  # stable: the order within a group is kept
+            live.add(module)
+    items.sort(key=lambda item: (item.module.__file__ not in shared, item.module.__file__ not in live))
 
 
 def _note_heavy(config, nodeid: str) -> None:
