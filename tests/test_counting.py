@@ -107,6 +107,30 @@ def test_worker_counts_and_agreement_with_the_engine_core(traced):
     assert json.loads(finding["evidence"]) == {"engine_core": [2, 2], "worker": [2, 0], "rank": 0, "run_id": other}
 
 
+def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
+    from spectrace import speedup
+    from spectrace.tracer.verify.capture import StepTiming
+
+    rt, sink = traced
+    capture = rt.verify
+    for flush in range(2):  # two flushes: the run's sums, not the last flush's
+        for step in range(3):
+            # 2 requests at k=3: a accepts 3 of 3, b accepts 1 of 3 (valid lengths 4 and 2)
+            capture.worker_steps.append(WorkerStep(1_000 + step, RUN, 0, {"a": [1, 2, 3], "b": [4, 5, 6]}, [4, 2],
+                                                   {"a": 0, "b": 1}))
+            timing = StepTiming(RUN, 0, True, 8_000_000, True, 8 + 8 * (step == 2), 2)  # a prefill chunk in one step
+            timing.sample_ns, timing.draft_ns = 3_000_000, 2_000_000
+            capture.worker_timings.append(timing)
+        rt.flush()
+    got = capture._speedup_by_k(rt, RUN, 0)
+    cost = speedup.StepCost(steps=6, step_ns=6 * 11e6, draft_ns=6 * 2e6, scheduled_tokens=2 * (8 + 8 + 16),
+                            scheduled_tokens_sq=2 * (64 + 64 + 256), tokens_x_verify_ns=2 * 9e6 * (8 + 8 + 16), requests=12)
+    assert got == speedup.speedup_by_k([12, 6, 6], 12, cost)
+    assert [r["expected_length"] for r in got][:4] == [1.0, 2.0, 2.5, 3.0]
+    steps = rows(sink, "speculation_steps")
+    assert sum(r["steps"] for r in steps) == 6 and sum(r["step_ns"] for r in steps) == 66_000_000
+
+
 def test_collapse_and_recovery_are_findings_with_their_onset(traced):
     rt, sink = traced
     capture = rt.verify

@@ -197,6 +197,8 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
     for family, slope in (("step_seconds", 2.0), ("draft_seconds", 0.5), ("request_steps", 400), ("tokens", 1000)):
         add(f"spectrace_speculation_{family}", "counter", {"rank": "0"}, 0, slope)
     add("spectrace_speculation_speedup_estimate", "gauge", {"rank": "0"}, 1.4)
+    for k_new, value in enumerate((1.0, 1.3, 1.4, 1.2)):
+        add("spectrace_speculation_speedup_by_k", "gauge", {"rank": "0", "k": str(k_new), "extrapolated": "false"}, value)
     # request slices: penalized requests accept 20 %, the others 100 %; 120 drafts proposed per interval, 90 verified
     for value, drafted, accepted in (("1.5", 100, 20), ("off", 100, 100)):
         add("spectrace_slice_drafted_tokens", "counter", {"dimension": "repetition_penalty", "value": value}, 0, drafted)

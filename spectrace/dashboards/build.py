@@ -335,6 +335,14 @@ def acceptance_dashboard() -> Any:
         .thresholds(k.steps((None, "red"), (1, "green")))
         .with_target(k.query(promql.series(promql.SPEEDUP_ESTIMATE, MATCHERS), "rank {{rank}}"))
     )
+    d = d.with_panel(
+        k.timeseries_panel("What k pays", "Speed-up over decoding without drafts at each number of speculative tokens "
+                           "k' (0: no speculation), predicted from the run's own per-position acceptance and step times "
+                           "(the k in force among them; k' past it extrapolated from the acceptance curve). The values "
+                           "read high on CPU builds; read the ranking (README, \"What k pays\").", "suffix: ×", span=24)
+        .min(0).decimals(2)
+        .with_target(k.query(f"max by (k) ({promql.series(promql.SPEEDUP_BY_K, MATCHERS)})", "k = {{k}}"))
+    )
 
     # -- breakdown
     d = d.with_row(k.row("Breakdown"))

@@ -114,6 +114,7 @@ def mean_acceptance_length(window: str, labels: Sequence[str] = (), matchers: It
 
 
 SPEEDUP_ESTIMATE = "spectrace_speculation_speedup_estimate"  # gauge, per rank (README, "Does speculation pay?")
+SPEEDUP_BY_K = "spectrace_speculation_speedup_by_k"  # gauge, per rank and k' (README, "What k pays")
 
 
 def paren(expr: str) -> str:

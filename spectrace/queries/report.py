@@ -9,6 +9,7 @@ from typing import Any
 from spectrace import audit
 from spectrace.audit import codes
 from spectrace.console import format_table
+from spectrace.speedup import best, from_store
 
 
 class ReportError(Exception):
@@ -280,6 +281,7 @@ def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
         lines.append(_indent(format_table(headers, table)))
     lines += _shapes(con, run_id)
     lines += _cost(con, run_id)
+    lines += _by_k(con, run_id)
     agreement = con.execute(
         "select source, rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? group by all order by source, rank",
         [run_id],
@@ -357,6 +359,21 @@ def _cost(con, run_id: str) -> list[str]:
     ]  # fmt: skip
     headers = ["rank", "steps", "step ms", "draft ms", "verify ms", "no-draft ms", "mean length", "speed-up"]
     lines.append(_indent(format_table(headers, table)))
+    return lines
+
+
+def _by_k(con, run_id: str) -> list[str]:
+    rows = from_store(con, run_id)
+    if not rows:
+        return []
+    pick = best(rows)
+    lines = ["What k pays (from this run's per-position counts and step times; model and limits: README)"]
+    table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
+              f"{r['expected_length']:.2f}", f"{r['step_ms']:.2f}", "-" if r["speedup"] is None else f"{r['speedup']:.2f}x")
+             for r in rows]  # fmt: skip
+    lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
+    if pick is not None:
+        lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)")
     return lines
 
 

@@ -13,6 +13,7 @@
 | gauge spectrace.run.info                  | spectrace_run_info                                  | vllm_version, spectrace_version, num_speculative_tokens, model_runner + common |
 | counters spectrace.speculation.{step_seconds,draft_seconds,request_steps,tokens} | spectrace_speculation_*_total | rank + common |
 | gauge spectrace.speculation.speedup_estimate | spectrace_speculation_speedup_estimate           | rank + common |
+| gauge spectrace.speculation.speedup_by_k  | spectrace_speculation_speedup_by_k                  | k, extrapolated, rank + common (README, "What k pays") |
 | gauge spectrace.context.boundary          | spectrace_context_boundary (value: tokens)          | model_role, field + common |
 | counters spectrace.slice.{drafted_tokens,accepted_tokens} | spectrace_slice_{drafted,accepted}_tokens_total | dimension, value (at most 8 values per dimension and process, then `other`) + common |
 | counters spectrace.drafts.{proposed,verified} | spectrace_drafts_{proposed,verified}_total     | common (synchronous scheduling) |
@@ -69,6 +70,8 @@ class Metrics:
         self.spec_tokens = meter.create_counter("spectrace.speculation.tokens", unit="", description="Tokens those request-steps yielded (accepted + 1 each)")
         self._boundaries: dict[tuple, dict[str, str]] = {}
         self._speedups: dict[tuple, tuple[float, dict[str, str]]] = {}
+        self._speedups_by_k: dict[tuple, tuple[float, dict[str, str]]] = {}
+        meter.create_observable_gauge("spectrace.speculation.speedup_by_k", [self._observe_speedups_by_k], unit="", description="What k pays: the speed-up at each k' from the run's counts and step times (README)")
         meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_speedups], unit="", description="Estimated speed-up over decoding without drafts, last 200 worker steps (README)")
         self.slice_drafted = meter.create_counter("spectrace.slice.drafted_tokens", unit="", description="Draft tokens verified, per request slice (dimension, value)")
         self.slice_accepted = meter.create_counter("spectrace.slice.accepted_tokens", unit="", description="Draft tokens accepted, per request slice (dimension, value)")
@@ -109,6 +112,20 @@ class Metrics:
     def _observe_speedups(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             return [Observation(value, dict(attrs)) for value, attrs in self._speedups.values()]
+
+    def _observe_speedups_by_k(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            return [Observation(value, dict(attrs)) for value, attrs in self._speedups_by_k.values()]
+
+    def speedup_by_k(self, rows: list[dict[str, Any]], rank: int | None, labels: dict[str, str]) -> None:
+        """The rows of ``spectrace.speedup.speedup_by_k`` for one run and rank (replacing the last ones)."""
+        attrs = {**labels, "rank": str(rank if rank is not None else 0)}
+        with self._lock:
+            for row in rows:
+                if row["speedup"] is not None:
+                    key = (labels.get("run_id"), attrs["rank"], row["k"])
+                    self._speedups_by_k[key] = (float(row["speedup"]), {**attrs, "k": str(row["k"]),
+                                                                        "extrapolated": str(row["extrapolated"]).lower()})
 
     def speculation(self, steps: int, step_ns: int, draft_ns: int, request_steps: int, tokens: int, rank: int | None,
                     labels: dict[str, str], speedup: float | None = None) -> None:

@@ -40,6 +40,8 @@ __all__ = [
     "build_tokenizer",
     "build_zoo",
     "derive_model",
+    "noisy_copy",
+    "shallow_target",
 ]
 
 #: Bump whenever a builder's output changes; :func:`build_zoo` rebuilds on mismatch.
@@ -554,6 +556,55 @@ def derive_model(
         for name in drop_tensors:
             del tensors[name]
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _layer_of(name: str) -> int | None:
+    return int(name.split(".layers.")[1].split(".")[0]) if ".layers." in name else None
+
+
+def shallow_target(out_dir: str | os.PathLike[str], source_dir: str | os.PathLike[str], *, from_layer: int = 2,
+                   factor: float = 0.15) -> Path:
+    """A copy of a Qwen3 target whose layers from ``from_layer`` on add little to the residual stream
+    (their ``o_proj`` and ``down_proj`` scaled by ``factor``): a copy of its first layers
+    (:func:`noisy_copy` with ``keep_layers``) is then a cheap drafter that agrees part of the time."""
+    from safetensors.torch import load_file
+
+    out = derive_model(out_dir, source_dir)
+    tensors = load_file(str(out / "model.safetensors"))
+    for name, tensor in tensors.items():
+        layer = _layer_of(name)
+        if layer is not None and layer >= from_layer and name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensors[name] = (tensor * factor).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def noisy_copy(out_dir: str | os.PathLike[str], source_dir: str | os.PathLike[str], *, scale: float, seed: int = 7,
+               keep_layers: int | None = None) -> Path:
+    """The source's weights plus Gaussian noise of ``scale`` times each tensor's spread (norms kept), optionally
+    only its first ``keep_layers`` layers: a ``draft_model`` drafter of intermediate acceptance (scale 0.03 on
+    the zoo target: about 60 % at position 0, 30 % over five positions)."""
+    from safetensors.torch import load_file
+
+    out = derive_model(out_dir, source_dir)
+    tensors = load_file(str(out / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    kept: dict[str, torch.Tensor] = {}
+    for name in sorted(tensors):
+        tensor, layer = tensors[name], _layer_of(name)
+        if keep_layers is not None and layer is not None and layer >= keep_layers:
+            continue
+        if scale and "norm" not in name:
+            tensor = tensor + scale * tensor.std() * torch.randn(tensor.shape, generator=gen, dtype=tensor.dtype)
+        kept[name] = tensor.contiguous()
+    save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if keep_layers is not None:
+        config = json.loads((out / "config.json").read_text())
+        config["num_hidden_layers"] = keep_layers
+        if isinstance(config.get("layer_types"), list):
+            config["layer_types"] = config["layer_types"][:keep_layers]
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 
 

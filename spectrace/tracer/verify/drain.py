@@ -27,7 +27,7 @@ from collections import defaultdict
 import numpy as np
 
 from spectrace import acceptance, slices
-from spectrace import audit
+from spectrace import audit, speedup
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, RequestNote, StepTiming
@@ -57,6 +57,10 @@ class VerifyCapture(Capture):
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
         self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
+        # what k pays (spectrace.speedup), per (run, rank): the worker's per-position accepted counts and
+        # request-steps, and its step sums, both over the whole run
+        self.by_k_counts: dict[tuple[str, int | None], list] = {}
+        self.by_k_costs: dict[tuple[str, int | None], dict[str, float]] = {}
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
         self.run_slices: dict[str, RunSlices] = {}
@@ -199,6 +203,14 @@ class VerifyCapture(Capture):
                 per_key.setdefault((run_id, rank), []).extend(out)
         for (run_id, rank), batch in per_key.items():
             self._count(rt, WORKER, run_id, rank, batch)
+            arr = np.asarray(batch, dtype=np.int64)
+            k = int(arr[:, 0].max())
+            _, accepted_at = acceptance.position_counts(arr[:, 0], arr[:, 1], k)
+            counts = self.by_k_counts.setdefault((run_id, rank), [np.zeros(0, dtype=np.int64), 0])
+            if len(counts[0]) < k:
+                counts[0] = np.concatenate([counts[0], np.zeros(k - len(counts[0]), dtype=np.int64)])
+            counts[0][:k] += accepted_at
+            counts[1] += len(batch)
         return {key: (len(batch), sum(a for _, a, _ in batch) + len(batch)) for key, batch in per_key.items()}
 
     def _count(
@@ -542,6 +554,12 @@ class VerifyCapture(Capture):
             rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
             detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
             evidence = detector.observe(t)
+            whole = self.by_k_costs.setdefault((run_id, rank), dict.fromkeys(keys, 0))
+            for key in keys:
+                whole[key] += t[key]
+            by_k = self._speedup_by_k(rt, run_id, rank)
+            if by_k and rt.metrics is not None:
+                rt.metrics.speedup_by_k(by_k, rank, rt.labels(run_id))
             if rt.metrics is not None:
                 window = detector.window()
                 rt.metrics.speculation(
@@ -550,6 +568,16 @@ class VerifyCapture(Capture):
                 )
             if evidence is not None and not rank:  # every rank times the same steps: rank 0 speaks
                 audit_live.emit_findings(rt, [audit.not_paying_finding(evidence)], role=WORKER, rank=rank, run=rt.run_by_id(run_id))
+
+    def _speedup_by_k(self, rt, run_id: str | None, rank: int | None) -> list[dict]:
+        """What k pays over the run so far, from this worker's counts and step sums (``spectrace.speedup``)."""
+        counts, whole = self.by_k_counts.get((run_id, rank)), self.by_k_costs.get((run_id, rank))
+        if counts is None or whole is None or not counts[1] or not whole["steps"]:
+            return []
+        cost = speedup.StepCost(**{key: float(whole[key]) for key in speedup.StepCost.__dataclass_fields__})
+        run = rt.run_by_id(run_id)
+        return speedup.speedup_by_k([int(a) for a in counts[0]], counts[1], cost,
+                                    method=run.info.get("method") if run is not None else None)
 
     # -- agreement ---------------------------------------------------------------
 

@@ -1,0 +1,57 @@
+-- What k pays: per run, k' = 0 .. k (the k in force) and context range ('all', then each of the run's
+-- ranges), the expected accepted length at k' (exact from the per-position counts: a request-step that
+-- accepted j of k drafts accepts min(j, k') of k'), the step time at k' (verification priced per scheduled
+-- token, drafting per draft position, one pass for dflash) and the speed-up over decoding without drafts.
+-- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
+-- "What k pays". The step cost is the run's whole (one cost for every context range).
+WITH acc AS (
+    SELECT run_id, 'all' AS context_range, position, sum(drafted) AS drafted, sum(accepted) AS accepted
+    FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id, position
+    UNION ALL
+    SELECT run_id, context_range, position, sum(drafted), sum(accepted)
+    FROM verify_counts WHERE source = 'engine_core' AND context_range IS NOT NULL GROUP BY run_id, context_range, position
+), k_run AS (
+    SELECT run_id, max(position) + 1 AS k FROM acc WHERE context_range = 'all' GROUP BY run_id
+), band AS (
+    SELECT run_id, context_range, max(drafted) FILTER (WHERE position = 0) AS request_steps
+    FROM acc GROUP BY run_id, context_range
+), curve AS (
+    SELECT a.run_id, a.context_range, a.position + 1 AS k_new,
+           1 + sum(a.accepted) OVER (PARTITION BY a.run_id, a.context_range ORDER BY a.position) / b.request_steps AS expected_length
+    FROM acc a JOIN band b USING (run_id, context_range)
+    WHERE b.request_steps > 0
+    UNION ALL
+    SELECT run_id, context_range, 0, 1.0 FROM band WHERE request_steps > 0
+), lowest AS (
+    SELECT run_id, min(coalesce(rank, -1)) AS r FROM speculation_steps WHERE steps > 0 GROUP BY run_id
+), cost AS (
+    SELECT s.run_id, sum(steps)::DOUBLE AS n, sum(step_ns)::DOUBLE AS step_ns, sum(draft_ns)::DOUBLE AS draft_ns,
+           sum(scheduled_tokens)::DOUBLE AS t, sum(scheduled_tokens_sq) AS t2, sum(tokens_x_verify_ns) AS tv,
+           sum(requests)::DOUBLE AS r
+    FROM speculation_steps s JOIN lowest l ON s.run_id = l.run_id AND coalesce(s.rank, -1) = l.r
+    WHERE s.steps > 0
+    GROUP BY s.run_id
+), fit AS (
+    SELECT *, step_ns - draft_ns AS v,
+           CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
+                THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b
+    FROM cost
+), priced AS (
+    SELECT c.run_id, c.context_range, c.k_new, k.k, c.expected_length,
+           greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)
+             + CASE WHEN c.k_new = 0 THEN 0
+                    WHEN m.method = 'dflash' THEN f.draft_ns / f.n
+                    ELSE f.draft_ns / f.n * c.k_new / k.k END AS step_ns,
+           greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * k.k), 0) AS plain_ns
+    FROM curve c
+    JOIN k_run k USING (run_id)
+    JOIN fit f USING (run_id)
+    LEFT JOIN (SELECT run_id, any_value(method) AS method FROM runs GROUP BY run_id) m USING (run_id)
+    WHERE c.k_new <= k.k
+)
+SELECT run_id, context_range, k_new AS k, k_new = k AS in_force,
+       round(expected_length, 4) AS expected_length,
+       round(step_ns / 1e6, 4) AS step_ms,
+       CASE WHEN step_ns > 0 THEN round(expected_length * plain_ns / step_ns, 4) END AS speedup
+FROM priced
+ORDER BY run_id, context_range = 'all' DESC, context_range, k;
