@@ -1,0 +1,94 @@
+"""What k pays, on real vLLM runs (CPU build): from one run at k = 5, the expected accepted length at every
+k' <= 5 against engines really run at k' (same target, drafter and prompts, greedy), the named query against
+the Python model, and `spectrace report`'s table.
+
+Drafters: ``noisy`` (the zoo target plus 3 % noise: intermediate acceptance), ``self`` (100 %) and ``seeded``
+(another seed: near 0, where the answer is "no speculation"). The predicted speed-ups are not checked
+against measured ones here (timings on a shared 2-core box, no timed tests): bench/speedup_by_k.py measures
+them, BENCHMARKS.md and the README state the model's accuracy.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import spectrace.store
+from spectrace.queries import named, report
+from spectrace.speedup import best, from_store
+from spectrace.testing.engine import EngineSpec, run_engines
+from spectrace.testing.models import noisy_copy
+
+pytestmark = pytest.mark.vllm
+
+K = 5
+PROMPTS = [f"{w} the quick brown fox jumps over" for w in "one two three four five six seven eight nine ten eleven twelve".split()]
+
+
+@pytest.fixture(scope="module")
+def k_runs(zoo, scratch, cache_root):
+    noisy = noisy_copy(scratch / "k-noisy", zoo["target"], scale=0.03)
+    drafters = {"noisy": str(noisy), "self": zoo["target"], "seeded": zoo["draft_seeded"]}
+
+    def spec(name, drafter, k):
+        return EngineSpec(name=name, target=zoo["target"], prompts=PROMPTS, max_tokens=32,
+                          speculative={"method": "draft_model", "model": drafters[drafter], "num_speculative_tokens": k}
+                          if k else None, sampling=[{"ignore_eos": True}], extra_llm_kwargs={"max_num_seqs": 6})  # fmt: skip
+
+    specs = [spec(f"{d}-k{K}", d, K) for d in drafters]
+    specs += [spec(f"noisy-k{k}", "noisy", k) for k in range(1, K)]
+    store = scratch / "k-store"
+    results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "k.log")
+    for name, result in results.items():
+        assert result.ok, (name, result.error)
+    return spectrace.store.open(store), results
+
+
+def _measured_length(result) -> float:
+    m = result.metrics
+    return 1 + m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_drafts"]
+
+
+def test_expected_length_at_every_k_matches_engines_run_at_that_k(k_runs, record_property):
+    con, results = k_runs
+    rows = {r["k"]: r for r in from_store(con, results[f"noisy-k{K}"].run_id)}
+    assert rows[K]["in_force"] and rows[K]["expected_length"] == pytest.approx(_measured_length(results[f"noisy-k{K}"]), rel=1e-3)
+    # intermediate acceptance: the case the model is for
+    rate = (rows[K]["expected_length"] - 1) / K
+    assert 0.15 < rate < 0.8 and rows[1]["expected_length"] - 1 > 0.3
+    report_rows = {}
+    for k in range(1, K):
+        measured = _measured_length(results[f"noisy-k{k}"])
+        report_rows[k] = (rows[k]["expected_length"], round(measured, 4))
+        # exact up to where the drafts start (a k'-run drafts from other points of the same greedy text)
+        assert rows[k]["expected_length"] == pytest.approx(measured, rel=0.06), k
+    assert [rows[k]["expected_length"] for k in range(K + 1)] == sorted(rows[k]["expected_length"] for k in range(K + 1))
+    assert rows[K + 1]["extrapolated"] and not rows[K]["extrapolated"]
+    record_property("expected_length_predicted_vs_measured", report_rows)
+
+
+def test_self_drafter_accepts_everything_at_every_k_and_seeded_picks_no_speculation(k_runs):
+    con, results = k_runs
+    own = from_store(con, results[f"self-k{K}"].run_id)
+    assert [r["expected_length"] for r in own if not r["extrapolated"]] == [float(k + 1) for k in range(K + 1)]
+    seeded = from_store(con, results[f"seeded-k{K}"].run_id)
+    assert best(seeded)["k"] == 0  # nothing accepted: every k' costs drafting for nothing
+    assert all(r["speedup"] < 1 for r in seeded if r["k"] > 0)
+
+
+def test_named_query_is_the_python_model(k_runs):
+    con, results = k_runs
+    sql = con.execute(named.load("speedup_by_k")).fetchall()
+    assert {r[0] for r in sql} == {r.run_id for r in results.values()}
+    for name, result in results.items():
+        py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
+        mine = [r for r in sql if r[0] == result.run_id and r[1] == "all"]
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"]) for r in py] == \
+            [(k, in_force, length, step, speedup) for _, _, k, in_force, length, step, speedup in mine], name
+        ranges = {r[1] for r in sql if r[0] == result.run_id}
+        assert "0-512" in ranges  # the context ranges of the run (all of this run's contexts are short)
+
+
+def test_report_prints_what_k_pays(k_runs):
+    con, results = k_runs
+    text = report.render(con, run_id=results[f"noisy-k{K}"].run_id)
+    assert "What k pays" in text and f"{K} (in force)" in text and "(extrapolated)" in text and "best: " in text
