@@ -22,6 +22,15 @@ CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+
 _EDGES = np.array([512, 1024, 2048, 4096, 8192, 16384])
 
 
+BATCH_BANDS = ("1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128", "129-256", "257+")
+_BATCH_EDGES = np.array([2, 3, 5, 9, 17, 33, 65, 129, 257])
+
+
+def batch_band(requests: int) -> str:
+    """Band label of a step's batch size (requests with drafts in the step)."""
+    return BATCH_BANDS[int(np.searchsorted(_BATCH_EDGES, requests, side="right"))]
+
+
 def context_bucket(context_len: int) -> str:
     """Bucket label of a context length (lower bound inclusive)."""
     return CONTEXT_BUCKETS[int(np.searchsorted(_EDGES, context_len, side="right"))]

@@ -234,6 +234,18 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("steps", "BIGINT"),  # steps that verified drafts
         ("new_requests", "BIGINT"),  # requests whose first verified step was in this flush
     ],
+    # Per flush (engine core): the steps that verified drafts by batch-size band (requests with drafts in the
+    # step) and the k they drafted (the most drafts one request got): dynamic speculation
+    # (num_speculative_tokens_per_batch_size) changes k with the batch, the token budget trims it.
+    "step_shapes": [
+        ("ts", "TIMESTAMP_NS"),
+        ("batch_band", "VARCHAR"),
+        ("k", "INTEGER"),
+        ("steps", "BIGINT"),
+        ("request_steps", "BIGINT"),
+        ("drafted", "BIGINT"),
+        ("accepted", "BIGINT"),
+    ],
     # Per model and rank, after load: its checkpoint (safetensors headers only), what vLLM loaded into it,
     # whose embeddings and head the drafter uses, the dtype and RoPE it runs with (issue #24).
     "model_weights": [

@@ -131,6 +131,20 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
     assert sum(r["steps"] for r in steps) == 6 and sum(r["step_ns"] for r in steps) == 66_000_000
 
 
+def test_step_shapes_record_the_k_each_batch_size_drafted(traced):
+    rt, sink = traced
+    capture = rt.verify
+    capture.engine_steps.extend([  # dynamic speculation: k 3 for one request, k 1 for a batch of three
+        engine_step(1, {"a": [1, 2, 3]}, {"a": 3}),
+        engine_step(2, {"a": [1], "b": [2], "c": [3]}, {"a": 2, "b": 1, "c": 2}),
+        engine_step(3, {"a": [1], "b": [2], "c": [3]}, {"a": 1, "b": 1, "c": 1}),
+    ])
+    rt.flush()
+    got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"])
+           for r in rows(sink, "step_shapes")}
+    assert got == {("1", 3): (1, 1, 3, 2), ("3-4", 1): (2, 6, 6, 2)}
+
+
 def test_collapse_and_recovery_are_findings_with_their_onset(traced):
     rt, sink = traced
     capture = rt.verify

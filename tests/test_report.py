@@ -65,6 +65,9 @@ def test_report_shows_acceptance_by_request_slice_prefix_hits_and_drafts(tmp_pat
                                          "request_steps": 10, "drafted": 30, "accepted": 6 if i % 2 else 30})
     writer.append("draft_budget", {"run_id": "r1", "process_role": "engine_core", "ts": 3, "proposed": 150, "verified": 120,
                                    "steps": 10, "new_requests": 4})
+    for band, k, steps, drafted, accepted in (("1", 3, 4, 12, 9), ("5-8", 1, 6, 36, 18)):  # dynamic speculation
+        writer.append("step_shapes", {"run_id": "r1", "process_role": "engine_core", "ts": 3, "batch_band": band, "k": k,
+                                      "steps": steps, "request_steps": drafted // k, "drafted": drafted, "accepted": accepted})
     writer.flush()
     con = spectrace.store.open(tmp_path)
     rows = con.execute("select dimension, value, requests, drafted, accepted, rate, rest_rate from acceptance_by_slice "
@@ -79,3 +82,5 @@ def test_report_shows_acceptance_by_request_slice_prefix_hits_and_drafts(tmp_pat
     assert "repetition_penalty" in section and "20.0%" in section and "temperature" not in section  # one value: no row
     assert "prefix cache: 2 of 4 requests hit, 512 of 2400 prompt tokens restored" in text
     assert "drafts: 150 proposed, 120 verified (20.0% not" in text
+    shapes = text.split("The k each batch size drafted")[1].splitlines()
+    assert [line.split()[:3] for line in shapes[3:5]] == [["1", "3", "4"], ["5-8", "1", "6"]]

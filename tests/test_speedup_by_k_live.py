@@ -92,3 +92,15 @@ def test_report_prints_what_k_pays(k_runs):
     con, results = k_runs
     text = report.render(con, run_id=results[f"noisy-k{K}"].run_id)
     assert "What k pays" in text and f"{K} (in force)" in text and "(extrapolated)" in text and "best: " in text
+
+
+def test_step_shapes_hold_every_verified_step_by_batch_size(k_runs):
+    con, results = k_runs
+    for name, result in results.items():
+        k = int(name.rsplit("-k", 1)[1])
+        shapes = con.execute("select batch_band, k, sum(steps), sum(request_steps) from step_shapes where run_id = ? "
+                             "group by all", [result.run_id]).fetchall()
+        request_steps = con.execute("select sum(drafted) from verify_counts where run_id = ? and source = 'engine_core' "
+                                    "and position = 0", [result.run_id]).fetchone()[0]
+        assert sum(r[3] for r in shapes) == request_steps, name
+        assert max(r[1] for r in shapes) == k and {r[0] for r in shapes} <= {"1", "2", "3-4", "5-8"}, name  # max_num_seqs 6

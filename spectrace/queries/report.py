@@ -79,6 +79,10 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
     if requests:
         out.append("")
         out += requests
+    shapes = _step_shapes(con, rid)
+    if shapes:
+        out.append("")
+        out += shapes
     return "\n".join(out) + "\n"
 
 
@@ -375,6 +379,21 @@ def _by_k(con, run_id: str) -> list[str]:
     if pick is not None:
         lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)")
     return lines
+
+
+def _step_shapes(con, run_id: str) -> list[str]:
+    """The k each batch size drafted, when it was not one k (dynamic speculation, a trimming token budget)."""
+    rows = con.execute(
+        "select batch_band, k, sum(steps), sum(request_steps), sum(drafted), sum(accepted) from step_shapes "
+        "where run_id = ? group by all", [run_id]).fetchall()
+    if len({k for _, k, *_ in rows}) < 2:
+        return []
+    from spectrace.acceptance import BATCH_BANDS
+
+    rows.sort(key=lambda r: (BATCH_BANDS.index(r[0]) if r[0] in BATCH_BANDS else len(BATCH_BANDS), r[1]))
+    table = [(band, k, steps, request_steps, _rate(drafted, accepted)) for band, k, steps, request_steps, drafted, accepted in rows]
+    return ["The k each batch size drafted (steps by batch-size band and the most drafts one request got)",
+            _indent(format_table(["batch", "k", "steps", "request-steps", "acceptance"], table))]
 
 
 def _timeline(episodes: list[tuple]) -> list[str]:

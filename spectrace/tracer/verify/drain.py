@@ -106,6 +106,7 @@ class VerifyCapture(Capture):
         draft_rows: dict[str, list] = defaultdict(list)
         draft_accepted: dict[str, list[int]] = defaultdict(list)
         per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
+        by_shape: dict[tuple[str, str, int], list[int]] = {}  # (run, batch band, k) -> steps, request-steps, drafted, accepted
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
@@ -142,6 +143,14 @@ class VerifyCapture(Capture):
                     step_rows.append((req_id, drafted, accepted, ctx, draft_ids if record_tokens else None))
             if not batch:
                 continue
+            shape_key = (run_id, acceptance.batch_band(len(batch)), max(d for d, _, _ in batch))
+            shape = by_shape.get(shape_key)
+            if shape is None:
+                shape = by_shape[shape_key] = [0, 0, 0, 0]
+            shape[0] += 1
+            shape[1] += len(batch)
+            shape[2] += sum(d for d, _, _ in batch)
+            shape[3] += sum(a for _, a, _ in batch)
             if step_rows:
                 ts_col.extend([ts] * len(step_rows))
                 step_col.extend([step_no] * len(step_rows))
@@ -181,6 +190,13 @@ class VerifyCapture(Capture):
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
             self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
+        if by_shape:
+            now = time.time_ns()
+            rt.pipeline.extend("step_shapes", [
+                {**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": n, "request_steps": r,
+                 "drafted": d, "accepted": a}
+                for (run_id, band, k), (n, r, d, a) in by_shape.items()
+            ])
         if per_request:
             self._drain_slices(rt, per_request)
 
