@@ -141,6 +141,7 @@ class StepMark:
     accepted: int
     pos0_drafted: int
     pos0_accepted: int
+    k: int = 0  # the most drafts one request got in the step
 
 
 # -- per-run context ranges: the fixed buckets split at the run's own boundaries ------------

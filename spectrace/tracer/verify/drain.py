@@ -143,21 +143,22 @@ class VerifyCapture(Capture):
                     step_rows.append((req_id, drafted, accepted, ctx, draft_ids if record_tokens else None))
             if not batch:
                 continue
-            shape_key = (run_id, acceptance.batch_band(len(batch)), max(d for d, _, _ in batch))
+            mark = _mark(step_no, ts, batch)
+            shape_key = (run_id, acceptance.batch_band(len(batch)), mark.k)
             shape = by_shape.get(shape_key)
             if shape is None:
                 shape = by_shape[shape_key] = [0, 0, 0, 0]
             shape[0] += 1
             shape[1] += len(batch)
-            shape[2] += sum(d for d, _, _ in batch)
-            shape[3] += sum(a for _, a, _ in batch)
+            shape[2] += mark.drafted
+            shape[3] += mark.accepted
             if step_rows:
                 ts_col.extend([ts] * len(step_rows))
                 step_col.extend([step_no] * len(step_rows))
                 run_col.extend([run_id] * len(step_rows))
                 kept.extend(step_rows)
             per_run[run_id].extend(batch)
-            marks[run_id].append(_mark(step_no, ts, batch))
+            marks[run_id].append(mark)
             self._maybe_step_span(rt, ts, step_no, run_id, batch, batch_ids)
         common = rt.common(ENGINE)
         if kept:
@@ -633,14 +634,17 @@ def _run_k(rt, run_id: str | None) -> int | None:
 
 
 def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptance.StepMark:
-    drafted = accepted = pos0_accepted = 0
+    drafted = accepted = pos0_accepted = k = 0
     context = -1
     for d, a, c in batch:
         drafted += d
         accepted += a
         pos0_accepted += a > 0
-        context = max(context, c)
-    return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted)
+        if c > context:
+            context = c
+        if d > k:
+            k = d
+    return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted, k)
 
 
 class RunBudget:
