@@ -126,7 +126,7 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE) -> list[dict]:
     row = con.execute(
         "SELECT sum(steps), sum(step_ns), sum(draft_ns), sum(scheduled_tokens), sum(scheduled_tokens_sq), "
         "sum(tokens_x_verify_ns), sum(requests) FROM speculation_steps WHERE run_id = ? AND steps > 0 "
-        "AND coalesce(rank, -1) = (SELECT min(coalesce(rank, -1)) FROM speculation_steps WHERE run_id = ?)",
+        "AND coalesce(rank, -1) = (SELECT min(coalesce(rank, -1)) FROM speculation_steps WHERE run_id = ? AND steps > 0)",
         [run_id, run_id]).fetchone()
     if row is None or not row[0]:
         return []
