@@ -284,25 +284,31 @@ def dummy_drafts(rows: int, repeated: int, repeated_drafted: int, repeated_accep
 # -- does speculation pay? -------------------------------------------------------------------
 
 
+def verify_fit(n: float, sum_t: float, sum_t2: float, sum_tv: float, sum_v: float) -> tuple[float, float]:
+    """``(a, b)``: a step's verification time as ``a + b * scheduled tokens``, least squares over ``n``
+    steps from their sums (``sum_t`` tokens, ``sum_t2`` tokens squared, ``sum_tv`` tokens × time, ``sum_v``
+    time). Without spread in the token counts, or with a negative slope, ``b = 0`` (``a``: the mean time)."""
+    spread = n * sum_t2 - sum_t * sum_t
+    b = 0.0
+    if spread > 1e-9 * max(n * sum_t2, 1.0):
+        b = max((n * sum_tv - sum_t * sum_v) / spread, 0.0)
+    return (sum_v - b * sum_t) / n, b
+
+
 def no_draft_step_ns(n: int, sum_t: float, sum_t2: float, sum_tv: float, sum_v: float, sum_r: float) -> float:
     """Host time the same ``n`` steps would take without drafts (total ns).
 
     A step's verification time (its whole time minus drafting) is fitted as affine in
-    the tokens it scheduled, ``v = a + b * tokens`` (least squares over the steps, from
-    the sums ``sum_t``, ``sum_t2``, ``sum_tv``, ``sum_v``); without drafts each step
-    schedules one token per request, so it would take ``a + b * requests``
-    (``sum_r``: requests summed over the steps). Without spread in the token counts (or
-    a negative slope) there is nothing to fit: the verification time itself is taken.
+    the tokens it scheduled (:func:`verify_fit`); without drafts each step schedules one
+    token per request, so it would take ``a + b * requests`` (``sum_r``: requests summed
+    over the steps). Without spread in the token counts (or a negative slope) there is
+    nothing to fit: the verification time itself is taken.
     """
     if n <= 0:
         return 0.0
-    spread = n * sum_t2 - sum_t * sum_t
-    if spread <= 1e-9 * max(n * sum_t2, 1.0):
+    a, b = verify_fit(n, sum_t, sum_t2, sum_tv, sum_v)
+    if b == 0.0:
         return float(sum_v)
-    b = (n * sum_tv - sum_t * sum_v) / spread
-    if b < 0:
-        return float(sum_v)
-    a = (sum_v - b * sum_t) / n
     return max(n * a + b * sum_r, 0.0)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from spectrace import acceptance
+
 EXTRAPOLATE = 2  # k' past the k in force, from the curve's last conditional rate
 
 
@@ -60,14 +62,9 @@ class StepCost:
 
     def verify_fit(self) -> tuple[float, float]:
         """``(a, b)``: a step's verification time (its time less drafting) as ``a + b * scheduled tokens``
-        (least squares; ``b = 0`` without spread in the token counts or with a negative slope)."""
-        n = self.steps
-        v = self.step_ns - self.draft_ns
-        spread = n * self.scheduled_tokens_sq - self.scheduled_tokens ** 2
-        b = 0.0
-        if spread > 1e-9 * max(n * self.scheduled_tokens_sq, 1.0):
-            b = max((n * self.tokens_x_verify_ns - self.scheduled_tokens * v) / spread, 0.0)
-        return (v - b * self.scheduled_tokens) / n, b
+        (:func:`spectrace.acceptance.verify_fit`, the fit of the run's own speed-up estimate)."""
+        return acceptance.verify_fit(self.steps, self.scheduled_tokens, self.scheduled_tokens_sq, self.tokens_x_verify_ns,
+                                     self.step_ns - self.draft_ns)
 
     def step_ns_at(self, k: int, k_new: int, *, parallel: bool = False) -> float:
         """Host time of one step at ``k_new`` drafts per request (0: no speculation), priced from the
@@ -87,7 +84,9 @@ class StepCost:
 def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost, *, method: str | None = None,
                  extra: int = EXTRAPOLATE) -> list[dict]:
     """Per ``k'``: expected accepted length, step time and speed-up over decoding without drafts
-    (``L(k') * step(0) / step(k')``; at ``k' = k`` the run's own estimate, ``speculation_cost``)."""
+    (``L(k') * step(0) / step(k')``). At ``k' = k`` this is the run's own estimate (``speculation_cost``) when no
+    prefill chunk shared the drafted steps; a chunk's tokens stay in ``step(0)`` here, where that estimate
+    prices the step without drafts at one token per request."""
     k = len(accepted_at)
     if k == 0 or cost.steps <= 0 or cost.step_ns <= 0:
         return []
