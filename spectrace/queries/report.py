@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from spectrace import audit
+from spectrace.acceptance import BATCH_BANDS
 from spectrace.audit import codes
 from spectrace.console import format_table
 from spectrace.speedup import best, from_store
@@ -388,8 +389,6 @@ def _step_shapes(con, run_id: str) -> list[str]:
         "where run_id = ? group by all", [run_id]).fetchall()
     if len({k for _, k, *_ in rows}) < 2:
         return []
-    from spectrace.acceptance import BATCH_BANDS
-
     rows.sort(key=lambda r: (BATCH_BANDS.index(r[0]) if r[0] in BATCH_BANDS else len(BATCH_BANDS), r[1]))
     table = [(band, k, steps, request_steps, _rate(drafted, accepted)) for band, k, steps, request_steps, drafted, accepted in rows]
     return ["The k each batch size drafted (steps by batch-size band and the most drafts one request got)",

@@ -71,8 +71,8 @@ class Metrics:
         self._boundaries: dict[tuple, dict[str, str]] = {}
         self._speedups: dict[tuple, tuple[float, dict[str, str]]] = {}
         self._speedups_by_k: dict[tuple, tuple[float, dict[str, str]]] = {}
-        meter.create_observable_gauge("spectrace.speculation.speedup_by_k", [self._observe_speedups_by_k], unit="", description="What k pays: the speed-up at each k' from the run's counts and step times (README)")
-        meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_speedups], unit="", description="Estimated speed-up over decoding without drafts, last 200 worker steps (README)")
+        meter.create_observable_gauge("spectrace.speculation.speedup_by_k", [self._observe_values(self._speedups_by_k)], unit="", description="What k pays: the speed-up at each k' from the run's counts and step times (README)")
+        meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_values(self._speedups)], unit="", description="Estimated speed-up over decoding without drafts, last 200 worker steps (README)")
         self.slice_drafted = meter.create_counter("spectrace.slice.drafted_tokens", unit="", description="Draft tokens verified, per request slice (dimension, value)")
         self.slice_accepted = meter.create_counter("spectrace.slice.accepted_tokens", unit="", description="Draft tokens accepted, per request slice (dimension, value)")
         self._slice_values: dict[str, set[str]] = {}
@@ -99,6 +99,14 @@ class Metrics:
 
         return callback
 
+    def _observe_values(self, table: dict):
+        """A gauge callback over ``table``: key -> (value, attributes)."""
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            with self._lock:
+                return [Observation(value, dict(attrs)) for value, attrs in table.values()]
+
+        return callback
+
     def _observe_errors(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             return [Observation(count, {"hook": hook}) for hook, count in self._errors.items()]
@@ -109,13 +117,6 @@ class Metrics:
 
     # -- fed from the background flush --------------------------------------------
 
-    def _observe_speedups(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(value, dict(attrs)) for value, attrs in self._speedups.values()]
-
-    def _observe_speedups_by_k(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            return [Observation(value, dict(attrs)) for value, attrs in self._speedups_by_k.values()]
 
     def speedup_by_k(self, rows: list[dict[str, Any]], rank: int | None, labels: dict[str, str]) -> None:
         """The rows of ``spectrace.speedup.speedup_by_k`` for one run and rank (replacing the last ones)."""

@@ -220,14 +220,6 @@ class VerifyCapture(Capture):
                 per_key.setdefault((run_id, rank), []).extend(out)
         for (run_id, rank), batch in per_key.items():
             self._count(rt, WORKER, run_id, rank, batch)
-            arr = np.asarray(batch, dtype=np.int64)
-            k = int(arr[:, 0].max())
-            _, accepted_at = acceptance.position_counts(arr[:, 0], arr[:, 1], k)
-            counts = self.by_k_counts.setdefault((run_id, rank), [np.zeros(0, dtype=np.int64), 0])
-            if len(counts[0]) < k:
-                counts[0] = np.concatenate([counts[0], np.zeros(k - len(counts[0]), dtype=np.int64)])
-            counts[0][:k] += accepted_at
-            counts[1] += len(batch)
         return {key: (len(batch), sum(a for _, a, _ in batch) + len(batch)) for key, batch in per_key.items()}
 
     def _count(
@@ -288,10 +280,16 @@ class VerifyCapture(Capture):
         totals = self.totals[(source, run_id, rank)]
         totals[0] += int(drafted.sum())
         totals[1] += int(accepted.sum())
+        d_all, a_all = acceptance.position_counts(drafted, accepted, k)
         if source == ENGINE:
-            d_all, a_all = acceptance.position_counts(drafted, accepted, k)
             curve.add_positions(d_all, a_all)
             self._detect(rt, run_id, d_all, a_all, marks)
+        else:  # what k pays: the worker's counts beside its step times (_speedup_by_k)
+            counts = self.by_k_counts.setdefault((run_id, rank), [np.zeros(0, dtype=np.int64), 0])
+            if len(counts[0]) < k:
+                counts[0] = np.concatenate([counts[0], np.zeros(k - len(counts[0]), dtype=np.int64)])
+            counts[0][:k] += a_all
+            counts[1] += len(batch)
 
     def _detect(self, rt, run_id: str, drafted_at: np.ndarray, accepted_at: np.ndarray, marks: list | None = None) -> None:
         settings = rt.settings
