@@ -18,13 +18,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.server]
 COLLAPSE = "SpectraceAcceptanceCollapse"
 
 
-def _serve(zoo, cache_root, store, drafter, base, results, linger_s):
+def _serve(zoo, cache_root, store, drafter, base, results, linger_s, stop):
     spec = EngineSpec(
         name=drafter,
         target=zoo["target"],
         speculative={"method": "draft_model", "model": zoo[drafter], "num_speculative_tokens": 3},
         repeat=60,  # keep drafting for tens of seconds: alert windows need a steady rate
         linger_s=linger_s,  # and stay up (gauges vanish with the process) while the test queries
+        stop_file=str(stop),  # until the test has what it needs
     )
     results.update(
         run_engines(
@@ -61,7 +62,8 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
     with PrometheusServer(scratch / "prom-dash", targets=targets, rule_files=[rules]) as prom:
         # A healthy drafter (the target itself): data everywhere, the collapse alert stays inactive.
         results: dict = {}
-        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-self", "draft_self", base, results, 60.0))
+        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-self", "draft_self", base, results, 60.0,
+                                                        scratch / "dash-self.stop"))
         runner.start()
         wait_until(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"], 240,
                    "drafted tokens in Prometheus")
@@ -73,16 +75,19 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
             if not prom.api("query", query=query)["result"]:
                 empty.append((dashboard, title, query))
         healthy_states = _alert_states(prom, base)
+        (scratch / "dash-self.stop").touch()
         runner.join(timeout=300)
         assert results["draft_self"].ok, results["draft_self"].error
 
         # A drafter that disagrees: the collapse alert goes firing in Prometheus' own rule state.
         results = {}
-        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-seeded", "draft_seeded", base, results, 5.0))
+        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-seeded", "draft_seeded", base, results, 5.0,
+                                                        scratch / "dash-seeded.stop"))
         runner.start()
         try:
             wait_until(lambda: "firing" in _alert_states(prom, base), 240, "the collapse alert to fire")
         finally:
+            (scratch / "dash-seeded.stop").touch()
             runner.join(timeout=300)
         assert results["draft_seeded"].ok, results["draft_seeded"].error
     assert [t for _, t, _ in empty] == []

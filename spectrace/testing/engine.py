@@ -49,6 +49,7 @@ class EngineSpec:
     async_engine: bool = False  # serve through vLLM's AsyncLLM (as `vllm serve` does) instead of LLM
     count_syncs: bool = False  # CUDA only: count device synchronisations while generating (EngineResult.syncs)
     wait_for_file: str | None = None  # start this engine only once the file exists (`<file>.waiting` says we wait)
+    stop_file: str | None = None  # stop repeating and lingering once this file exists (the test has what it needs)
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: list[dict[str, Any]] | None = None  # per prompt: SamplingParams fields over the greedy default (cycled)
 
@@ -224,7 +225,9 @@ def _child(request: dict[str, Any]) -> None:
                 llm = LLM(**kwargs)
                 timings, cpu_timings = [], []
                 with _sync_counter(spec.count_syncs) as syncs:
-                    for _ in range(max(spec.repeat, 1)):
+                    for i in range(max(spec.repeat, 1)):
+                        if i and spec.stop_file and os.path.exists(spec.stop_file):
+                            break
                         generating, cpu = time.perf_counter(), time.process_time()
                         outputs = llm.generate(spec.prompts, params, use_tqdm=False)
                         timings.append(time.perf_counter() - generating)
@@ -237,7 +240,9 @@ def _child(request: dict[str, Any]) -> None:
             result.ok = True
             if spec.linger_s:
                 _flush_spectrace()
-                time.sleep(spec.linger_s)
+                until = time.monotonic() + spec.linger_s
+                while time.monotonic() < until and not (spec.stop_file and os.path.exists(spec.stop_file)):
+                    time.sleep(0.2)
         except Exception as exc:  # the parent decides whether a failure is expected
             result.error = f"{type(exc).__name__}: {exc}"
         result.run_id = _current_run_id()
