@@ -246,6 +246,17 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
     ],
+    # Per flush and worker rank: decode-only steps by shape (every request scheduled 1 + drafts tokens, no
+    # prefill chunk), with or without drafts: the step-cost table "What k pays" prices other k with. A run
+    # without speculation measures drafts = 0, which a run at k never schedules (spectrace.speedup).
+    "decode_steps": [
+        ("ts", "TIMESTAMP_NS"),
+        ("requests", "INTEGER"),
+        ("drafts", "INTEGER"),  # per request
+        ("steps", "BIGINT"),
+        ("step_ns", "BIGINT"),
+        ("draft_ns", "BIGINT"),
+    ],
     # Per model and rank, after load: its checkpoint (safetensors headers only), what vLLM loaded into it,
     # whose embeddings and head the drafter uses, the dtype and RoPE it runs with (issue #24).
     "model_weights": [

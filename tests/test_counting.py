@@ -131,6 +131,29 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
     assert sum(r["steps"] for r in steps) == 6 and sum(r["step_ns"] for r in steps) == 66_000_000
 
 
+def test_decode_steps_hold_the_step_times_of_decode_only_shapes(traced):
+    from spectrace.tracer.verify.capture import StepTiming
+
+    rt, sink = traced
+    capture = rt.verify
+
+    def step(drafts: bool, tokens: int, requests: int, ns: int, draft_ns: int = 0) -> None:
+        timing = StepTiming(RUN, 0, drafts, ns, True, tokens, requests)
+        timing.draft_ns = draft_ns
+        capture.worker_timings.append(timing)
+
+    step(False, 8, 8, 10_000_000)  # decode without drafts: one token per request
+    step(False, 8, 8, 12_000_000)
+    step(False, 40, 8, 30_000_000)  # a prefill chunk on top: not decode-only
+    step(True, 32, 8, 20_000_000, 6_000_000)  # 8 requests at 3 drafts each
+    step(True, 33, 8, 21_000_000, 6_000_000)  # tokens that do not divide: a chunk
+    step(True, 8, 2, 9_000_000, 2_000_000)  # 2 requests at 3 drafts
+    step(True, 0, 0, 1_000_000)
+    rt.flush()
+    got = {(r["requests"], r["drafts"]): (r["steps"], r["step_ns"], r["draft_ns"]) for r in rows(sink, "decode_steps")}
+    assert got == {(8, 0): (2, 22_000_000, 0), (8, 3): (1, 20_000_000, 6_000_000), (2, 3): (1, 9_000_000, 2_000_000)}
+
+
 def test_step_shapes_record_the_k_each_batch_size_drafted(traced):
     rt, sink = traced
     capture = rt.verify

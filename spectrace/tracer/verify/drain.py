@@ -550,7 +550,17 @@ class VerifyCapture(Capture):
     def _drain_timings(self, rt, timings: list[StepTiming], yielded: dict) -> None:
         keys = ("steps", "step_ns", "draft_ns", "scheduled_tokens", "scheduled_tokens_sq", "tokens_x_verify_ns", "requests")
         totals: dict[tuple, dict[str, int]] = {}
+        shapes: dict[tuple, list[int]] = {}  # (run, rank, requests, drafts) -> steps, step_ns, draft_ns
+        run_k: dict[str | None, int | None] = {}
         for timing in timings:
+            if timing.run_id not in run_k:
+                run_k[timing.run_id] = _run_k(rt, timing.run_id)
+            shape = _decode_shape(timing, run_k[timing.run_id])
+            if shape is not None:
+                s = shapes.setdefault((timing.run_id, timing.rank, timing.requests, shape), [0, 0, 0])
+                s[0] += 1
+                s[1] += timing.execute_ns + timing.sample_ns
+                s[2] += timing.draft_ns
             if not timing.has_drafts:
                 continue
             t = totals.setdefault((timing.run_id, timing.rank), dict.fromkeys(keys, 0))
@@ -564,6 +574,9 @@ class VerifyCapture(Capture):
             t["tokens_x_verify_ns"] += tokens * (step_ns - timing.draft_ns)
             t["requests"] += timing.requests
         now = time.time_ns()
+        for (run_id, rank, requests, drafts), (n, step_ns, draft_ns) in shapes.items():
+            rt.pipeline.append("decode_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "requests": requests,
+                                                "drafts": drafts, "steps": n, "step_ns": step_ns, "draft_ns": draft_ns})
         for (run_id, rank), t in totals.items():
             t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
             rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
@@ -622,6 +635,26 @@ class VerifyCapture(Capture):
                 continue
             findings.append(audit.disagreement_finding(engine, worker, rank, run_id))
         return findings
+
+
+def _decode_shape(timing: StepTiming, k: int | None) -> int | None:
+    """The drafts per request of a decode-only step (every request scheduled the same ``1 + drafts`` tokens),
+    or None: a step with a prefill chunk, or one whose tokens divide evenly but exceed ``1 + k``. Read from the
+    step's two totals: a step without drafts is decode-only exactly when it scheduled one token per request; one
+    with drafts is taken as such when its tokens are ``requests * (1 + d)``, ``d <= k``."""
+    requests = timing.requests
+    if requests <= 0:
+        return None
+    per, rest = divmod(timing.scheduled_tokens, requests)
+    if rest or per < 1:
+        return None
+    if not timing.has_drafts:
+        return 0 if per == 1 else None
+    drafts = per - 1
+    return drafts if 1 <= drafts <= (k if k else MAX_DECODE_DRAFTS) else None
+
+
+MAX_DECODE_DRAFTS = 32  # the most drafts per request a decode-only step is taken to carry when the run's k is unknown
 
 
 def _run_k(rt, run_id: str | None) -> int | None:
