@@ -5,7 +5,8 @@
 
 Method. Per drafter, one traced engine at k = 5 gives the prediction (``spectrace.speedup.from_store``: the
 expected accepted length at each k' from its per-position counts, the step time at each k' from its worker
-step sums). Untraced engines at k' = 1..5 and one without speculation (same target, same prompts, greedy,
+step sums), twice: from that run alone (``fit``) and with a traced run of the same target without speculation
+in the same store before it (``baseline``: its decode-only steps price step(0), README "What k pays"). Untraced engines at k' = 1..5 and one without speculation (same target, same prompts, greedy,
 ``ignore_eos``) give the measured speed-up: the CPU time of a generate call without speculation over the
 CPU time of the same call at k' (one process, multiprocessing off: frontend, engine core and worker on the
 one clock), the fastest of ``--repeat`` calls each, engines in one child one after another. The workload
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 
 from bench.common import SCRATCH, loadavg, write_result
 
@@ -93,10 +95,13 @@ def main() -> None:
     for name in names:
         target, drafter = models[name]
         store = root / f"store-{name}"
-        traced = run_engines(specs(name, target, drafter, [K], requests=args.requests, max_tokens=args.max_tokens,
+        shutil.rmtree(store, ignore_errors=True)  # this benchmark's runs only (the baseline is looked up by target)
+        traced = run_engines(specs(name, target, drafter, [0, K], requests=args.requests, max_tokens=args.max_tokens,
                                    repeat=1), store=store, cache_root=root / "vllm-cache")  # fmt: skip
         run_id = traced[f"{name}-k{K}"].run_id
-        predicted = from_store(spectrace.store.open(store), run_id)
+        con = spectrace.store.open(store)
+        predicted = from_store(con, run_id)
+        alone = from_store(con, run_id, baseline=False)
         untraced = run_engines(specs(name, target, drafter, range(K + 1), requests=args.requests,
                                      max_tokens=args.max_tokens, repeat=repeat),
                                store=None, traced=False, scratch=root, cache_root=root / "vllm-cache")  # fmt: skip
@@ -104,9 +109,10 @@ def main() -> None:
             assert result.ok, (result.name, result.error)
         base = untraced[f"{name}-k0"].generate_cpu_seconds
         measured = {k: base / untraced[f"{name}-k{k}"].generate_cpu_seconds for k in range(K + 1)}
-        results[name] = compare(predicted, measured)
-        print(name, json.dumps(results[name]["rows"]), "best measured", results[name]["measured_best"],
-              "predicted", results[name]["predicted_best"], flush=True)
+        results[name] = {"baseline": compare(predicted, measured), "fit": compare(alone, measured)}
+        for source, got in results[name].items():
+            print(name, source, json.dumps([(r["k"], r["speedup"], r["measured"], r["error"]) for r in got["rows"]]),
+                  "best measured", got["measured_best"], "predicted", got["predicted_best"], flush=True)
     path = write_result(args.name, {"k": K, "requests": args.requests, "max_tokens": args.max_tokens, "repeat": repeat,
                                     "load": [load_before, loadavg()], "results": results})  # fmt: skip
     print("wrote", path)

@@ -12,6 +12,17 @@ request-step that accepted ``j`` of ``k`` drafts would have accepted ``min(j, k'
 
 (``request_steps``: those that drafted at least one token). Past ``k`` the curve is extended
 with its last conditional rate ``accepted[k-1] / accepted[k-2]`` (flagged ``extrapolated``).
+
+The step time at ``k'`` comes from one of two sources (``step_source``):
+
+- ``baseline``: the worker's decode-only steps by shape (``decode_steps``). Steps without drafts of the
+  same target on the same host (a run without speculation, or this run's own) measure ``step(0)`` at each
+  batch size; this run's steps at ``k`` measure verification at ``1 + k`` tokens per request and drafting.
+  Verification at ``k'`` is interpolated linearly between the two, per batch size, weighted by this run's
+  steps. Needs :data:`MIN_BASELINE_STEPS` such steps at the batch sizes this run ran.
+- ``fit``: the run alone. Verification fitted as ``a + b * scheduled tokens`` over the run's drafted steps
+  (prefill chunks are its only spread) and priced at ``requests * (1 + k')``. On hardware whose cost is not
+  affine in the tokens per request (the CPU build: BENCHMARKS.md, "What k pays") it prices ``step(0)`` high.
 """
 
 from __future__ import annotations
@@ -81,20 +92,48 @@ class StepCost:
         return verify + (draft if parallel or k <= 0 else draft * k_new / k)
 
 
+MIN_BASELINE_STEPS = 20  # steps without drafts, at the run's batch sizes, before they price step(0)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Measured decode-only step costs for one run at ``k`` (``decode_steps``), over the run's steps at a batch
+    size that steps without drafts of the same target and host also measured: sums over those steps of the
+    no-draft step time at their batch size (``plain_ns``), of their own verification (``verify_ns``: step less
+    drafting) and drafting (``draft_ns``) times."""
+
+    steps: float
+    plain_ns: float
+    verify_ns: float
+    draft_ns: float
+    baseline_steps: int = 0  # steps without drafts at those batch sizes
+
+    def step_ns_at(self, k: int, k_new: int, *, parallel: bool = False) -> float:
+        plain = self.plain_ns / self.steps
+        if k_new == 0:
+            return plain
+        verify = max(plain + (self.verify_ns / self.steps - plain) * k_new / k, 0.0)
+        draft = self.draft_ns / self.steps
+        return verify + (draft if parallel else draft * k_new / k)
+
+
 def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost, *, method: str | None = None,
-                 extra: int = EXTRAPOLATE) -> list[dict]:
+                 extra: int = EXTRAPOLATE, baseline: Baseline | None = None) -> list[dict]:
     """Per ``k'``: expected accepted length, step time and speed-up over decoding without drafts
     (``L(k') * step(0) / step(k')``). At ``k' = k`` this is the run's own estimate (``speculation_cost``) when no
     prefill chunk shared the drafted steps; a chunk's tokens stay in ``step(0)`` here, where that estimate
-    prices the step without drafts at one token per request."""
+    prices the step without drafts at one token per request. With a ``baseline`` (measured decode-only steps,
+    module docstring) the step times are priced from it instead."""
     k = len(accepted_at)
     if k == 0 or cost.steps <= 0 or cost.step_ns <= 0:
         return []
     parallel = method in PARALLEL_METHODS
-    plain = cost.step_ns_at(k, 0)
+    use = baseline if baseline is not None and baseline.steps > 0 and baseline.plain_ns > 0 else None
+    price = use.step_ns_at if use is not None else cost.step_ns_at
+    plain = price(k, 0)
     rows = []
     for k_new, length, extrapolated in expected_lengths(accepted_at, request_steps, extra=extra):
-        step = cost.step_ns_at(k, k_new, parallel=parallel)
+        step = price(k, k_new, parallel=parallel)
         rows.append({
             "k": k_new,
             "expected_length": round(length, 4),
@@ -102,6 +141,7 @@ def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost,
             "speedup": round(length * plain / step, 4) if step > 0 else None,
             "extrapolated": extrapolated,
             "in_force": k_new == k,
+            "step_source": "baseline" if use is not None else "fit",
         })
     return rows
 
@@ -112,9 +152,10 @@ def best(rows: list[dict]) -> dict | None:
     return max(measured, key=lambda r: r["speedup"]) if measured else None
 
 
-def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE) -> list[dict]:
+def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True) -> list[dict]:
     """:func:`speedup_by_k` for one run of a store connection (``spectrace.store.open``): acceptance from the
-    engine core's ``verify_counts``, step costs from the lowest worker rank's ``speculation_steps``."""
+    engine core's ``verify_counts``, step costs from the measured decode-only steps (:func:`baseline_from_store`)
+    where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``."""
     counts = con.execute(
         "SELECT position, sum(drafted), sum(accepted) FROM verify_counts WHERE run_id = ? AND source = 'engine_core' "
         "GROUP BY position ORDER BY position", [run_id]).fetchall()
@@ -131,4 +172,40 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE) -> list[dict]:
         return []
     method = con.execute("SELECT any_value(method) FROM runs WHERE run_id = ?", [run_id]).fetchone()
     cost = StepCost(*[float(x or 0) for x in row])
-    return speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra)
+    return speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra,
+                        baseline=baseline_from_store(con, run_id, len(accepted_at)) if baseline else None)
+
+
+# The run's decode-only steps at its k (lowest worker rank) joined, by batch size, to the mean step time (less
+# drafting) of decode-only steps without drafts of the same target model on the same host, any run. The named
+# query speedup_by_k inlines the same join.
+BASELINE_SQL = """
+WITH target AS (
+    SELECT run_id, any_value(target_model) AS target_model FROM runs GROUP BY run_id
+), mine AS (
+    SELECT d.requests, any_value(d.host) AS host, sum(d.steps)::DOUBLE AS n,
+           sum(d.step_ns - d.draft_ns)::DOUBLE AS v, sum(d.draft_ns)::DOUBLE AS dr
+    FROM decode_steps d
+    WHERE d.run_id = $run AND d.drafts = $k
+      AND coalesce(d.rank, -1) = (SELECT min(coalesce(rank, -1)) FROM decode_steps WHERE run_id = $run)
+    GROUP BY d.requests
+), plain AS (
+    SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
+    FROM decode_steps d JOIN target t USING (run_id)
+    WHERE d.drafts = 0
+    GROUP BY ALL
+)
+SELECT sum(m.n), sum(m.n * p.b), sum(m.v), sum(m.dr), sum(p.n)
+FROM mine m
+JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host
+JOIN target t ON t.target_model = p.target_model AND t.run_id = $run
+"""
+
+
+def baseline_from_store(con, run_id: str, k: int) -> Baseline | None:
+    """The measured step costs that price ``run_id``'s other k (:class:`Baseline`), or None where steps without
+    drafts of its target were not measured at its batch sizes (fewer than :data:`MIN_BASELINE_STEPS`)."""
+    row = con.execute(BASELINE_SQL, {"run": run_id, "k": k}).fetchone()  # every store has the view (empty: none)
+    if row is None or not row[0] or int(row[4] or 0) < MIN_BASELINE_STEPS:
+        return None
+    return Baseline(float(row[0]), float(row[1]), float(row[2]), float(row[3]), int(row[4]))

@@ -3,7 +3,7 @@
 import pytest
 
 from spectrace import acceptance
-from spectrace.speedup import StepCost, best, expected_lengths, speedup_by_k
+from spectrace.speedup import Baseline, StepCost, best, expected_lengths, speedup_by_k
 
 
 def test_expected_length_at_every_k_is_the_prefix_counts():
@@ -59,3 +59,62 @@ def test_speedup_at_k_in_force_is_the_runs_own_estimate_and_the_pick():
     assert by_k[2] == pytest.approx(2.4 * 10 / 12, abs=1e-4)  # the third position accepts 10 %: k'=2 pays most
     assert best(rows)["k"] == 2
     assert rows[-1]["extrapolated"] and best([r for r in rows if r["k"] == 4]) is None
+
+
+def test_a_baseline_prices_step_zero_as_measured_and_interpolates_verification():
+    # 10 steps of 8 requests at k=4: verification 18 ms, drafting 8 ms (2 ms a position); no drafts: 12 ms
+    base = Baseline(steps=10, plain_ns=10 * 12e6, verify_ns=10 * 18e6, draft_ns=10 * 8e6, baseline_steps=40)
+    assert base.step_ns_at(4, 0) == pytest.approx(12e6)
+    assert base.step_ns_at(4, 2) == pytest.approx(15e6 + 4e6)  # verification halfway, two positions drafted
+    assert base.step_ns_at(4, 4) == pytest.approx(26e6)
+    assert base.step_ns_at(4, 1, parallel=True) == pytest.approx(13.5e6 + 8e6)
+    fit = _cost(None, 30e6, 0.0, 8e6, 8, [40] * 10)  # the run alone prices step(0) at 30 ms
+    rows = speedup_by_k([8, 6, 4, 2], 10, fit, extra=0, baseline=base)
+    assert {r["step_source"] for r in rows} == {"baseline"}
+    by_k = {r["k"]: r for r in rows}
+    assert by_k[0]["speedup"] == 1.0 and by_k[4]["step_ms"] == pytest.approx(26.0)
+    assert by_k[2]["speedup"] == pytest.approx(2.4 * 12 / 19, abs=1e-4)
+    assert {r["step_source"] for r in speedup_by_k([8, 6, 4, 2], 10, fit, extra=0)} == {"fit"}
+
+
+def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None):
+    """One run's rows as the drain writes them: decode_steps (requests, drafts, steps, step_ns, draft_ns), and
+    for a run at k its engine-core counts (accepted 8, 6, ... per position of 10 request-steps) and step sums."""
+    writer.append("runs", {"run_id": run_id, "process_role": "frontend", "started_at": 1, "target_model": target,
+                           "method": "draft_model" if k else None, "num_speculative_tokens": k})
+    for requests, drafts, steps, step_ns, draft_ns in decode:
+        writer.append("decode_steps", {"run_id": run_id, "process_role": "worker", "host": "h", "rank": 0, "ts": 2,
+                                       "requests": requests, "drafts": drafts, "steps": steps, "step_ns": step_ns,
+                                       "draft_ns": draft_ns})
+    if k:
+        writer.extend("verify_counts", [{"run_id": run_id, "process_role": "engine_core", "source": "engine_core", "ts": 2,
+                                         "position": i, "drafted": 10, "accepted": 8 - 2 * i} for i in range(k)])
+        writer.append("speculation_steps", {"run_id": run_id, "process_role": "worker", "host": "h", "rank": 0, "ts": 2,
+                                            **timing})
+
+
+def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
+    import spectrace.store
+    from spectrace.queries import named
+    from spectrace.speedup import from_store
+    from spectrace.testing import store_pipeline
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    sums = dict(steps=10, step_ns=10 * 26_000_000, draft_ns=10 * 8_000_000, request_steps=80, tokens=320,
+                scheduled_tokens=10 * 40 + 24, scheduled_tokens_sq=9 * 1600 + 64 ** 2,
+                tokens_x_verify_ns=9 * 40 * 18e6 + 64 * 18e6, requests=80)
+    decode = [(8, 4, 9, 9 * 26_000_000, 9 * 8_000_000), (3, 4, 1, 20_000_000, 5_000_000)]
+    _write_run(writer, "priced", "t", k=4, decode=decode, timing=sums)
+    _write_run(writer, "alone", "other-target", k=4, decode=decode, timing=sums)
+    _write_run(writer, "plain", "t", decode=[(8, 0, 30, 30 * 12_000_000, 0), (5, 0, 4, 4 * 10_000_000, 0)])
+    writer.flush()
+    con = spectrace.store.open(tmp_path)
+    sql = con.execute(named.load("speedup_by_k")).fetchall()
+    for run_id, source in (("priced", "baseline"), ("alone", "fit")):
+        py = [r for r in from_store(con, run_id) if not r["extrapolated"]]
+        assert {r["step_source"] for r in py} == {source}
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"]) for r in py] == \
+            [row[2:] for row in sql if row[0] == run_id and row[1] == "all"], run_id
+    priced = {r["k"]: r for r in from_store(con, "priced")}
+    assert priced[0]["step_ms"] == 12.0  # the baseline's 8-request steps; its 5-request ones match no step at k
+    assert priced[4]["step_ms"] == 26.0

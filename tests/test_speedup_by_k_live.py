@@ -3,7 +3,8 @@ k' <= 5 against engines really run at k' (same target, drafter and prompts, gree
 the Python model, and `spectrace report`'s table.
 
 Drafters: ``noisy`` (the zoo target plus 3 % noise: intermediate acceptance), ``self`` (100 %) and ``seeded``
-(another seed: near 0, where the answer is "no speculation"). The predicted speed-ups are not checked
+(another seed: near 0, where the answer is "no speculation"). A traced run of the target without speculation
+(``target-k0``) in the same store measures the steps without drafts that price step(0) (``decode_steps``). The predicted speed-ups are not checked
 against measured ones here (timings on a shared 2-core box, no timed tests): bench/speedup_by_k.py measures
 them, BENCHMARKS.md and the README state the model's accuracy.
 """
@@ -34,7 +35,7 @@ def k_runs(zoo, scratch, cache_root):
                           speculative={"method": "draft_model", "model": drafters[drafter], "num_speculative_tokens": k}
                           if k else None, sampling=[{"ignore_eos": True}], extra_llm_kwargs={"max_num_seqs": 6})  # fmt: skip
 
-    specs = [spec(f"{d}-k{K}", d, K) for d in drafters]
+    specs = [spec("target-k0", None, 0)] + [spec(f"{d}-k{K}", d, K) for d in drafters]
     specs += [spec(f"noisy-k{k}", "noisy", k) for k in range(1, K)]
     store = scratch / "k-store"
     results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "k.log")
@@ -78,12 +79,14 @@ def test_self_drafter_accepts_everything_at_every_k_and_seeded_picks_no_speculat
 def test_named_query_is_the_python_model(k_runs):
     con, results = k_runs
     sql = con.execute(named.load("speedup_by_k")).fetchall()
-    assert {r[0] for r in sql} == {r.run_id for r in results.values()}
-    for name, result in results.items():
+    drafting = {name: r for name, r in results.items() if name != "target-k0"}
+    assert {r[0] for r in sql} == {r.run_id for r in drafting.values()}
+    for name, result in drafting.items():
         py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
         mine = [r for r in sql if r[0] == result.run_id and r[1] == "all"]
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"]) for r in py] == \
-            [(k, in_force, length, step, speedup) for _, _, k, in_force, length, step, speedup in mine], name
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"]) for r in py] == \
+            [row[2:] for row in mine], name
+        assert {r["step_source"] for r in py} == {"baseline"}, name  # target-k0 measured step(0)
         ranges = {r[1] for r in sql if r[0] == result.run_id}
         assert "0-512" in ranges  # the context ranges of the run (all of this run's contexts are short)
 
@@ -98,9 +101,27 @@ def test_step_shapes_hold_every_verified_step_by_batch_size(k_runs):
     con, results = k_runs
     for name, result in results.items():
         k = int(name.rsplit("-k", 1)[1])
+        if not k:
+            continue
         shapes = con.execute("select batch_band, k, sum(steps), sum(request_steps) from step_shapes where run_id = ? "
                              "group by all", [result.run_id]).fetchall()
         request_steps = con.execute("select sum(drafted) from verify_counts where run_id = ? and source = 'engine_core' "
                                     "and position = 0", [result.run_id]).fetchone()[0]
         assert sum(r[3] for r in shapes) == request_steps, name
         assert max(r[1] for r in shapes) == k and {r[0] for r in shapes} <= {"1", "2", "3-4", "5-8"}, name  # max_num_seqs 6
+
+
+def test_decode_steps_measure_step_zero_on_the_run_without_drafts(k_runs):
+    con, results = k_runs
+    plain = con.execute("select requests, drafts, sum(steps), sum(step_ns) from decode_steps where run_id = ? group by all",
+                        [results["target-k0"].run_id]).fetchall()
+    assert {r[1] for r in plain} == {0} and {r[0] for r in plain} <= set(range(1, 7))  # max_num_seqs 6
+    # 12 requests of 32 tokens, 6 at a time: most steps decode all six
+    by_batch = {r[0]: r[2] for r in plain}
+    assert by_batch[6] >= 40, by_batch
+    at_k = con.execute("select drafts, sum(steps) from decode_steps where run_id = ? group by all",
+                       [results[f"noisy-k{K}"].run_id]).fetchall()
+    assert dict(at_k).get(K, 0) >= 10 and set(dict(at_k)) <= set(range(K + 1)), at_k
+    rows = {r["k"]: r for r in from_store(con, results[f"noisy-k{K}"].run_id)}
+    mean_6 = dict((r[0], r[3] / r[2]) for r in plain)[6] / 1e6
+    assert rows[0]["step_ms"] < rows[K]["step_ms"] and 0.5 * mean_6 < rows[0]["step_ms"] < 2 * mean_6

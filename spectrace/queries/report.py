@@ -372,7 +372,9 @@ def _by_k(con, run_id: str) -> list[str]:
     if not rows:
         return []
     pick = best(rows)
-    lines = ["What k pays (from this run's per-position counts and step times; model and limits: README)"]
+    priced = ("step times measured without drafts on this target (decode_steps)" if rows[0]["step_source"] == "baseline"
+              else "step times fitted from this run alone: no run of this target without drafts in the store")
+    lines = [f"What k pays (this run's per-position counts; {priced}; model and limits: README)"]
     table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
               f"{r['expected_length']:.2f}", f"{r['step_ms']:.2f}", "-" if r["speedup"] is None else f"{r['speedup']:.2f}x")
              for r in rows]  # fmt: skip

@@ -3,7 +3,9 @@
 -- accepted j of k drafts accepts min(j, k') of k'), the step time at k' (verification priced per scheduled
 -- token, drafting per draft position, one pass for dflash) and the speed-up over decoding without drafts.
 -- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
--- "What k pays". The step cost is the run's whole (one cost for every context range).
+-- "What k pays". The step cost is the run's whole (one cost for every context range), priced from measured
+-- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
+-- (step_source 'baseline', spectrace.speedup.BASELINE_SQL), else from the run's own fit ('fit').
 WITH acc AS (
     SELECT run_id, 'all' AS context_range, position, sum(drafted) AS drafted, sum(accepted) AS accepted
     FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id, position
@@ -36,22 +38,57 @@ WITH acc AS (
            CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
                 THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b
     FROM cost
-), priced AS (
+), target AS (
+    SELECT run_id, any_value(target_model) AS target_model FROM runs GROUP BY run_id
+), decode_lowest AS (
+    SELECT run_id, min(coalesce(rank, -1)) AS r FROM decode_steps GROUP BY run_id
+), mine AS (
+    SELECT d.run_id, d.requests, any_value(d.host) AS host, sum(d.steps)::DOUBLE AS n,
+           sum(d.step_ns - d.draft_ns)::DOUBLE AS v, sum(d.draft_ns)::DOUBLE AS dr
+    FROM decode_steps d
+    JOIN decode_lowest l ON d.run_id = l.run_id AND coalesce(d.rank, -1) = l.r
+    JOIN k_run k ON d.run_id = k.run_id AND d.drafts = k.k
+    GROUP BY d.run_id, d.requests
+), plain AS (
+    SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
+    FROM decode_steps d JOIN target t USING (run_id)
+    WHERE d.drafts = 0
+    GROUP BY ALL
+), baseline AS (
+    SELECT m.run_id, sum(m.n) AS n, sum(m.n * p.b) AS plain_ns, sum(m.v) AS v, sum(m.dr) AS dr
+    FROM mine m
+    JOIN target t ON t.run_id = m.run_id
+    JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host AND p.target_model = t.target_model
+    GROUP BY m.run_id
+    HAVING sum(p.n) >= 20 AND sum(m.n * p.b) > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
+), fitted AS (
     SELECT c.run_id, c.context_range, c.k_new, k.k, c.expected_length,
            greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)
              + CASE WHEN c.k_new = 0 THEN 0
                     WHEN m.method = 'dflash' THEN f.draft_ns / f.n
                     ELSE f.draft_ns / f.n * c.k_new / k.k END AS step_ns,
-           greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * k.k), 0) AS plain_ns
+           greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * k.k), 0) AS plain_ns,
+           CASE WHEN c.k_new = 0 THEN b.plain_ns / b.n
+                ELSE greatest(b.plain_ns / b.n + (b.v / b.n - b.plain_ns / b.n) * c.k_new / k.k, 0)
+                     + CASE WHEN m.method = 'dflash' THEN b.dr / b.n ELSE b.dr / b.n * c.k_new / k.k END
+           END AS base_step_ns,
+           b.plain_ns / b.n AS base_plain_ns
     FROM curve c
     JOIN k_run k USING (run_id)
     JOIN fit f USING (run_id)
+    LEFT JOIN baseline b USING (run_id)
     LEFT JOIN (SELECT run_id, any_value(method) AS method FROM runs GROUP BY run_id) m USING (run_id)
     WHERE c.k_new <= k.k
+), priced AS (
+    SELECT run_id, context_range, k_new, k, expected_length,
+           coalesce(base_step_ns, step_ns) AS step_ns, coalesce(base_plain_ns, plain_ns) AS plain_ns,
+           CASE WHEN base_step_ns IS NOT NULL THEN 'baseline' ELSE 'fit' END AS step_source
+    FROM fitted
 )
 SELECT run_id, context_range, k_new AS k, k_new = k AS in_force,
        round(expected_length, 4) AS expected_length,
        round(step_ns / 1e6, 4) AS step_ms,
-       CASE WHEN step_ns > 0 THEN round(expected_length * plain_ns / step_ns, 4) END AS speedup
+       CASE WHEN step_ns > 0 THEN round(expected_length * plain_ns / step_ns, 4) END AS speedup,
+       step_source
 FROM priced
 ORDER BY run_id, context_range = 'all' DESC, context_range, k;
