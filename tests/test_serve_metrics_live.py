@@ -287,8 +287,11 @@ def hostile(zoo, scratch, cache_root):
         server.metrics()
         seen["texts"], seen["families"] = _requests_and_settled_scrape(server)
         # vLLM's counters can settle before the engine core's first flush (default interval: the setting is invalid)
-        seen["scrape"] = wait_until(lambda: (text := server.metrics()) if "spectrace_verify_" in text else None, 30,
-                                    "spectrace's series on the API port")
+        def with_spectrace():
+            scrape = server.metrics()
+            return scrape if "spectrace_verify_" in scrape else None
+
+        seen["scrape"] = wait_until(with_spectrace, 30, "spectrace's series on the API port")
         con = spectrace.store.open(store)
         wait_until(lambda: con.execute("select count(*) from runs where run_id <> 'earlier'").fetchone()[0], 60,
                    "the traced run's rows")
