@@ -15,7 +15,7 @@ with its last conditional rate ``accepted[k-1] / accepted[k-2]`` (flagged ``extr
 
 The step time at ``k'`` comes from one of two sources (``step_source``):
 
-- ``baseline``: the worker's decode-only steps by shape (``decode_steps``). Steps without drafts of the
+- ``baseline``: the worker's decode-only steps by shape (``decode_steps``, view ``speedup_baseline``). Steps without drafts of the
   same target on the same host (a run without speculation, or this run's own) measure ``step(0)`` at each
   batch size; this run's steps at ``k`` measure verification at ``1 + k`` tokens per request and drafting.
   Verification at ``k'`` is interpolated linearly between the two, per batch size, weighted by this run's
@@ -173,39 +173,15 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
     method = con.execute("SELECT any_value(method) FROM runs WHERE run_id = ?", [run_id]).fetchone()
     cost = StepCost(*[float(x or 0) for x in row])
     return speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra,
-                        baseline=baseline_from_store(con, run_id, len(accepted_at)) if baseline else None)
+                        baseline=baseline_from_store(con, run_id) if baseline else None)
 
 
-# The run's decode-only steps at its k (lowest worker rank) joined, by batch size, to the mean step time (less
-# drafting) of decode-only steps without drafts of the same target model on the same host, any run. The named
-# query speedup_by_k inlines the same join.
-BASELINE_SQL = """
-WITH target AS (
-    SELECT run_id, any_value(target_model) AS target_model FROM runs GROUP BY run_id
-), mine AS (
-    SELECT d.requests, any_value(d.host) AS host, sum(d.steps)::DOUBLE AS n,
-           sum(d.step_ns - d.draft_ns)::DOUBLE AS v, sum(d.draft_ns)::DOUBLE AS dr
-    FROM decode_steps d
-    WHERE d.run_id = $run AND d.drafts = $k
-      AND coalesce(d.rank, -1) = (SELECT min(coalesce(rank, -1)) FROM decode_steps WHERE run_id = $run)
-    GROUP BY d.requests
-), plain AS (
-    SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
-    FROM decode_steps d JOIN target t USING (run_id)
-    WHERE d.drafts = 0
-    GROUP BY ALL
-)
-SELECT sum(m.n), sum(m.n * p.b), sum(m.v), sum(m.dr), sum(p.n)
-FROM mine m
-JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host
-JOIN target t ON t.target_model = p.target_model AND t.run_id = $run
-"""
-
-
-def baseline_from_store(con, run_id: str, k: int) -> Baseline | None:
-    """The measured step costs that price ``run_id``'s other k (:class:`Baseline`), or None where steps without
-    drafts of its target were not measured at its batch sizes (fewer than :data:`MIN_BASELINE_STEPS`)."""
-    row = con.execute(BASELINE_SQL, {"run": run_id, "k": k}).fetchone()  # every store has the view (empty: none)
+def baseline_from_store(con, run_id: str) -> Baseline | None:
+    """The measured step costs that price ``run_id``'s other k (:class:`Baseline`, the view ``speedup_baseline``
+    that the named query reads too), or None where steps without drafts of its target were not measured at its
+    batch sizes (fewer than :data:`MIN_BASELINE_STEPS`)."""
+    row = con.execute("SELECT steps, plain_ns, verify_ns, draft_ns, baseline_steps FROM speedup_baseline WHERE run_id = ?",
+                      [run_id]).fetchone()
     if row is None or not row[0] or int(row[4] or 0) < MIN_BASELINE_STEPS:
         return None
     return Baseline(float(row[0]), float(row[1]), float(row[2]), float(row[3]), int(row[4]))

@@ -5,7 +5,7 @@
 -- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
 -- "What k pays". The step cost is the run's whole (one cost for every context range), priced from measured
 -- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
--- (step_source 'baseline', spectrace.speedup.BASELINE_SQL), else from the run's own fit ('fit').
+-- (step_source 'baseline', view speedup_baseline), else from the run's own fit ('fit').
 WITH acc AS (
     SELECT run_id, 'all' AS context_range, position, sum(drafted) AS drafted, sum(accepted) AS accepted
     FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id, position
@@ -38,29 +38,9 @@ WITH acc AS (
            CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
                 THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b
     FROM cost
-), target AS (
-    SELECT run_id, any_value(target_model) AS target_model FROM runs GROUP BY run_id
-), decode_lowest AS (
-    SELECT run_id, min(coalesce(rank, -1)) AS r FROM decode_steps GROUP BY run_id
-), mine AS (
-    SELECT d.run_id, d.requests, any_value(d.host) AS host, sum(d.steps)::DOUBLE AS n,
-           sum(d.step_ns - d.draft_ns)::DOUBLE AS v, sum(d.draft_ns)::DOUBLE AS dr
-    FROM decode_steps d
-    JOIN decode_lowest l ON d.run_id = l.run_id AND coalesce(d.rank, -1) = l.r
-    JOIN k_run k ON d.run_id = k.run_id AND d.drafts = k.k
-    GROUP BY d.run_id, d.requests
-), plain AS (
-    SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
-    FROM decode_steps d JOIN target t USING (run_id)
-    WHERE d.drafts = 0
-    GROUP BY ALL
 ), baseline AS (
-    SELECT m.run_id, sum(m.n) AS n, sum(m.n * p.b) AS plain_ns, sum(m.v) AS v, sum(m.dr) AS dr
-    FROM mine m
-    JOIN target t ON t.run_id = m.run_id
-    JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host AND p.target_model = t.target_model
-    GROUP BY m.run_id
-    HAVING sum(p.n) >= 20 AND sum(m.n * p.b) > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
+    SELECT run_id, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr FROM speedup_baseline
+    WHERE baseline_steps >= 20 AND plain_ns > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
 ), fitted AS (
     SELECT c.run_id, c.context_range, c.k_new, k.k, c.expected_length,
            greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)

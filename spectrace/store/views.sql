@@ -121,3 +121,35 @@ FROM (SELECT run_id, request_id, any_value(prompt_tokens) AS prompt_tokens, any_
       FROM request_slices GROUP BY run_id, request_id)
 GROUP BY run_id
 ORDER BY run_id;
+
+-- view: speedup_baseline
+-- What k pays, measured step costs (spectrace.speedup.Baseline): per run at k, its decode-only steps at k
+-- (lowest worker rank) whose batch size steps without drafts of the same target model on the same host (any
+-- run) also measured; sums over those steps of the no-draft mean step time at their batch size (plain_ns), of
+-- their own verification (step less drafting) and drafting times, and how many no-draft steps measured them.
+WITH k_run AS (
+    SELECT run_id, max(position) + 1 AS k FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id
+), target AS (
+    SELECT run_id, any_value(target_model) AS target_model FROM runs GROUP BY run_id
+), lowest AS (
+    SELECT run_id, min(coalesce(rank, -1)) AS r FROM decode_steps GROUP BY run_id
+), mine AS (
+    SELECT d.run_id, d.requests, any_value(d.host) AS host, sum(d.steps)::DOUBLE AS n,
+           sum(d.step_ns - d.draft_ns)::DOUBLE AS v, sum(d.draft_ns)::DOUBLE AS dr
+    FROM decode_steps d
+    JOIN lowest l ON d.run_id = l.run_id AND coalesce(d.rank, -1) = l.r
+    JOIN k_run k ON d.run_id = k.run_id AND d.drafts = k.k
+    GROUP BY d.run_id, d.requests
+), plain AS (
+    SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
+    FROM decode_steps d JOIN target t USING (run_id)
+    WHERE d.drafts = 0
+    GROUP BY ALL
+)
+SELECT m.run_id, sum(m.n) AS steps, sum(m.n * p.b) AS plain_ns, sum(m.v) AS verify_ns, sum(m.dr) AS draft_ns,
+       sum(p.n)::BIGINT AS baseline_steps
+FROM mine m
+JOIN target t ON t.run_id = m.run_id
+JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host AND p.target_model = t.target_model
+GROUP BY m.run_id
+ORDER BY m.run_id;

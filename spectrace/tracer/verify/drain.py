@@ -553,18 +553,18 @@ class VerifyCapture(Capture):
         shapes: dict[tuple, list[int]] = {}  # (run, rank, requests, drafts) -> steps, step_ns, draft_ns
         run_k: dict[str | None, int | None] = {}
         for timing in timings:
+            step_ns = timing.execute_ns + timing.sample_ns
             if timing.run_id not in run_k:
                 run_k[timing.run_id] = _run_k(rt, timing.run_id)
             shape = _decode_shape(timing, run_k[timing.run_id])
             if shape is not None:
                 s = shapes.setdefault((timing.run_id, timing.rank, timing.requests, shape), [0, 0, 0])
                 s[0] += 1
-                s[1] += timing.execute_ns + timing.sample_ns
+                s[1] += step_ns
                 s[2] += timing.draft_ns
             if not timing.has_drafts:
                 continue
             t = totals.setdefault((timing.run_id, timing.rank), dict.fromkeys(keys, 0))
-            step_ns = timing.execute_ns + timing.sample_ns
             tokens = timing.scheduled_tokens
             t["steps"] += 1
             t["step_ns"] += step_ns
