@@ -246,6 +246,15 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
     ],
+    # Per flush (engine core) and batch-size band (requests with drafts in the step): drafted and accepted
+    # tokens per draft position, as verify_counts has them per context range: "What k pays" by load.
+    "band_positions": [
+        ("ts", "TIMESTAMP_NS"),
+        ("batch_band", "VARCHAR"),
+        ("position", "INTEGER"),
+        ("drafted", "BIGINT"),
+        ("accepted", "BIGINT"),
+    ],
     # Per flush and worker rank: decode-only steps by shape (every request scheduled 1 + drafts tokens, no
     # prefill chunk), with or without drafts: the step-cost table "What k pays" prices other k with. A run
     # without speculation measures drafts = 0, which a run at k never schedules (spectrace.speedup).

@@ -118,14 +118,15 @@ class Baseline:
 
 
 def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost, *, method: str | None = None,
-                 extra: int = EXTRAPOLATE, baseline: Baseline | None = None) -> list[dict]:
+                 extra: int = EXTRAPOLATE, baseline: Baseline | None = None, k: int | None = None) -> list[dict]:
     """Per ``k'``: expected accepted length, step time and speed-up over decoding without drafts
     (``L(k') * step(0) / step(k')``). At ``k' = k`` this is the run's own estimate (``speculation_cost``) when no
     prefill chunk shared the drafted steps; a chunk's tokens stay in ``step(0)`` here, where that estimate
     prices the step without drafts at one token per request. With a ``baseline`` (measured decode-only steps,
-    module docstring) the step times are priced from it instead."""
-    k = len(accepted_at)
-    if k == 0 or cost.steps <= 0 or cost.step_ns <= 0:
+    module docstring) the step times are priced from it instead. ``k``: the k in force, which the step costs were
+    measured at, where the counts stop short of it (a batch-size band that drafted fewer under dynamic speculation)."""
+    k = k or len(accepted_at)
+    if not accepted_at or cost.steps <= 0 or cost.step_ns <= 0:
         return []
     parallel = method in PARALLEL_METHODS
     use = baseline if baseline is not None and baseline.steps > 0 and baseline.plain_ns > 0 else None
@@ -152,15 +153,27 @@ def best(rows: list[dict]) -> dict | None:
     return max(measured, key=lambda r: r["speedup"]) if measured else None
 
 
-def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True) -> list[dict]:
+ALL = "all"  # the whole run, every batch size
+
+
+def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True, batch_band: str = ALL) -> list[dict]:
     """:func:`speedup_by_k` for one run of a store connection (``spectrace.store.open``): acceptance from the
     engine core's ``verify_counts``, step costs from the measured decode-only steps (:func:`baseline_from_store`)
-    where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``."""
-    counts = con.execute(
-        "SELECT position, sum(drafted), sum(accepted) FROM verify_counts WHERE run_id = ? AND source = 'engine_core' "
-        "GROUP BY position ORDER BY position", [run_id]).fetchall()
+    where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``.
+    ``batch_band`` (one of ``spectrace.acceptance.BATCH_BANDS``): the run's steps at that batch size only, their
+    acceptance (``band_positions``) and measured step costs; the fit, where it prices, is the whole run's."""
+    if batch_band == ALL:
+        counts = con.execute(
+            "SELECT position, sum(drafted), sum(accepted) FROM verify_counts WHERE run_id = ? AND source = 'engine_core' "
+            "GROUP BY position ORDER BY position", [run_id]).fetchall()
+    else:
+        counts = con.execute(
+            "SELECT position, sum(drafted), sum(accepted) FROM band_positions WHERE run_id = ? AND batch_band = ? "
+            "GROUP BY position ORDER BY position", [run_id, batch_band]).fetchall()
     if not counts or counts[0][0] != 0:
         return []
+    k = con.execute("SELECT max(position) + 1 FROM verify_counts WHERE run_id = ? AND source = 'engine_core'",
+                    [run_id]).fetchone()[0]
     accepted_at = [int(a) for _, _, a in counts]
     request_steps = int(counts[0][1])
     row = con.execute(
@@ -172,16 +185,28 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
         return []
     method = con.execute("SELECT any_value(method) FROM runs WHERE run_id = ?", [run_id]).fetchone()
     cost = StepCost(*[float(x or 0) for x in row])
-    return speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra,
-                        baseline=baseline_from_store(con, run_id) if baseline else None)
+    rows = speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra, k=k,
+                        baseline=baseline_from_store(con, run_id, batch_band) if baseline else None)
+    return [{**r, "batch_band": batch_band} for r in rows]
 
 
-def baseline_from_store(con, run_id: str) -> Baseline | None:
+def by_band(con, run_id: str, *, extra: int = 0) -> dict[str, list[dict]]:
+    """:func:`from_store` for each batch-size band the run verified drafts at, in band order ("by load": the best
+    k falls as the batch grows, where verification costs more per token)."""
+    from spectrace.acceptance import BATCH_BANDS
+
+    bands = [r[0] for r in con.execute("SELECT DISTINCT batch_band FROM band_positions WHERE run_id = ?", [run_id]).fetchall()]
+    order = {band: i for i, band in enumerate(BATCH_BANDS)}
+    return {band: rows for band in sorted(bands, key=lambda b: order.get(b, len(order)))
+            if (rows := from_store(con, run_id, extra=extra, batch_band=band))}
+
+
+def baseline_from_store(con, run_id: str, batch_band: str = ALL) -> Baseline | None:
     """The measured step costs that price ``run_id``'s other k (:class:`Baseline`, the view ``speedup_baseline``
-    that the named query reads too), or None where steps without drafts of its target were not measured at its
-    batch sizes (fewer than :data:`MIN_BASELINE_STEPS`)."""
-    row = con.execute("SELECT steps, plain_ns, verify_ns, draft_ns, baseline_steps FROM speedup_baseline WHERE run_id = ?",
-                      [run_id]).fetchone()
+    that the named query reads too), over its steps in ``batch_band``, or None where steps without drafts of its
+    target were not measured at those batch sizes (fewer than :data:`MIN_BASELINE_STEPS`)."""
+    row = con.execute("SELECT steps, plain_ns, verify_ns, draft_ns, baseline_steps FROM speedup_baseline "
+                      "WHERE run_id = ? AND batch_band = ?", [run_id, batch_band]).fetchone()
     if row is None or not row[0] or int(row[4] or 0) < MIN_BASELINE_STEPS:
         return None
     return Baseline(float(row[0]), float(row[1]), float(row[2]), float(row[3]), int(row[4]))

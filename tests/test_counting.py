@@ -166,6 +166,9 @@ def test_step_shapes_record_the_k_each_batch_size_drafted(traced):
     got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"])
            for r in rows(sink, "step_shapes")}
     assert got == {("1", 3): (1, 1, 3, 2), ("3-4", 1): (2, 6, 6, 2)}
+    # per position and band: what k pays by load (spectrace.speedup.by_band)
+    positions = {(r["batch_band"], r["position"]): (r["drafted"], r["accepted"]) for r in rows(sink, "band_positions")}
+    assert positions == {("1", 0): (1, 1), ("1", 1): (1, 1), ("1", 2): (1, 0), ("3-4", 0): (6, 2)}
 
 
 def test_collapse_and_recovery_are_findings_with_their_onset(traced):

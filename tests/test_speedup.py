@@ -3,7 +3,7 @@
 import pytest
 
 from spectrace import acceptance
-from spectrace.speedup import Baseline, StepCost, best, expected_lengths, speedup_by_k
+from spectrace.speedup import Baseline, StepCost, best, by_band, expected_lengths, speedup_by_k
 
 
 def test_expected_length_at_every_k_is_the_prefix_counts():
@@ -77,9 +77,13 @@ def test_a_baseline_prices_step_zero_as_measured_and_interpolates_verification()
     assert {r["step_source"] for r in speedup_by_k([8, 6, 4, 2], 10, fit, extra=0)} == {"fit"}
 
 
+BANDS = {"5-8": (9, [8, 6, 4, 2]), "3-4": (1, [1, 1, 0, 0])}  # band -> request-steps, accepted per position
+
+
 def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None):
     """One run's rows as the drain writes them: decode_steps (requests, drafts, steps, step_ns, draft_ns), and
-    for a run at k its engine-core counts (accepted 8, 6, ... per position of 10 request-steps) and step sums."""
+    for a run at k its engine-core counts (accepted 8, 6, ... per position of 10 request-steps; by batch-size band
+    :data:`BANDS`) and step sums."""
     writer.append("runs", {"run_id": run_id, "process_role": "frontend", "started_at": 1, "target_model": target,
                            "method": "draft_model" if k else None, "num_speculative_tokens": k})
     for requests, drafts, steps, step_ns, draft_ns in decode:
@@ -91,6 +95,9 @@ def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None):
                                          "position": i, "drafted": 10, "accepted": 8 - 2 * i} for i in range(k)])
         writer.append("speculation_steps", {"run_id": run_id, "process_role": "worker", "host": "h", "rank": 0, "ts": 2,
                                             **timing})
+        writer.extend("band_positions", [{"run_id": run_id, "process_role": "engine_core", "ts": 2, "batch_band": band,
+                                          "position": i, "drafted": n, "accepted": a}
+                                         for band, (n, accepted) in BANDS.items() for i, a in enumerate(accepted[:k])])
 
 
 def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
@@ -110,11 +117,91 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     writer.flush()
     con = spectrace.store.open(tmp_path)
     sql = con.execute(named.load("speedup_by_k")).fetchall()
-    for run_id, source in (("priced", "baseline"), ("alone", "fit")):
-        py = [r for r in from_store(con, run_id) if not r["extrapolated"]]
+    for run_id, band, source in (("priced", "all", "baseline"), ("alone", "all", "fit"), ("priced", "5-8", "baseline"),
+                                 ("priced", "3-4", "fit"), ("alone", "5-8", "fit")):  # no step without drafts at 3
+        py = [r for r in from_store(con, run_id, batch_band=band) if not r["extrapolated"]]
         assert {r["step_source"] for r in py} == {source}
         assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"]) for r in py] == \
-            [row[2:] for row in sql if row[0] == run_id and row[1] == "all"], run_id
+            [row[3:] for row in sql if row[0] == run_id and row[1] == "all" and row[2] == band], (run_id, band)
+    assert [row[2] for row in sql if row[0] == "priced" and row[1] == "all" and row[3] == 0] == ["all", "3-4", "5-8"]
+    assert list(by_band(con, "priced")) == ["3-4", "5-8"]
+    eight = {r["k"]: r for r in from_store(con, "priced", batch_band="5-8")}
+    assert eight[4]["expected_length"] == pytest.approx(1 + 20 / 9, abs=1e-4) and eight[0]["step_ms"] == 12.0
     priced = {r["k"]: r for r in from_store(con, "priced")}
     assert priced[0]["step_ms"] == 12.0  # the baseline's 8-request steps; its 5-request ones match no step at k
     assert priced[4]["step_ms"] == 26.0
+
+
+def test_k_better_names_the_k_that_pays_clearly_more_from_measured_steps_only():
+    from spectrace.audit import codes, k_better_finding
+
+    # k=4 in force: verification 18 ms, drafting 16 ms (4 ms a position), 12 ms without drafts; the third and
+    # fourth positions rarely accept: k'=2 pays 2.4 x 12 / 23 = 1.25x against 2.6 x 12 / 34 = 0.92x at k=4
+    base = Baseline(steps=10, plain_ns=10 * 12e6, verify_ns=10 * 18e6, draft_ns=10 * 16e6, baseline_steps=40)
+    fit = _cost(None, 18e6, 0.0, 16e6, 8, [40] * 10)
+    rows = speedup_by_k([8, 6, 1, 1], 10, fit, extra=1, baseline=base)
+    finding = k_better_finding(rows)
+    assert finding is not None and finding.code == codes.SPECULATION_K_BETTER and finding.severity == "warning"
+    ev = finding.evidence
+    assert (ev["k_in_force"], ev["k_best"]) == (4, 2)
+    assert ev["speedup_best"] == pytest.approx(2.4 * 12 / 23, abs=1e-4) and ev["speedup_in_force"] == pytest.approx(2.6 * 12 / 34, abs=1e-4)
+    assert ev["gain"] == pytest.approx(ev["speedup_best"] / ev["speedup_in_force"] - 1, abs=1e-4)
+    assert "num_speculative_tokens=2" in finding.fix and "k = 2 pays" in finding.message
+    # the run-alone fit never advises (it reads high on CPU); a gain inside the model's accuracy neither
+    assert k_better_finding(speedup_by_k([8, 6, 1, 1], 10, fit, extra=1)) is None
+    assert k_better_finding(rows, margin=ev["gain"] + 0.01) is None
+    # the k in force within the margin of the best: nothing to say
+    assert k_better_finding(speedup_by_k([8, 6, 1, 1], 10, _cost(None, 18e6, 0.0, 16e6, 8, [24] * 10), extra=0,
+                                         baseline=Baseline(10, 10 * 12e6, 10 * 13e6, 10 * 2e6, 40))) is None
+    # by batch size: small batches pay most at k'=2, large ones without drafts -> vLLM's per-batch-size schedule
+    small = speedup_by_k([8, 6, 1, 1], 10, fit, extra=0, baseline=base)
+    large = speedup_by_k([2, 1, 0, 0], 10, fit, extra=0, baseline=base)
+    banded = k_better_finding(rows, by_band={"3-4": small, "9-16": large, "17-32": speedup_by_k([2, 1, 0, 0], 10, fit)})
+    assert banded.evidence["best_by_band"] == {"3-4": 2, "9-16": 0}  # the fit-priced band gives no advice
+    assert "num_speculative_tokens=2 and num_speculative_tokens_per_batch_size=[(1, 4, 2), (9, 16, 0)]" in banded.fix
+    # nothing accepted: no speculation is the k that pays
+    none = k_better_finding(speedup_by_k([0, 0, 0, 0], 10, fit, extra=0, baseline=base))
+    assert none is not None and none.evidence["k_best"] == 0 and "turn speculative decoding off" in none.fix
+
+
+def test_report_names_a_better_k_from_the_store(tmp_path):
+    import spectrace.store
+    from spectrace.queries import report
+    from spectrace.testing import store_pipeline
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    sums = dict(steps=10, step_ns=10 * 48_000_000, draft_ns=10 * 30_000_000, request_steps=80, tokens=320,
+                scheduled_tokens=400, scheduled_tokens_sq=16000, tokens_x_verify_ns=400 * 18e6, requests=80)
+    # drafting 30 ms for four positions: k'=1 (1.8 x 12 / 21 ms) pays 1.03x, the k=4 in force 3.0 x 12 / 48 = 0.75x
+    _write_run(writer, "costly", "t", k=4, decode=[(8, 4, 10, 10 * 48_000_000, 10 * 30_000_000)], timing=sums)
+    cheap = dict(sums, step_ns=10 * 26_000_000, draft_ns=10 * 8_000_000)
+    _write_run(writer, "cheap", "t", k=4, decode=[(8, 4, 10, 10 * 26_000_000, 10 * 8_000_000)], timing=cheap)
+    _write_run(writer, "plain", "t", decode=[(8, 0, 30, 30 * 12_000_000, 0)])
+    writer.flush()
+    con = spectrace.store.open(tmp_path)
+    text = report.render(con, run_id="costly")
+    assert "Findings: 0 error(s), 1 warning(s)" in text
+    line = next(x for x in text.splitlines() if "SPECULATION_K_BETTER" in x)
+    assert "k = 1 pays 37% more than k = 4 in force: predicted speed-up 1.03x against 0.75x" in line and "(from the store)" in line
+    assert "fix: set num_speculative_tokens=1" in text
+    assert "SPECULATION_K_BETTER" not in report.render(con, run_id="cheap")  # k'=2 pays 9 % more: inside the margin
+
+
+def test_the_baseline_views_bands_are_the_drains(tmp_path):
+    """speedup_baseline names batch sizes with a CASE of its own: the same bands as acceptance.batch_band."""
+    import spectrace.store
+    from spectrace.testing import store_pipeline
+
+    sizes = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 300]
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    _write_run(writer, "run", "t", k=4, decode=[(n, 4, 1, 20_000_000, 8_000_000) for n in sizes],
+               timing=dict(steps=1, step_ns=1, draft_ns=0, request_steps=1, tokens=1, scheduled_tokens=1,
+                           scheduled_tokens_sq=1, tokens_x_verify_ns=1, requests=1))
+    _write_run(writer, "plain", "t", decode=[(n, 0, 1, 10_000_000, 0) for n in sizes])
+    writer.flush()
+    con = spectrace.store.open(tmp_path)
+    got = dict(con.execute("SELECT batch_band, steps FROM speedup_baseline WHERE run_id = 'run'").fetchall())
+    want: dict[str, int] = {"all": len(sizes)}
+    for n in sizes:
+        want[acceptance.batch_band(n)] = want.get(acceptance.batch_band(n), 0) + 1
+    assert got == want

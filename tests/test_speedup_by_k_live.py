@@ -14,8 +14,9 @@ from __future__ import annotations
 import pytest
 
 import spectrace.store
+from spectrace import audit
 from spectrace.queries import named, report
-from spectrace.speedup import best, from_store
+from spectrace.speedup import best, by_band, from_store
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.models import noisy_copy
 
@@ -83,18 +84,47 @@ def test_named_query_is_the_python_model(k_runs):
     assert {r[0] for r in sql} == {r.run_id for r in drafting.values()}
     for name, result in drafting.items():
         py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
-        mine = [r for r in sql if r[0] == result.run_id and r[1] == "all"]
+        mine = [r for r in sql if r[0] == result.run_id and r[1] == "all" and r[2] == "all"]
         assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"]) for r in py] == \
-            [row[2:] for row in mine], name
+            [row[3:] for row in mine], name
         assert {r["step_source"] for r in py} == {"baseline"}, name  # target-k0 measured step(0)
         ranges = {r[1] for r in sql if r[0] == result.run_id}
         assert "0-512" in ranges  # the context ranges of the run (all of this run's contexts are short)
+        bands = by_band(con, result.run_id)
+        assert set(bands) == {r[2] for r in sql if r[0] == result.run_id} - {"all"} and "5-8" in bands, name
+        for band, rows in bands.items():  # each band: its own acceptance, the same model
+            assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"])
+                    for r in rows if not r["extrapolated"]] == \
+                [row[3:] for row in sql if row[0] == result.run_id and row[1] == "all" and row[2] == band], (name, band)
 
 
 def test_report_prints_what_k_pays(k_runs):
     con, results = k_runs
     text = report.render(con, run_id=results[f"noisy-k{K}"].run_id)
     assert "What k pays" in text and f"{K} (in force)" in text and "(extrapolated)" in text and "best: " in text
+
+
+def test_report_names_the_k_that_pays_clearly_more(k_runs):
+    """SPECULATION_K_BETTER is the model's own pick, said when it pays ≥ 15 % more than the k in force: the noisy
+    full-size drafter and the seeded one (both measured well under 1 at every k, BENCHMARKS.md) are told to stop."""
+    con, results = k_runs
+    for name in (f"noisy-k{K}", f"seeded-k{K}"):
+        rows = from_store(con, results[name].run_id)
+        top, in_force = best(rows), next(r for r in rows if r["in_force"])
+        finding = audit.k_better_finding(rows)
+        assert top["k"] == 0 and top["speedup"] > in_force["speedup"] * 1.15, name
+        assert finding is not None and (finding.evidence["k_best"], finding.evidence["k_in_force"]) == (0, K), name
+        assert finding.evidence["speedup_in_force"] == in_force["speedup"]
+        text = report.render(con, run_id=results[name].run_id)
+        line = next(x for x in text.splitlines() if "SPECULATION_K_BETTER" in x)
+        assert f"no speculation pays {finding.evidence['gain']:.0%} more than k = {K} in force" in line, line
+    for name, result in results.items():  # every run: the finding exactly when the pick pays ≥ 15 % more
+        if name == "target-k0":
+            continue
+        rows = from_store(con, result.run_id)
+        top, in_force = best(rows), next(r for r in rows if r["in_force"])
+        said = "SPECULATION_K_BETTER" in report.render(con, run_id=result.run_id)
+        assert said == (top["speedup"] >= in_force["speedup"] * 1.15), (name, top, in_force)
 
 
 def test_step_shapes_hold_every_verified_step_by_batch_size(k_runs):

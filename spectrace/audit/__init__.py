@@ -48,6 +48,7 @@ from spectrace.audit.curve import (
     context_boundaries,
     context_cliff_finding,
     dummy_drafts_finding,
+    k_better_finding,
     not_paying_finding,
     position_cliff_finding,
 )
@@ -78,7 +79,7 @@ __all__ = [
     "audit_pair", "audit_taps", "codes", "collapse_finding", "config_findings", "context_boundaries",
     "context_cliff_finding", "declared_sliding_intent", "declared_taps", "disagreement_finding", "draft_root_causes",
     "dummy_drafts_finding", "effective_context", "explain_build_error", "explain_load_error", "field_diffs", "judge",
-    "layer_plans", "layout_status", "mismatched_layers", "not_paying_finding", "position_cliff_finding",
+    "layer_plans", "layout_status", "mismatched_layers", "k_better_finding", "not_paying_finding", "position_cliff_finding",
     "rank_disagreements", "reapplied_window", "root_causes", "runner_refusal", "target_window", "with_runtime",
     "dropped_hits", "dropped_hits_finding", "drafting_slots", "slice_finding", "token_budget_findings", "unverified_drafts", "unverified_finding",
 ]

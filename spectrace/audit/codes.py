@@ -200,6 +200,15 @@ SPECULATION_NOT_PAYING = _code(
     "the speed-up estimate (below) stays under 1 over the last 200 worker steps (≥ 50)",
     "turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
 )
+SPECULATION_K_BETTER = _code(
+    "SPECULATION_K_BETTER", "verification", ("warning",),
+    "warning (`spectrace report`, from the store)",
+    "another number of speculative tokens k' (0: no speculation) pays ≥ 15 % more than the k in force, predicted by "
+    "\"What k pays\" with the step times measured on this target and host (`step_source` `baseline`: a run without "
+    "drafts in the store); the model's measured accuracy on CPU is ±15 % (BENCHMARKS.md), hence the margin",
+    "set num_speculative_tokens to the k' named (per batch size: the entry of num_speculative_tokens_per_batch_size "
+    "for the batch sizes the run served); k' = 0: turn speculative decoding off for this traffic",
+)
 # -- requests and the scheduler: slices the drafter cannot see, the token budget (#24)
 SLICE_ACCEPTANCE_LOW = _code(
     "SLICE_ACCEPTANCE_LOW", "verification", ("warning",),

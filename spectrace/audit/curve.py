@@ -154,6 +154,65 @@ def not_paying_finding(evidence: dict[str, Any]) -> Finding:
     )
 
 
+K_BETTER_MARGIN = 0.15  # the model's measured accuracy (BENCHMARKS.md, "What k pays"): a smaller gain is not resolved
+
+
+def _band_range(band: str) -> tuple[int, int | None]:
+    low, _, high = band.rstrip("+").partition("-")
+    return int(low), (int(high) if high else None if band.endswith("+") else int(low))
+
+
+def _best_k(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
+    return max(priced, key=lambda r: r["speedup"]) if priced else None
+
+
+def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MARGIN,
+                     by_band: dict[str, list[dict[str, Any]]] | None = None) -> Finding | None:
+    """``SPECULATION_K_BETTER`` from one run's "What k pays" rows (``spectrace.speedup.speedup_by_k``): the measured
+    (not extrapolated) ``k'`` with the highest predicted speed-up, when it is not the ``k`` in force and pays at least
+    ``1 + margin`` times the in-force speed-up. Only for rows priced from measured steps without drafts
+    (``step_source`` ``baseline``): the run-alone fit reads 13-88 % high on CPU and would give wrong advice.
+    ``by_band`` (``spectrace.speedup.by_band``): the best ``k'`` of each batch-size band priced the same way; where
+    they differ, the fix is vLLM's per-batch-size setting with those values."""
+    priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
+    in_force = next((r for r in priced if r.get("in_force")), None)
+    if in_force is None or not priced or any(r.get("step_source") != "baseline" for r in priced):
+        return None
+    top = max(priced, key=lambda r: r["speedup"])
+    if top["k"] == in_force["k"] or in_force["speedup"] <= 0 or top["speedup"] < in_force["speedup"] * (1 + margin):
+        return None
+    gain = top["speedup"] / in_force["speedup"] - 1
+    evidence = {"k_in_force": in_force["k"], "k_best": top["k"], "speedup_in_force": in_force["speedup"],
+                "speedup_best": top["speedup"], "gain": round(gain, 4), "margin": margin,
+                "expected_length_in_force": in_force["expected_length"], "expected_length_best": top["expected_length"],
+                "step_ms_in_force": in_force["step_ms"], "step_ms_best": top["step_ms"], "step_source": "baseline"}
+    best = "no speculation" if top["k"] == 0 else f"k = {top['k']}"
+    bands = {band: pick["k"] for band, band_rows in (by_band or {}).items()
+             if band_rows and all(r.get("step_source") == "baseline" for r in band_rows) and (pick := _best_k(band_rows))}
+    fix = ("turn speculative decoding off for this traffic (or find a drafter that agrees more)" if top["k"] == 0
+           else f"set num_speculative_tokens={top['k']}")
+    if len(set(bands.values())) > 1:
+        evidence["best_by_band"] = bands
+        schedule = [[low, high if high is not None else low * 4, k] for band, k in bands.items()
+                    for low, high in [_band_range(band)]]
+        schedule[0][0] = 1  # vLLM: the first range starts at 1; gaps and the tail carry the previous k
+        fix = (f"the best k differs by batch size ({', '.join(f'{b}: {k}' for b, k in bands.items())}): set "
+               f"num_speculative_tokens={max(bands.values())} and num_speculative_tokens_per_batch_size="
+               f"{[tuple(x) for x in schedule]}, or {fix}")
+    return Finding(
+        code=codes.SPECULATION_K_BETTER,
+        severity="warning",
+        component="verification",
+        model_role="draft",
+        message=f"{best} pays {gain:.0%} more than k = {in_force['k']} in force: predicted speed-up {top['speedup']:.2f}x "
+        f"against {in_force['speedup']:.2f}x (expected length {top['expected_length']:.2f} vs {in_force['expected_length']:.2f}, "
+        f"step {top['step_ms']:.2f} vs {in_force['step_ms']:.2f} ms, priced from steps without drafts measured on this target)",
+        evidence=evidence,
+        fix=fix,
+    )
+
+
 # config findings that, present in a run, are the likely cause of a collapse (named in its message)
 COLLAPSE_SUSPECTS = (codes.DRAFT_WEIGHTS_UNLOADED, codes.DRAFT_DTYPE_LOSSY, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS)
 

@@ -10,7 +10,7 @@ from spectrace import audit
 from spectrace.acceptance import BATCH_BANDS
 from spectrace.audit import codes
 from spectrace.console import format_table
-from spectrace.speedup import best, from_store
+from spectrace.speedup import best, by_band, from_store
 
 
 class ReportError(Exception):
@@ -58,7 +58,7 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("Hooks not installed (that part of the audit is unavailable):")
         out += [f"  {hook}: {detail}" for hook, detail in missing]
     out.append("")
-    out += _findings(con, rid)
+    out += _findings(con, rid, derived=_derived_findings(con, rid))
     for role in ("target", "draft"):
         out.append("")
         out += _layout(con, rid, role)
@@ -115,11 +115,19 @@ def _requests(con, run_id: str) -> list[str]:
     return lines
 
 
-def _findings(con, run_id: str) -> list[str]:
+def _derived_findings(con, run_id: str) -> list[audit.Finding]:
+    """Findings only the store can give (it holds other runs): ``SPECULATION_K_BETTER`` from "What k pays" priced
+    with a run without drafts of the same target (a worker sees its own run only)."""
+    better = audit.k_better_finding(from_store(con, run_id), by_band=by_band(con, run_id))
+    return [better] if better is not None else []
+
+
+def _findings(con, run_id: str, *, derived: list[audit.Finding] = ()) -> list[str]:
     rows = con.execute(
         "select code, severity, model_role, message, fix, caused_by, process_role from findings where run_id = ? order by ts",
         [run_id],
     ).fetchall()
+    rows += [(f.code, f.severity, f.model_role, f.message + " (from the store)", f.fix, f.caused_by, None) for f in derived]
     if not rows:
         return ["Findings: none"]
     errors = sum(1 for r in rows if r[1] == "error")
@@ -381,6 +389,18 @@ def _by_k(con, run_id: str) -> list[str]:
     lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
     if pick is not None:
         lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)")
+    bands = by_band(con, run_id)
+    if len(bands) > 1:
+        ks = sorted({r["k"] for band_rows in bands.values() for r in band_rows})
+        lines.append("  by batch size (each band's own acceptance and measured step times; the fit, where it prices, is the run's)")
+        table = []
+        for band, band_rows in bands.items():
+            speedups = {r["k"]: r["speedup"] for r in band_rows}
+            top = best(band_rows)
+            table.append((band, band_rows[0]["step_source"],
+                          *["-" if speedups.get(k) is None else f"{speedups[k]:.2f}x" for k in ks],
+                          "-" if top is None else ("none" if top["k"] == 0 else top["k"])))
+        lines.append(_indent(_indent(format_table(["batch", "priced", *[f"k={k}" for k in ks], "best"], table))))
     return lines
 
 

@@ -1,29 +1,34 @@
--- What k pays: per run, k' = 0 .. k (the k in force) and context range ('all', then each of the run's
--- ranges), the expected accepted length at k' (exact from the per-position counts: a request-step that
+-- What k pays: per run, k' = 0 .. k (the k in force), context range ('all', then each of the run's
+-- ranges) and batch-size band ('all', then each band the run verified at: acceptance and step costs of the steps
+-- at that batch size, spectrace.acceptance.BATCH_BANDS), the expected accepted length at k' (exact from the per-position counts: a request-step that
 -- accepted j of k drafts accepts min(j, k') of k'), the step time at k' (verification priced per scheduled
 -- token, drafting per draft position, one pass for dflash) and the speed-up over decoding without drafts.
 -- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
--- "What k pays". The step cost is the run's whole (one cost for every context range), priced from measured
+-- "What k pays". The step cost is the run's whole for every context range and the band's own for a band, priced from measured
 -- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
 -- (step_source 'baseline', view speedup_baseline), else from the run's own fit ('fit').
 WITH acc AS (
-    SELECT run_id, 'all' AS context_range, position, sum(drafted) AS drafted, sum(accepted) AS accepted
+    SELECT run_id, 'all' AS context_range, 'all' AS batch_band, position, sum(drafted) AS drafted, sum(accepted) AS accepted
     FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id, position
     UNION ALL
-    SELECT run_id, context_range, position, sum(drafted), sum(accepted)
+    SELECT run_id, context_range, 'all', position, sum(drafted), sum(accepted)
     FROM verify_counts WHERE source = 'engine_core' AND context_range IS NOT NULL GROUP BY run_id, context_range, position
+    UNION ALL
+    SELECT run_id, 'all', batch_band, position, sum(drafted), sum(accepted)
+    FROM band_positions WHERE batch_band IS NOT NULL GROUP BY run_id, batch_band, position
 ), k_run AS (
-    SELECT run_id, max(position) + 1 AS k FROM acc WHERE context_range = 'all' GROUP BY run_id
+    SELECT run_id, max(position) + 1 AS k FROM acc WHERE context_range = 'all' AND batch_band = 'all' GROUP BY run_id
 ), band AS (
-    SELECT run_id, context_range, max(drafted) FILTER (WHERE position = 0) AS request_steps
-    FROM acc GROUP BY run_id, context_range
+    SELECT run_id, context_range, batch_band, max(drafted) FILTER (WHERE position = 0) AS request_steps
+    FROM acc GROUP BY run_id, context_range, batch_band
 ), curve AS (
-    SELECT a.run_id, a.context_range, a.position + 1 AS k_new,
-           1 + sum(a.accepted) OVER (PARTITION BY a.run_id, a.context_range ORDER BY a.position) / b.request_steps AS expected_length
-    FROM acc a JOIN band b USING (run_id, context_range)
+    SELECT a.run_id, a.context_range, a.batch_band, a.position + 1 AS k_new,
+           1 + sum(a.accepted) OVER (PARTITION BY a.run_id, a.context_range, a.batch_band ORDER BY a.position)
+             / b.request_steps AS expected_length
+    FROM acc a JOIN band b USING (run_id, context_range, batch_band)
     WHERE b.request_steps > 0
     UNION ALL
-    SELECT run_id, context_range, 0, 1.0 FROM band WHERE request_steps > 0
+    SELECT run_id, context_range, batch_band, 0, 1.0 FROM band WHERE request_steps > 0
 ), lowest AS (
     SELECT run_id, min(coalesce(rank, -1)) AS r FROM speculation_steps WHERE steps > 0 GROUP BY run_id
 ), cost AS (
@@ -39,10 +44,10 @@ WITH acc AS (
                 THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b
     FROM cost
 ), baseline AS (
-    SELECT run_id, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr FROM speedup_baseline
+    SELECT run_id, batch_band, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr FROM speedup_baseline
     WHERE baseline_steps >= 20 AND plain_ns > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
 ), fitted AS (
-    SELECT c.run_id, c.context_range, c.k_new, k.k, c.expected_length,
+    SELECT c.run_id, c.context_range, c.batch_band, c.k_new, k.k, c.expected_length,
            greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)
              + CASE WHEN c.k_new = 0 THEN 0
                     WHEN m.method = 'dflash' THEN f.draft_ns / f.n
@@ -56,19 +61,20 @@ WITH acc AS (
     FROM curve c
     JOIN k_run k USING (run_id)
     JOIN fit f USING (run_id)
-    LEFT JOIN baseline b USING (run_id)
+    LEFT JOIN baseline b USING (run_id, batch_band)
     LEFT JOIN (SELECT run_id, any_value(method) AS method FROM runs GROUP BY run_id) m USING (run_id)
     WHERE c.k_new <= k.k
 ), priced AS (
-    SELECT run_id, context_range, k_new, k, expected_length,
+    SELECT run_id, context_range, batch_band, k_new, k, expected_length,
            coalesce(base_step_ns, step_ns) AS step_ns, coalesce(base_plain_ns, plain_ns) AS plain_ns,
            CASE WHEN base_step_ns IS NOT NULL THEN 'baseline' ELSE 'fit' END AS step_source
     FROM fitted
 )
-SELECT run_id, context_range, k_new AS k, k_new = k AS in_force,
+SELECT run_id, context_range, batch_band, k_new AS k, k_new = k AS in_force,
        round(expected_length, 4) AS expected_length,
        round(step_ns / 1e6, 4) AS step_ms,
        CASE WHEN step_ns > 0 THEN round(expected_length * plain_ns / step_ns, 4) END AS speedup,
        step_source
 FROM priced
-ORDER BY run_id, context_range = 'all' DESC, context_range, k;
+ORDER BY run_id, context_range = 'all' DESC, context_range,
+         list_position(['all', '1', '2', '3-4', '5-8', '9-16', '17-32', '33-64', '65-128', '129-256', '257+'], batch_band), k;

@@ -123,10 +123,11 @@ GROUP BY run_id
 ORDER BY run_id;
 
 -- view: speedup_baseline
--- What k pays, measured step costs (spectrace.speedup.Baseline): per run at k, its decode-only steps at k
--- (lowest worker rank) whose batch size steps without drafts of the same target model on the same host (any
--- run) also measured; sums over those steps of the no-draft mean step time at their batch size (plain_ns), of
--- their own verification (step less drafting) and drafting times, and how many no-draft steps measured them.
+-- What k pays, measured step costs (spectrace.speedup.Baseline): per run at k and batch-size band ('all', then each
+-- band the run ran: spectrace.acceptance.BATCH_BANDS, the CASE below is batch_band()), its decode-only steps at k
+-- (lowest worker rank) whose batch size steps without drafts of the same target model on the same host (any run)
+-- also measured; sums over those steps of the no-draft mean step time at their batch size (plain_ns), of their own
+-- verification (step less drafting) and drafting times, and how many no-draft steps measured them.
 WITH k_run AS (
     SELECT run_id, max(position) + 1 AS k FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id
 ), target AS (
@@ -145,11 +146,18 @@ WITH k_run AS (
     FROM decode_steps d JOIN target t USING (run_id)
     WHERE d.drafts = 0
     GROUP BY ALL
+), matched AS (
+    SELECT m.*, p.b, p.n AS pn,
+           CASE WHEN m.requests <= 1 THEN '1' WHEN m.requests = 2 THEN '2' WHEN m.requests <= 4 THEN '3-4'
+                WHEN m.requests <= 8 THEN '5-8' WHEN m.requests <= 16 THEN '9-16' WHEN m.requests <= 32 THEN '17-32'
+                WHEN m.requests <= 64 THEN '33-64' WHEN m.requests <= 128 THEN '65-128'
+                WHEN m.requests <= 256 THEN '129-256' ELSE '257+' END AS band
+    FROM mine m
+    JOIN target t ON t.run_id = m.run_id
+    JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host AND p.target_model = t.target_model
 )
-SELECT m.run_id, sum(m.n) AS steps, sum(m.n * p.b) AS plain_ns, sum(m.v) AS verify_ns, sum(m.dr) AS draft_ns,
-       sum(p.n)::BIGINT AS baseline_steps
-FROM mine m
-JOIN target t ON t.run_id = m.run_id
-JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host AND p.target_model = t.target_model
-GROUP BY m.run_id
-ORDER BY m.run_id;
+SELECT run_id, coalesce(band, 'all') AS batch_band, sum(n) AS steps, sum(n * b) AS plain_ns, sum(v) AS verify_ns,
+       sum(dr) AS draft_ns, sum(pn)::BIGINT AS baseline_steps
+FROM matched
+GROUP BY GROUPING SETS ((run_id), (run_id, band))
+ORDER BY run_id, batch_band;

@@ -107,6 +107,7 @@ class VerifyCapture(Capture):
         draft_accepted: dict[str, list[int]] = defaultdict(list)
         per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
         by_shape: dict[tuple[str, str, int], list[int]] = {}  # (run, batch band, k) -> steps, request-steps, drafted, accepted
+        by_band: dict[tuple[str, str], list[tuple[int, int, int]]] = {}  # (run, batch band) -> its request-steps
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
@@ -152,6 +153,10 @@ class VerifyCapture(Capture):
             shape[1] += len(batch)
             shape[2] += mark.drafted
             shape[3] += mark.accepted
+            band_batches = by_band.get(shape_key[:2])
+            if band_batches is None:
+                band_batches = by_band[shape_key[:2]] = []
+            band_batches.extend(batch)
             if step_rows:
                 ts_col.extend([ts] * len(step_rows))
                 step_col.extend([step_no] * len(step_rows))
@@ -198,6 +203,15 @@ class VerifyCapture(Capture):
                  "drafted": d, "accepted": a}
                 for (run_id, band, k), (n, r, d, a) in by_shape.items()
             ])
+        if by_band:
+            now = time.time_ns()
+            rows = []
+            for (run_id, band), batch in by_band.items():
+                arr = np.asarray(batch, dtype=np.int64)
+                drafted_at, accepted_at = acceptance.position_counts(arr[:, 0], arr[:, 1], int(arr[:, 0].max()))
+                rows += [{**common, "run_id": run_id, "ts": now, "batch_band": band, "position": i,
+                          "drafted": int(d), "accepted": int(a)} for i, (d, a) in enumerate(zip(drafted_at, accepted_at))]
+            rt.pipeline.extend("band_positions", rows)
         if per_request:
             self._drain_slices(rt, per_request)
 
