@@ -245,6 +245,9 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("request_steps", "BIGINT"),
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
+        # of these steps, those whose run's previous verified step drafted another k (NULL: written before
+        # spectrace counted switches)
+        ("k_switches", "BIGINT"),
     ],
     # Per flush and worker rank: decode-only steps by shape (every request scheduled 1 + drafts tokens, no
     # prefill chunk), with or without drafts: the step-cost table "What k pays" prices other k with. A run

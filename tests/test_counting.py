@@ -163,9 +163,9 @@ def test_step_shapes_record_the_k_each_batch_size_drafted(traced):
         engine_step(3, {"a": [1], "b": [2], "c": [3]}, {"a": 1, "b": 1, "c": 1}),
     ])
     rt.flush()
-    got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"])
+    got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"], r["k_switches"])
            for r in rows(sink, "step_shapes")}
-    assert got == {("1", 3): (1, 1, 3, 2), ("3-4", 1): (2, 6, 6, 2)}
+    assert got == {("1", 3): (1, 1, 3, 2, 0), ("3-4", 1): (2, 6, 6, 2, 1)}  # step 2 came right after a step at k 3
 
 
 def test_collapse_and_recovery_are_findings_with_their_onset(traced):
