@@ -245,6 +245,9 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("request_steps", "BIGINT"),
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
+        # of these steps, those whose run's previous verified step drafted another k (NULL: written before
+        # spectrace counted switches)
+        ("k_switches", "BIGINT"),
     ],
     # Per flush (engine core) and batch-size band (requests with drafts in the step): drafted and accepted
     # tokens per draft position, as verify_counts has them per context range: "What k pays" by load.

@@ -163,9 +163,9 @@ def test_step_shapes_record_the_k_each_batch_size_drafted(traced):
         engine_step(3, {"a": [1], "b": [2], "c": [3]}, {"a": 1, "b": 1, "c": 1}),
     ])
     rt.flush()
-    got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"])
+    got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"], r["k_switches"])
            for r in rows(sink, "step_shapes")}
-    assert got == {("1", 3): (1, 1, 3, 2), ("3-4", 1): (2, 6, 6, 2)}
+    assert got == {("1", 3): (1, 1, 3, 2, 0), ("3-4", 1): (2, 6, 6, 2, 1)}  # step 2 came right after a step at k 3
     # per position and band: what k pays by load (spectrace.speedup.by_band)
     positions = {(r["batch_band"], r["position"]): (r["drafted"], r["accepted"]) for r in rows(sink, "band_positions")}
     assert positions == {("1", 0): (1, 1), ("1", 1): (1, 1), ("1", 2): (1, 0), ("3-4", 0): (6, 2)}

@@ -121,6 +121,10 @@ def test_acceptance_dashboard_reads_like_an_sre_wants():
     assert "by (rank)" in panels["Acceptance by worker rank"]["targets"][0]["expr"]
     assert "by (instance)" in panels["Acceptance by instance"]["targets"][0]["expr"]
     assert 'ALERTS{alertname="SpectraceAcceptanceCollapse"' in panels["Collapse alert"]["targets"][0]["expr"]
+    switches = panels["k switches (dynamic speculation)"]
+    assert "spectrace_step_shapes_k_switches_total" in switches["targets"][0]["expr"]
+    assert switches["fieldConfig"]["defaults"]["unit"] == "percentunit" and "DYNAMIC_K_THRASHING" in switches["description"]
+    assert "sum by (k)" in panels["Verified steps by k"]["targets"][0]["expr"]
     assert 'alertname="SpectraceAcceptanceCollapse"' in panels["Acceptance alert state"]["targets"][0]["expr"]
     for title in ("Acceptance rate", "Position-0 acceptance"):
         steps = panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]
@@ -205,6 +209,10 @@ def _contract_openmetrics(end: int, points: int = 120, every: int = 15) -> str:
         add("spectrace_slice_accepted_tokens", "counter", {"dimension": "repetition_penalty", "value": value}, 0, accepted)
     add("spectrace_drafts_proposed", "counter", {}, 0, 120)
     add("spectrace_drafts_verified", "counter", {}, 0, 90)
+    # dynamic speculation: 40 steps at k 4 in a full batch, 40 at k 1 in two, 30 of each right after the other k
+    for band, k_drafted in (("3-4", "4"), ("2", "1")):
+        add("spectrace_step_shapes_steps", "counter", {"batch_band": band, "k": k_drafted}, 0, 40)
+        add("spectrace_step_shapes_k_switches", "counter", {"batch_band": band, "k": k_drafted}, 0, 30)
     add("spectrace_context_boundary", "gauge", {"model_role": "draft", "field": "max_position_embeddings"}, 4096)
     for code, severity, role in (("SWA_DROPPED", "error", "draft"), ("TAP_MISMATCH", "error", "draft"),
                                  ("METHOD_INFERRED", "info", "draft"), ("DRAFT_CONTEXT_SHORT", "warning", "draft")):
@@ -286,6 +294,8 @@ def test_every_panel_query_returns_data_from_the_metrics_contract(tmp_path):
     assert row("Mean acceptance length over time") == [pytest.approx(2.1)]
     assert row("Acceptance by request slice", value="1.5") == [pytest.approx(0.2)]
     assert row("Drafts never verified") == [pytest.approx(0.25)]
+    assert row("k switches (dynamic speculation)") == [pytest.approx(0.75)]
+    assert sorted(r["metric"]["k"] for r in answers["Verified steps by k"]) == ["1", "4"]
     assert row("Collapse alert") == [1] and row("Acceptance alert state [A]") == [2] and row("Acceptance alert state [B]") == [1]
 
 

@@ -486,7 +486,7 @@ def test_query_stays_fast_without_vllm():
 LIVE_ONLY = {
     "ACCEPTANCE_COLLAPSE", "ACCEPTANCE_RECOVERED", "VERIFY_DISAGREEMENT",  # measured while serving
     "CONTEXT_CLIFF", "POSITION_CLIFF", "DUMMY_DRAFTS", "SPECULATION_NOT_PAYING",
-    "SLICE_ACCEPTANCE_LOW", "DRAFTS_UNVERIFIED", "PREFIX_HITS_DROPPED",
+    "SLICE_ACCEPTANCE_LOW", "DRAFTS_UNVERIFIED", "PREFIX_HITS_DROPPED", "DYNAMIC_K_THRASHING",
 }  # fmt: skip
 LAYOUT_COLUMNS = ("declared_type", "declared_window", "resolved_type", "resolved_window",
                   "runtime_type", "runtime_window", "kv_cache_spec", "causal")  # fmt: skip

@@ -100,6 +100,31 @@ def test_lake_beside_the_store_gets_the_same_rows(postgres, tmp_path):
     fleet.close()
 
 
+def test_a_lake_an_older_spectrace_created_gets_the_new_columns(postgres, tmp_path, capsys):
+    """A lake whose step_shapes predates k_switches: the writer adds the column on connect (else every insert of
+    the flush fails), rows written before read NULL there."""
+    from spectrace import lake as catalog
+    from spectrace.records import columns
+
+    con = catalog.connect(postgres.catalog, data_path=str(tmp_path / "lake-data"))
+    old = [c for c in columns("step_shapes") if c[0] != "k_switches"]
+    con.execute(f"CREATE TABLE {catalog.ALIAS}.step_shapes ({', '.join(f'{n} {k}' for n, k in old)})")
+    con.execute(f"INSERT INTO {catalog.ALIAS}.step_shapes (run_id, host, batch_band, k, steps) "
+                "VALUES ('run-old', 'replica-a', '2', 1, 5)")
+    con.close()
+    writer = writer_for(postgres, tmp_path, "replica-a")
+    writer.append("step_shapes", {"run_id": "run-new", "host": "replica-a", "ts": time.time_ns(), "batch_band": "3-4",
+                                  "k": 4, "steps": 7, "k_switches": 6})
+    counts(writer, "run-new", [1], [1])  # in the same transaction
+    writer.flush()
+    writer.close()
+    assert writer.sink("lake").stats()["failures"] == 0
+    rows = query(postgres.catalog, "select run_id, batch_band, k, steps, k_switches from step_shapes order by run_id", capsys)
+    assert rows == [{"run_id": "run-new", "batch_band": "3-4", "k": 4, "steps": 7, "k_switches": 6},
+                    {"run_id": "run-old", "batch_band": "2", "k": 1, "steps": 5, "k_switches": None}]
+    assert query(postgres.catalog, "select sum(drafted) as d from verify_counts", capsys) == [{"d": 1}]
+
+
 def test_catalog_down_keeps_rows_to_the_bound_then_drops_and_counts_then_resumes(postgres, tmp_path, caplog):
     writer = writer_for(postgres, tmp_path, "replica-a", max_rows=100)
     sink = writer.sink("lake")

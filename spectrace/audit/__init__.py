@@ -18,6 +18,7 @@ plain dicts, and the unit tests feed them hand-written ones. One module per topi
 - ``requests``: request slices the drafter cannot see (``SLICE_ACCEPTANCE_LOW``), the token budget
   (``TOKEN_BUDGET_SHORT``), drafts never verified (``DRAFTS_UNVERIFIED``), prefix-cache
   hits the EAGLE block drop costs (``PREFIX_HITS_DROPPED``)
+- ``dynamic_k``: dynamic speculation whose k flips between steps (``DYNAMIC_K_THRASHING``)
 - ``ranks``: agreement within one engine (``RANK_DISAGREEMENT``, ``VERIFY_DISAGREEMENT``)
 - ``judge``: one function that composes them for a run's facts
 
@@ -52,6 +53,7 @@ from spectrace.audit.curve import (
     not_paying_finding,
     position_cliff_finding,
 )
+from spectrace.audit.dynamic_k import k_thrashing, thrashing_finding
 from spectrace.audit.findings import Finding
 from spectrace.audit.judge import Judgement, RunFacts, judge
 from spectrace.audit.layout import (
@@ -82,4 +84,5 @@ __all__ = [
     "layer_plans", "layout_status", "mismatched_layers", "k_better_finding", "not_paying_finding", "position_cliff_finding",
     "rank_disagreements", "reapplied_window", "root_causes", "runner_refusal", "target_window", "with_runtime",
     "dropped_hits", "dropped_hits_finding", "drafting_slots", "slice_finding", "token_budget_findings", "unverified_drafts", "unverified_finding",
+    "k_thrashing", "thrashing_finding",
 ]

@@ -237,6 +237,16 @@ DRAFTS_UNVERIFIED = _code(
     "`Scheduler.update_draft_token_ids`)",
     "raise --max-num-batched-tokens (chunked prefill takes from the same budget), or lower num_speculative_tokens",
 )
+DYNAMIC_K_THRASHING = _code(
+    "DYNAMIC_K_THRASHING", "scheduler", ("warning",),
+    "warning",
+    "dynamic speculation (`num_speculative_tokens_per_batch_size`) is configured and k switched between consecutive "
+    "verified steps in ≥ 20 steps and ≥ 25 % of the run's verified steps: the batch sits on a threshold of the "
+    "schedule, and drafts proposed at one k are trimmed or thrown away at the next (the k a step drafted: the most "
+    "drafts one request got; counted in the background from the engine core's verified steps)",
+    "widen or merge the schedule's ranges around the batch sizes where k flips, or set --max-num-seqs / "
+    "--max-num-batched-tokens so the batch does not sit on the threshold, or use a static num_speculative_tokens",
+)
 PREFIX_HITS_DROPPED = _code(
     "PREFIX_HITS_DROPPED", "scheduler", ("warning",),
     "warning",

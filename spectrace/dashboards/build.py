@@ -379,6 +379,23 @@ def acceptance_dashboard() -> Any:
         .min(0).max(1).decimals(1)
         .with_target(k.query(promql.unverified_share(W, matchers=MATCHERS), "not verified"))
     )
+    d = d.with_panel(
+        k.timeseries_panel("k switches (dynamic speculation)", "Share of the verified steps that drafted another k than "
+                           "the step before: with num_speculative_tokens_per_batch_size, a batch sitting on a threshold "
+                           "of the schedule flips k from step to step and throws drafts away "
+                           f"({codes.DYNAMIC_K_THRASHING}: ≥ 25 % of steps).", "percentunit")
+        .min(0).max(1).decimals(1)
+        .thresholds(k.steps((None, "transparent"), (0.25, "orange")))
+        .thresholds_style(k.common.GraphThresholdsStyleConfig().mode(k.cm.GraphThresholdsStyleMode.DASHED))
+        .with_target(k.query(promql.k_switch_share(W, matchers=MATCHERS), "steps after a k switch"))
+    )
+    d = d.with_panel(
+        k.timeseries_panel("Verified steps by k", "Steps per second that verified drafts, by the k they drafted (the "
+                           "most drafts one request got): dynamic speculation moves k with the batch size, the token "
+                           "budget trims it.", "ops")
+        .min(0).decimals(1)
+        .with_target(k.query(promql.steps_by_k(W, MATCHERS), "k = {{k}}"))
+    )
 
     # -- alerts
     d = d.with_row(k.row("Alerts"))

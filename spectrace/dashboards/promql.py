@@ -24,6 +24,8 @@ SLICE_DRAFTED = "spectrace_slice_drafted_tokens_total"  # dimension, value: the 
 SLICE_ACCEPTED = "spectrace_slice_accepted_tokens_total"
 DRAFTS_PROPOSED = "spectrace_drafts_proposed_total"
 DRAFTS_VERIFIED = "spectrace_drafts_verified_total"
+SHAPE_STEPS = "spectrace_step_shapes_steps_total"  # batch_band, k: steps that verified drafts (engine core)
+SHAPE_K_SWITCHES = "spectrace_step_shapes_k_switches_total"  # of those, steps right after a step at another k
 CONFIG_FINDING = "spectrace_config_finding"
 ATTENTION_LAYER = "spectrace_attention_layer"
 HIDDEN_STATES_TAP = "spectrace_hidden_states_tap"
@@ -101,6 +103,16 @@ def slice_acceptance(window: str, labels: Sequence[str] = ("dimension", "value")
 def unverified_share(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
     """Share of proposed draft tokens that no step verified (trimmed by the token budget, or finished requests')."""
     return f"1 - {paren(ratio(DRAFTS_VERIFIED, DRAFTS_PROPOSED, window, labels, matchers, fn))}"
+
+
+def k_switch_share(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = (), fn: str = "rate") -> str:
+    """Share of the verified steps whose previous verified step drafted another k (dynamic speculation thrashing)."""
+    return ratio(SHAPE_K_SWITCHES, SHAPE_STEPS, window, labels, matchers, fn)
+
+
+def steps_by_k(window: str, matchers: Iterable[str] = ()) -> str:
+    """Verified steps per second by the k they drafted."""
+    return summed("rate", SHAPE_STEPS, window, ["k"], matchers)
 
 
 def worker_acceptance(window: str, labels: Sequence[str] = (), matchers: Iterable[str] = ()) -> str:

@@ -125,19 +125,26 @@ def table_ddl(table: str) -> str:
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection, attempts: int = 3) -> None:
-    """Create every spectrace table that the lake does not have yet (one transaction).
+    """Create every spectrace table that the lake does not have yet, and add the columns this spectrace
+    writes that a lake created by an older one lacks (``INSERT ... BY NAME`` refuses a column the table
+    does not have, and the whole flush with it); one transaction. Rows written before read NULL there.
 
     Replicas starting together race to create them: a conflict is retried, and is
     over once another writer has created them all.
     """
     for attempt in range(attempts):
-        missing = [table for table in TABLES if table not in existing_tables(con)]
-        if not missing:
+        present = existing_columns(con)
+        missing = [table for table in TABLES if table not in present]
+        added = [(table, name, kind) for table in TABLES if table in present
+                 for name, kind in columns(table) if name not in present[table]]
+        if not missing and not added:
             return
         con.execute("BEGIN")
         try:
             for table in missing:
                 con.execute(table_ddl(table))
+            for table, name, kind in added:
+                con.execute(f"ALTER TABLE {ALIAS}.{table} ADD COLUMN IF NOT EXISTS {name} {_STORED.get(kind, kind)}")
             con.execute("COMMIT")
             return
         except duckdb.Error:
@@ -148,6 +155,17 @@ def ensure_tables(con: duckdb.DuckDBPyConnection, attempts: int = 3) -> None:
             if attempt == attempts - 1:
                 raise
             time.sleep(0.2 * (attempt + 1))
+
+
+def existing_columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
+    """The lake's tables and the columns each has."""
+    rows = con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = 'main'", [ALIAS]
+    ).fetchall()
+    present: dict[str, set[str]] = {}
+    for table, column in rows:
+        present.setdefault(table, set()).add(column)
+    return present
 
 
 def existing_tables(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -405,16 +405,23 @@ def _by_k(con, run_id: str) -> list[str]:
 
 
 def _step_shapes(con, run_id: str) -> list[str]:
-    """The k each batch size drafted, when it was not one k (dynamic speculation, a trimming token budget)."""
+    """The k each batch size drafted, when it was not one k (dynamic speculation, a trimming token budget), and
+    how often k switched from one verified step to the next."""
     rows = con.execute(
-        "select batch_band, k, sum(steps), sum(request_steps), sum(drafted), sum(accepted) from step_shapes "
-        "where run_id = ? group by all", [run_id]).fetchall()
+        "select batch_band, k, sum(steps), sum(request_steps), sum(drafted), sum(accepted), sum(k_switches) "
+        "from step_shapes where run_id = ? group by all", [run_id]).fetchall()
     if len({k for _, k, *_ in rows}) < 2:
         return []
     rows.sort(key=lambda r: (BATCH_BANDS.index(r[0]) if r[0] in BATCH_BANDS else len(BATCH_BANDS), r[1]))
-    table = [(band, k, steps, request_steps, _rate(drafted, accepted)) for band, k, steps, request_steps, drafted, accepted in rows]
-    return ["The k each batch size drafted (steps by batch-size band and the most drafts one request got)",
-            _indent(format_table(["batch", "k", "steps", "request-steps", "acceptance"], table))]
+    table = [(band, k, steps, "-" if switched is None else switched, request_steps, _rate(drafted, accepted))
+             for band, k, steps, request_steps, drafted, accepted, switched in rows]
+    lines = ["The k each batch size drafted (steps by batch-size band and the most drafts one request got; switched: "
+             "steps right after a step that drafted another k)",
+             _indent(format_table(["batch", "k", "steps", "switched", "request-steps", "acceptance"], table))]
+    if all(r[6] is not None for r in rows):  # stores written before switches were counted hold NULL
+        steps, switched = sum(r[2] for r in rows), sum(r[6] for r in rows)
+        lines.append(f"  k switched in {switched} of {steps} verified steps ({switched / steps:.1%})")
+    return lines
 
 
 def _timeline(episodes: list[tuple]) -> list[str]:

@@ -17,6 +17,7 @@
 | gauge spectrace.context.boundary          | spectrace_context_boundary (value: tokens)          | model_role, field + common |
 | counters spectrace.slice.{drafted_tokens,accepted_tokens} | spectrace_slice_{drafted,accepted}_tokens_total | dimension, value (at most 8 values per dimension and process, then `other`) + common |
 | counters spectrace.drafts.{proposed,verified} | spectrace_drafts_{proposed,verified}_total     | common (synchronous scheduling) |
+| counters spectrace.step_shapes.{steps,k_switches} | spectrace_step_shapes_{steps,k_switches}_total | batch_band, k + common (engine core) |
 | counter spectrace.export.dropped          | spectrace_export_dropped_total                      | — |
 | counter spectrace.internal.errors         | spectrace_internal_errors_total                     | hook |
 
@@ -78,6 +79,8 @@ class Metrics:
         self._slice_values: dict[str, set[str]] = {}
         self.drafts_proposed = meter.create_counter("spectrace.drafts.proposed", unit="", description="Draft tokens the worker proposed (synchronous scheduling)")
         self.drafts_verified = meter.create_counter("spectrace.drafts.verified", unit="", description="Draft tokens the scheduled steps verified")
+        self.shape_steps = meter.create_counter("spectrace.step_shapes.steps", unit="", description="Steps that verified drafts, by batch-size band and the k they drafted")
+        self.shape_switches = meter.create_counter("spectrace.step_shapes.k_switches", unit="", description="Of those, steps whose previous verified step drafted another k")
         self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
         self._length_histogram: Any = None  # built at the first run (its buckets need k)
         self._findings: dict[tuple, dict[str, str]] = {}
@@ -170,6 +173,13 @@ class Metrics:
     def draft_budget(self, proposed: int, verified: int, labels: dict[str, str]) -> None:
         self.drafts_proposed.add(proposed, labels)
         self.drafts_verified.add(verified, labels)
+
+    def step_shapes(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
+        """One flush's ``step_shapes`` rows of one run."""
+        for row in rows:
+            attrs = {**labels, "batch_band": str(row["batch_band"]), "k": str(row["k"])}
+            self.shape_steps.add(row["steps"], attrs)
+            self.shape_switches.add(row["k_switches"], attrs)
 
     def worker_counts(self, drafted: int, accepted: int, rank: int | None, labels: dict[str, str]) -> None:
         attrs = {**labels, "rank": str(rank if rank is not None else 0)}

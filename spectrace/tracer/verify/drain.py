@@ -65,6 +65,7 @@ class VerifyCapture(Capture):
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
         self.run_slices: dict[str, RunSlices] = {}
         self.run_budgets: dict[str, RunBudget] = {}
+        self.run_switches: dict[str, RunSwitches] = {}  # run id -> its k switches (the last k kept across flushes)
 
     # -- background ------------------------------------------------------------
 
@@ -84,6 +85,9 @@ class VerifyCapture(Capture):
                 self._drain_engine(rt, engine)
             if proposals or engine:
                 self._drain_budget(rt, proposals, engine)
+            for run_id, switches in list(self.run_switches.items()):
+                if switches.changed:
+                    self._judge_switches(rt, run_id, switches)
             yielded = self._drain_worker(rt, worker) if worker else {}
             timings = self.take_timings()
             if timings:
@@ -106,7 +110,8 @@ class VerifyCapture(Capture):
         draft_rows: dict[str, list] = defaultdict(list)
         draft_accepted: dict[str, list[int]] = defaultdict(list)
         per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
-        by_shape: dict[tuple[str, str, int], list[int]] = {}  # (run, batch band, k) -> steps, request-steps, drafted, accepted
+        # (run, batch band, k) -> steps, request-steps, drafted, accepted, steps whose run's previous verified step drafted another k
+        by_shape: dict[tuple[str, str, int], list[int]] = {}
         by_band: dict[tuple[str, str], list[tuple[int, int, int]]] = {}  # (run, batch band) -> its request-steps
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
@@ -148,11 +153,15 @@ class VerifyCapture(Capture):
             shape_key = (run_id, acceptance.batch_band(len(batch)), mark.k)
             shape = by_shape.get(shape_key)
             if shape is None:
-                shape = by_shape[shape_key] = [0, 0, 0, 0]
+                shape = by_shape[shape_key] = [0, 0, 0, 0, 0]
             shape[0] += 1
             shape[1] += len(batch)
             shape[2] += mark.drafted
             shape[3] += mark.accepted
+            switches = self.run_switches.get(run_id)
+            if switches is None:
+                switches = self.run_switches[run_id] = RunSwitches()
+            shape[4] += switches.step(mark.k)
             band_batches = by_band.get(shape_key[:2])
             if band_batches is None:
                 band_batches = by_band[shape_key[:2]] = []
@@ -198,20 +207,29 @@ class VerifyCapture(Capture):
             self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
         if by_shape:
             now = time.time_ns()
-            rt.pipeline.extend("step_shapes", [
+            shape_rows = [
                 {**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": n, "request_steps": r,
-                 "drafted": d, "accepted": a}
-                for (run_id, band, k), (n, r, d, a) in by_shape.items()
-            ])
+                 "drafted": d, "accepted": a, "k_switches": s}
+                for (run_id, band, k), (n, r, d, a, s) in by_shape.items()
+            ]
+            rt.pipeline.extend("step_shapes", shape_rows)
+            for (run_id, band, k), (n, _, _, _, s) in by_shape.items():
+                self.run_switches[run_id].add(band, k, n, s)
+            if rt.metrics is not None:
+                by_run: dict[str, list[dict]] = defaultdict(list)
+                for row in shape_rows:
+                    by_run[row["run_id"]].append(row)
+                for run_id, rows in by_run.items():
+                    rt.metrics.step_shapes(rows, rt.labels(run_id))
         if by_band:
             now = time.time_ns()
-            rows = []
+            band_rows = []
             for (run_id, band), batch in by_band.items():
                 arr = np.asarray(batch, dtype=np.int64)
                 drafted_at, accepted_at = acceptance.position_counts(arr[:, 0], arr[:, 1], int(arr[:, 0].max()))
-                rows += [{**common, "run_id": run_id, "ts": now, "batch_band": band, "position": i,
-                          "drafted": int(d), "accepted": int(a)} for i, (d, a) in enumerate(zip(drafted_at, accepted_at))]
-            rt.pipeline.extend("band_positions", rows)
+                band_rows += [{**common, "run_id": run_id, "ts": now, "batch_band": band, "position": i,
+                               "drafted": int(d), "accepted": int(a)} for i, (d, a) in enumerate(zip(drafted_at, accepted_at))]
+            rt.pipeline.extend("band_positions", band_rows)
         if per_request:
             self._drain_slices(rt, per_request)
 
@@ -559,6 +577,35 @@ class VerifyCapture(Capture):
                 short = audit.token_budget_findings(**facts) if facts else []
                 audit_live.emit_findings(rt, [audit.unverified_finding(evidence, short)], role=ENGINE, run=rt.run_by_id(run_id))
 
+    # -- dynamic speculation: k switching between steps ------------------------------
+
+    def _judge_switches(self, rt, run_id: str, switches: "RunSwitches") -> None:
+        """DYNAMIC_K_THRASHING once per run (the rule: ``audit.k_thrashing``), with the run's drafts never verified."""
+        switches.changed = False
+        if switches.emitted:
+            return
+        vllm_config = self.run_configs.get(run_id)
+        if switches.facts is None and vllm_config is not None:
+            try:
+                switches.facts = scheduler_facts(vllm_config) or {}
+            except Exception as exc:  # a config this reader does not know: the schedule unknown, nothing judged
+                switches.facts = {}
+                log.debug("spectrace: no scheduler facts for this run: %s", exc)
+        facts = switches.facts or {}
+        evidence = audit.k_thrashing(switches.by_shape, switches.transitions, facts.get("dynamic_k"))
+        if evidence is None:
+            return
+        switches.emitted = True
+        budget = self.run_budgets.get(run_id)
+        drafts = None
+        if budget is not None and budget.proposed:
+            drafts = {"proposed": budget.proposed, "verified": budget.verified,
+                      "requests": budget.requests + budget.new_requests, "num_speculative_tokens": facts["k"]}
+        short = audit.token_budget_findings(**facts)
+        finding = audit.thrashing_finding(evidence, drafts, short, max_num_seqs=facts["max_num_seqs"],
+                                          max_num_batched_tokens=facts["max_num_batched_tokens"])
+        audit_live.emit_findings(rt, [finding], role=ENGINE, run=rt.run_by_id(run_id))
+
     # -- does speculation pay? (worker host times) ------------------------------------
 
     def _drain_timings(self, rt, timings: list[StepTiming], yielded: dict) -> None:
@@ -698,6 +745,33 @@ class RunBudget:
     def __init__(self) -> None:
         self.proposed = self.verified = self.requests = self.new_requests = 0
         self.emitted = False
+
+
+class RunSwitches:
+    """One run's verified steps and k switches: the k of its last verified step (kept across flushes), steps and
+    switches by (batch band, k), switches by (k before, k after)."""
+
+    def __init__(self) -> None:
+        self.last_k: int | None = None
+        self.by_shape: dict[tuple[str, int], tuple[int, int]] = {}
+        self.transitions: dict[tuple[int, int], int] = {}
+        self.changed = False
+        self.emitted = False
+        self.facts: dict | None = None  # the run's scheduler facts (``scheduler_facts``), read once
+
+    def step(self, k: int) -> bool:
+        """One verified step that drafted ``k``: whether the run's previous verified step drafted another k."""
+        last, self.last_k = self.last_k, k
+        if last is None or last == k:
+            return False
+        pair = (last, k)
+        self.transitions[pair] = self.transitions.get(pair, 0) + 1
+        return True
+
+    def add(self, band: str, k: int, steps: int, switches: int) -> None:
+        n, s = self.by_shape.get((band, k), (0, 0))
+        self.by_shape[(band, k)] = (n + steps, s + switches)
+        self.changed = True
 
 
 class RunSlices:
