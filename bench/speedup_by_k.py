@@ -1,20 +1,25 @@
-"""What k pays, predicted from one run vs measured at every k (issue #26).
+"""What k pays, predicted from one run vs measured at every k (issue #26), in alternating windows.
 
-    .venv/bin/python -m bench.speedup_by_k            # four drafters, k = 0..5 each, 3 rounds (~25 min on 2 cores)
-    .venv/bin/python -m bench.speedup_by_k --quick    # the noisy drafter only, one round
+    .venv/bin/python -m bench.speedup_by_k            # four drafters, k = 0..5, 5 rounds (~30 min on 2 cores)
+    .venv/bin/python -m bench.speedup_by_k --quick    # the noisy drafter only, 2 rounds
 
-Method. Per drafter and round, one traced engine at k = 5 gives the prediction (``spectrace.speedup.from_store``: the
-expected accepted length at each k' from its per-position counts, the step time at each k' from its worker step
-sums), twice: from that run alone (``fit``) and with a traced run of the same target without speculation in the
-same store before it (``baseline``: its decode-only steps price step(0), README "What k pays"). In the same round,
-untraced engines at k' = 0..5 (same target, same prompts, greedy, ``ignore_eos``) give the measured speed-up: the
-CPU time of a generate call without speculation over the CPU time of the same call at k' (one process,
-multiprocessing off: frontend, engine core and worker on the one clock), the fastest of ``--repeat`` calls each,
-the engines of a round in one child one after another: no speculation first and last (its CPU time is the mean
-of the two, so a linear drift of the machine's speed during the round cancels; ``k0_drift`` records it), k' = 1..5
-between them, ascending in even rounds and descending in odd ones. Each round's error is predicted / measured - 1
-for that round's own runs; the table gives the median over rounds and the range. The box must be otherwise idle:
-another process's bursts on two cores move a round's ratios by tens of percent.
+Why windows. This 2-core VM drifts on the scale of seconds (bench/ab_windows.py measured it), and engines run
+one after another disagreed by ±20 % round to round: a slow stretch that falls on one engine and not on the
+other moves a ratio of two CPU times as much as the model's error. So every engine of a drafter is built once,
+each in its own process (``bench.engine_server``), and they generate in turn, one ``generate`` call (a window)
+each, in ABBA order (A B B A: a linear drift hits both alike), while the others wait idle.
+
+Prediction. Two traced engines of the drafter, no speculation and k = 5, write into one store; they generate in
+ABBA windows like the rest, so the step times that price step(0) (the run without drafts: ``decode_steps``) and
+those at k = 5 are taken over the same stretches of the machine's time. After the rounds they flush and stop, and
+``spectrace.speedup.from_store`` predicts every k' from the k = 5 run: ``baseline`` (priced with the run without
+drafts) and ``fit`` (the run alone).
+
+Measurement. Untraced engines at k' = 0..5 (same target, drafter and prompts, greedy, ``ignore_eos``): for each
+k', ABBA windows of no speculation and k' in every round; each pair of adjacent windows gives one ratio, the CPU
+time of the window without speculation over the window at k' (one process each, multiprocessing off: frontend,
+engine core and worker on one clock). The measured speed-up is the geometric mean of a k''s ratios with a 95 %
+confidence interval (t distribution over the log ratios, bench.ab_windows.summary).
 
 Workload: a serving steady state, not a closed batch. ``--requests`` requests whose lengths cycle through
 :data:`LENGTHS`, ``max_num_seqs`` 8: requests finish one at a time at every k (k = 0 included), a new one is
@@ -31,7 +36,6 @@ quarter of the cost), ``self`` (the target drafting for itself, 100 %), ``seeded
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import statistics
@@ -75,93 +79,133 @@ def specs(name, target, drafter, ks, *, requests, repeat):
     return [spec(k) for k in ks]
 
 
-def compare(predicted: list[dict], measured: dict[int, float]) -> dict:
+def compare(predicted: list[dict], measured: dict[int, dict]) -> dict:
+    """Each predicted k' against its measured speed-up (geometric mean of the window ratios, 95 % interval)."""
     from spectrace.speedup import best
 
     rows = []
     for row in predicted:
         if row["k"] in measured:
             m = measured[row["k"]]
-            rows.append({**row, "measured": round(m, 4), "error": round(row["speedup"] / m - 1, 4)})
-    best_measured = max(measured, key=measured.get)
+            rows.append({**row, "measured": round(m["ratio"], 4), "measured_ci95": [round(x, 4) for x in m["ci95"]],
+                         "error": round(row["speedup"] / m["ratio"] - 1, 4),
+                         "error_ci95": [round(row["speedup"] / m["ci95"][1] - 1, 4), round(row["speedup"] / m["ci95"][0] - 1, 4)]})
+    ratios = {k: m["ratio"] for k, m in measured.items()}
+    best_measured = max(ratios, key=ratios.get)
     pick = best(predicted)
+    within = [k for k in range(1, K + 1) if k in measured]
     return {"rows": rows, "measured_best": best_measured, "predicted_best": pick["k"] if pick else None,
-            "pick_within": round(measured[pick["k"]] / measured[best_measured], 4) if pick and pick["k"] in measured else None}
+            "pick_within": round(ratios[pick["k"]] / ratios[best_measured], 4) if pick and pick["k"] in ratios else None,
+            "within": sum(1 for r in rows if r["k"] in within and abs(r["error"]) <= WITHIN), "of": len(within)}
 
 
-def summarize(rounds: list[dict]) -> dict:
-    """Per k: the median over rounds of predicted, measured and error, and the errors' range; the picks."""
-    by_k: dict[int, list[dict]] = {}
-    for got in rounds:
-        for row in got["rows"]:
-            by_k.setdefault(row["k"], []).append(row)
-    cells = []
-    for k, rows in sorted(by_k.items()):
-        errors = sorted(r["error"] for r in rows)
-        cells.append({"k": k, "predicted": round(statistics.median(r["speedup"] for r in rows), 4),
-                      "measured": round(statistics.median(r["measured"] for r in rows), 4),
-                      "error": round(statistics.median(errors), 4), "error_range": [errors[0], errors[-1]],
-                      "rounds": len(rows)})
-    return {"cells": cells, "picks": [(g["predicted_best"], g["measured_best"], g["pick_within"]) for g in rounds],
-            "within": sum(1 for c in cells if c["k"] and abs(c["error"]) <= WITHIN), "of": sum(1 for c in cells if c["k"])}
+class Engine:
+    """One ``bench.engine_server`` child: an engine kept alive, generating when told."""
+
+    def __init__(self, spec, env: dict[str, str], log):
+        import subprocess
+        import sys
+        from dataclasses import asdict
+
+        self.name = spec.name
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.engine_server", json.dumps(asdict(spec))], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+
+    def _answer(self) -> dict:
+        for line in self.proc.stdout:  # vLLM's own lines may come through stdout too
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"engine {self.name} exited ({self.proc.wait()}) before answering")
+
+    def ready(self) -> None:
+        if not self._answer().get("ready"):
+            raise RuntimeError(f"engine {self.name} did not start")
+
+    def gen(self) -> float:
+        self.proc.stdin.write("gen\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        if "cpu" not in answer:
+            raise RuntimeError(f"engine {self.name}: {answer}")
+        return answer["cpu"]
+
+    def quit(self) -> str | None:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+        run_id = self._answer().get("run_id")
+        self.proc.wait(timeout=120)
+        return run_id
+
+
+def abba(a: Engine, b: Engine) -> list[float]:
+    """One ABBA block: two ratios, CPU time of ``a`` over CPU time of ``b``, each from adjacent windows."""
+    a1, b1, b2, a2 = a.gen(), b.gen(), b.gen(), a.gen()
+    return [a1 / b1, a2 / b2]
+
+
+def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
+    import spectrace.store
+    from bench.ab_windows import summary
+    from spectrace.speedup import from_store
+    from spectrace.testing.engine import base_env
+
+    store = root / f"store-{name}"
+    shutil.rmtree(store, ignore_errors=True)  # this drafter's runs only (the baseline is looked up by target)
+    traced_env = base_env(store, traced=True, cache_root=root / "vllm-cache")
+    plain_env = base_env(None, traced=False, cache_root=root / "vllm-cache")
+    traced = {k: Engine(spec, traced_env, log) for k, spec in zip((0, K), specs(name, target, drafter, [0, K], requests=requests, repeat=1))}
+    plain = {k: Engine(spec, plain_env, log) for k, spec in enumerate(specs(name, target, drafter, range(K + 1), requests=requests, repeat=1))}
+    for engine in [*traced.values(), *plain.values()]:  # built one after another: each reports ready in turn
+        engine.ready()
+    for engine in [*traced.values(), *plain.values()]:  # one warm-up window each
+        engine.gen()
+    ratios: dict[int, list[float]] = {k: [] for k in range(1, K + 1)}
+    traced_ratio: list[float] = []
+    for rnd in range(rounds):
+        traced_ratio += abba(traced[0], traced[K])
+        for k in (range(1, K + 1) if rnd % 2 == 0 else reversed(range(1, K + 1))):
+            ratios[k] += abba(plain[0], plain[k])
+        print(name, "round", rnd, {k: round(statistics.fmean(v[-2:]), 3) for k, v in ratios.items()}, flush=True)
+    run_ids = {k: engine.quit() for k, engine in traced.items()}
+    for engine in plain.values():
+        engine.quit()
+    con = spectrace.store.open(store)
+    predicted, alone = from_store(con, run_ids[K]), from_store(con, run_ids[K], baseline=False)
+    con.close()
+    measured = {0: {"ratio": 1.0, "ci95": [1.0, 1.0]}, **{k: summary(v) for k, v in ratios.items()}}
+    return {"baseline": compare(predicted, measured), "fit": compare(alone, measured),
+            "measured": {k: {key: m[key] for key in ("ratio", "ci95")} | {"pairs": len(ratios.get(k, []))}
+                         for k, m in measured.items()},
+            "traced_k5_over_k0_cpu": summary(traced_ratio)}
 
 
 def main() -> None:
-    import spectrace.store
-    from spectrace.speedup import from_store
-    from spectrace.testing.engine import run_engines
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--drafters", nargs="*", default=None)
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--name", default="speedup_by_k")
     args = parser.parse_args()
     names = args.drafters or (["noisy"] if args.quick else ["noisy", "cheap", "self", "seeded"])
-    rounds = 1 if args.quick else args.rounds
+    rounds = 2 if args.quick else args.rounds
     root = SCRATCH / "speedup-by-k"
     models = build(root)
     load_before = loadavg()
     results = {}
-    for name in names:
-        target, drafter = models[name]
-        per_round: dict[str, list[dict]] = {"baseline": [], "fit": []}
-        drift: list[float] = []
-        for rnd in range(rounds):
-            store = root / f"store-{name}-{rnd}"
-            shutil.rmtree(store, ignore_errors=True)  # this round's runs only (the baseline is looked up by target)
-            traced = run_engines(specs(name, target, drafter, [0, K], requests=args.requests, repeat=1), store=store,
-                                 cache_root=root / "vllm-cache")  # fmt: skip
-            run_id = traced[f"{name}-k{K}"].run_id
-            con = spectrace.store.open(store)
-            predicted, alone = from_store(con, run_id), from_store(con, run_id, baseline=False)
-            con.close()
-            ks = list(range(1, K + 1)) if rnd % 2 == 0 else list(reversed(range(1, K + 1)))
-            engines = specs(name, target, drafter, [0, *ks, 0], requests=args.requests, repeat=args.repeat)
-            engines[-1] = dataclasses.replace(engines[-1], name=f"{name}-k0-after")
-            untraced = run_engines(engines, store=None, traced=False, scratch=root, cache_root=root / "vllm-cache")
-            for result in untraced.values():
-                assert result.ok, (result.name, result.error)
-            before, after = untraced[f"{name}-k0"].generate_cpu_seconds, untraced[f"{name}-k0-after"].generate_cpu_seconds
-            base = (before + after) / 2  # no speculation before and after the round: a linear drift cancels
-            measured = {0: 1.0, **{k: base / untraced[f"{name}-k{k}"].generate_cpu_seconds for k in ks}}
-            drift.append(round(after / before - 1, 4))
-            per_round["baseline"].append(compare(predicted, measured))
-            per_round["fit"].append(compare(alone, measured))
-            got = per_round["baseline"][-1]
-            print(name, "round", rnd, json.dumps([(r["k"], r["speedup"], r["measured"], r["error"]) for r in got["rows"]]),
-                  "best measured", got["measured_best"], "predicted", got["predicted_best"], flush=True)
-        results[name] = {source: {"rounds": got, **summarize(got)} for source, got in per_round.items()}
-        results[name]["k0_drift"] = drift  # CPU time of the last engine without speculation over the first, less 1
-        for source in per_round:
-            got = results[name][source]
-            print(name, source, "within ±15 %:", got["within"], "of", got["of"],
-                  json.dumps([(c["k"], c["predicted"], c["measured"], c["error"], c["error_range"]) for c in got["cells"]]),
-                  "picks (predicted, measured, within)", got["picks"], flush=True)
+    with open(root / "engines.log", "w") as log:
+        for name in names:
+            target, drafter = models[name]
+            results[name] = got = run_drafter(name, target, drafter, root, requests=args.requests, rounds=rounds, log=log)
+            for source in ("baseline", "fit"):
+                g = got[source]
+                print(name, source, "within ±15 %:", g["within"], "of", g["of"],
+                      json.dumps([(r["k"], r["speedup"], r["measured"], r["measured_ci95"], r["error"]) for r in g["rows"]]),
+                      "best measured", g["measured_best"], "predicted", g["predicted_best"], "pick within", g["pick_within"],
+                      flush=True)
     path = write_result(args.name, {"k": K, "requests": args.requests, "lengths": list(LENGTHS), "rounds": rounds,
-                                    "repeat": args.repeat, "load": [load_before, loadavg()], "results": results})  # fmt: skip
+                                    "windows": "ABBA, one generate call each", "load": [load_before, loadavg()],
+                                    "results": results})  # fmt: skip
     print("wrote", path)
 
 
