@@ -112,7 +112,7 @@ class VerifyCapture(Capture):
         per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
         # (run, batch band, k) -> steps, request-steps, drafted, accepted, steps whose run's previous verified step drafted another k
         by_shape: dict[tuple[str, str, int], list[int]] = {}
-        by_band: dict[tuple[str, str], list[tuple[int, int, int]]] = {}  # (run, batch band) -> its request-steps
+        step_bands: dict[str, list[tuple[str, int]]] = defaultdict(list)  # run -> per step: batch band, request-steps
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
             context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
             step_rows = []
@@ -162,10 +162,7 @@ class VerifyCapture(Capture):
             if switches is None:
                 switches = self.run_switches[run_id] = RunSwitches()
             shape[4] += switches.step(mark.k)
-            band_batches = by_band.get(shape_key[:2])
-            if band_batches is None:
-                band_batches = by_band[shape_key[:2]] = []
-            band_batches.extend(batch)
+            step_bands[run_id].append((shape_key[1], len(batch)))
             if step_rows:
                 ts_col.extend([ts] * len(step_rows))
                 step_col.extend([step_no] * len(step_rows))
@@ -194,7 +191,10 @@ class VerifyCapture(Capture):
                 "draft_token_ids": [json.dumps(list(d)) for d in draft_ids] if record_tokens else None,
             }
             rt.pipeline.extend_columns("verify_steps", columns, len(kept))
+        band_rows: list[dict] = []
         for run_id, batch in per_run.items():
+            arr = np.asarray(batch, dtype=np.int64)  # one array per run: the counts and the band positions share it
+            band_rows += _band_positions(common, run_id, arr, step_bands[run_id])
             curve = self._curve(rt, run_id)
             shapes = acceptance.one_token_rows(draft_rows[run_id], draft_accepted[run_id])
             curve.add_shapes(shapes)
@@ -204,7 +204,7 @@ class VerifyCapture(Capture):
                     {**common, "run_id": run_id, "ts": time.time_ns(), "rows": shapes["rows"], "repeated_rows": shapes["repeated"],
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
-            self._count(rt, ENGINE, run_id, None, batch, marks.get(run_id))
+            self._count(rt, ENGINE, run_id, None, arr, marks.get(run_id))
         if by_shape:
             now = time.time_ns()
             shape_rows = [
@@ -221,14 +221,7 @@ class VerifyCapture(Capture):
                     by_run[row["run_id"]].append(row)
                 for run_id, rows in by_run.items():
                     rt.metrics.step_shapes(rows, rt.labels(run_id))
-        if by_band:
-            now = time.time_ns()
-            band_rows = []
-            for (run_id, band), batch in by_band.items():
-                arr = np.asarray(batch, dtype=np.int64)
-                drafted_at, accepted_at = acceptance.position_counts(arr[:, 0], arr[:, 1], int(arr[:, 0].max()))
-                band_rows += [{**common, "run_id": run_id, "ts": now, "batch_band": band, "position": i,
-                               "drafted": int(d), "accepted": int(a)} for i, (d, a) in enumerate(zip(drafted_at, accepted_at))]
+        if band_rows:
             rt.pipeline.extend("band_positions", band_rows)
         if per_request:
             self._drain_slices(rt, per_request)
@@ -696,6 +689,24 @@ class VerifyCapture(Capture):
                 continue
             findings.append(audit.disagreement_finding(engine, worker, rank, run_id))
         return findings
+
+
+def _band_positions(common: dict, run_id: str, arr: np.ndarray, steps: list[tuple[str, int]]) -> list[dict]:
+    """``band_positions`` rows of one run's flush: drafted and accepted per position for each batch-size band, from
+    the run's request-steps (``arr``: drafted, accepted, context; in step order) and each step's (band, request-steps)."""
+    if not steps or not len(arr):
+        return []
+    bands = sorted({band for band, _ in steps})
+    code = {band: i for i, band in enumerate(bands)}
+    index = np.repeat(np.array([code[band] for band, _ in steps]), [n for _, n in steps])
+    now = time.time_ns()
+    rows = []
+    for i, band in enumerate(bands):
+        mine = arr[index == i]
+        drafted_at, accepted_at = acceptance.position_counts(mine[:, 0], mine[:, 1], int(mine[:, 0].max()))
+        rows += [{**common, "run_id": run_id, "ts": now, "batch_band": band, "position": p, "drafted": int(d),
+                  "accepted": int(a)} for p, (d, a) in enumerate(zip(drafted_at, accepted_at))]
+    return rows
 
 
 def _decode_shape(timing: StepTiming, k: int | None) -> int | None:
