@@ -172,7 +172,7 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
     """``SPECULATION_K_BETTER`` from one run's "What k pays" rows (``spectrace.speedup.speedup_by_k``): the measured
     (not extrapolated) ``k'`` with the highest predicted speed-up, when it is not the ``k`` in force and pays at least
     ``1 + margin`` times the in-force speed-up. Only for rows priced from measured steps without drafts
-    (``step_source`` ``baseline``): the run-alone fit reads 13-88 % high on CPU and would give wrong advice.
+    (``step_source`` ``baseline``): the run-alone fit misprices step(0) on CPU (BENCHMARKS.md) and would give wrong advice.
     ``by_band`` (``spectrace.speedup.by_band``): the best ``k'`` of each batch-size band priced the same way; where
     they differ, the fix is vLLM's per-batch-size setting with those values."""
     priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
