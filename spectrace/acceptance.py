@@ -10,7 +10,6 @@ accepted. The rate at position ``p`` is accepted[p] / drafted[p].
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,19 +17,10 @@ from typing import Any
 import numpy as np
 
 from spectrace.audit import codes
+from spectrace.bands import BATCH_BANDS, band_bounds, band_order, batch_band  # noqa: F401 (the drain, report, speedup)
 
 CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+")
 _EDGES = np.array([512, 1024, 2048, 4096, 8192, 16384])
-
-
-BATCH_BANDS = ("1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128", "129-256", "257+")
-_BATCH_EDGES = (2, 3, 5, 9, 17, 33, 65, 129, 257)
-
-
-def batch_band(requests: int) -> str:
-    """Band label of a step's batch size (requests with drafts in the step); called per engine step in the
-    drain, so a plain bisect, not numpy."""
-    return BATCH_BANDS[bisect_right(_BATCH_EDGES, requests)]
 
 
 def context_bucket(context_len: int) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from spectrace import acceptance
+from spectrace.audit.curve import best_k
 
 EXTRAPOLATE = 2  # k' past the k in force, from the curve's last conditional rate
 
@@ -147,10 +148,7 @@ def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost,
     return rows
 
 
-def best(rows: list[dict]) -> dict | None:
-    """The measured (not extrapolated) ``k'`` with the highest speed-up; ``k' = 0`` is "no speculation"."""
-    measured = [r for r in rows if not r["extrapolated"] and r["speedup"] is not None]
-    return max(measured, key=lambda r: r["speedup"]) if measured else None
+best = best_k  # the measured (not extrapolated) k' with the highest speed-up; 0 is "no speculation" (one rule: the audit's)
 
 
 ALL = "all"  # the whole run, every batch size
@@ -193,11 +191,8 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
 def by_band(con, run_id: str, *, extra: int = 0) -> dict[str, list[dict]]:
     """:func:`from_store` for each batch-size band the run verified drafts at, in band order ("by load": the best
     k falls as the batch grows, where verification costs more per token)."""
-    from spectrace.acceptance import BATCH_BANDS
-
     bands = [r[0] for r in con.execute("SELECT DISTINCT batch_band FROM band_positions WHERE run_id = ?", [run_id]).fetchall()]
-    order = {band: i for i, band in enumerate(BATCH_BANDS)}
-    return {band: rows for band in sorted(bands, key=lambda b: order.get(b, len(order)))
+    return {band: rows for band in sorted(bands, key=acceptance.band_order)
             if (rows := from_store(con, run_id, extra=extra, batch_band=band))}
 
 

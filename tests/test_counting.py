@@ -16,6 +16,7 @@ import pytest
 
 from spectrace.settings import Settings
 from spectrace.sinks.memory import MemorySink
+from spectrace.testing import memory_runtime
 from spectrace.tracer import runtime, verify
 from spectrace.tracer.verify import EngineStep, WorkerStep
 
@@ -26,11 +27,7 @@ VOLATILE = ("schema_version", "ts", "pid", "host")  # clock, process and machine
 @pytest.fixture
 def traced(tmp_path):
     """(runtime, memory sink): exporters off, the memory sink the pipeline's only sink."""
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=(), span_every_steps=0, collapse_window_tokens=100,
-                                collapse_min_tokens=50), hooks=[], make_capture=verify.VerifyCapture)
-    sink = MemorySink()
-    rt.pipeline.add_sink(sink)
-    rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
+    rt, sink = memory_runtime(tmp_path, RUN, collapse_window_tokens=100, collapse_min_tokens=50)
     try:
         yield rt, sink
     finally:

@@ -20,11 +20,9 @@ from spectrace import audit
 from spectrace.audit import codes
 from spectrace.audit.dynamic_k import THRASHING_MIN_SWITCHES, THRASHING_SHARE
 from spectrace.queries import report
-from spectrace.settings import Settings
-from spectrace.sinks.memory import MemorySink
 from spectrace.sinks.metrics import Metrics
-from spectrace.testing import store_pipeline
-from spectrace.tracer import runtime, verify
+from spectrace.testing import memory_runtime, store_pipeline
+from spectrace.tracer import runtime
 from spectrace.tracer.verify import EngineStep
 from spectrace.tracer.verify.capture import Proposal
 
@@ -89,11 +87,7 @@ def test_finding_carries_the_drafts_never_verified_and_the_budget():
 
 @pytest.fixture
 def traced(tmp_path):
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=(), span_every_steps=0), hooks=[],
-                       make_capture=verify.VerifyCapture)
-    sink = MemorySink()
-    rt.pipeline.add_sink(sink)
-    rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
+    rt, sink = memory_runtime(tmp_path, RUN)
     try:
         yield rt, sink
     finally:

@@ -12,9 +12,8 @@ import pytest
 
 from spectrace import audit, slices
 from spectrace.audit import codes
-from spectrace.settings import Settings
-from spectrace.sinks.memory import MemorySink
-from spectrace.tracer import runtime, verify
+from spectrace.testing import memory_runtime
+from spectrace.tracer import runtime
 from spectrace.tracer.verify import EngineStep
 from spectrace.tracer.verify.capture import RequestNote
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
@@ -127,11 +126,7 @@ def test_token_budget_rule_follows_the_schedulers_budget():
 
 @pytest.fixture
 def traced(tmp_path):
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=(), span_every_steps=0), hooks=[],
-                       make_capture=verify.VerifyCapture)
-    sink = MemorySink()
-    rt.pipeline.add_sink(sink)
-    rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
+    rt, sink = memory_runtime(tmp_path, RUN)
     try:
         yield rt, sink
     finally:

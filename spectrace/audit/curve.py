@@ -9,6 +9,7 @@ from spectrace.audit import codes
 from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
 from spectrace.audit.findings import Finding
 from spectrace.audit.window import target_window
+from spectrace.bands import band_bounds
 
 
 @dataclass
@@ -157,12 +158,9 @@ def not_paying_finding(evidence: dict[str, Any]) -> Finding:
 K_BETTER_MARGIN = 0.15  # the model's measured accuracy (BENCHMARKS.md, "What k pays"): a smaller gain is not resolved
 
 
-def _band_range(band: str) -> tuple[int, int | None]:
-    low, _, high = band.rstrip("+").partition("-")
-    return int(low), (int(high) if high else None if band.endswith("+") else int(low))
-
-
-def _best_k(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def best_k(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured (not extrapolated) ``k'`` with the highest speed-up of "What k pays" rows; ``k' = 0`` is "no
+    speculation" (``spectrace.speedup.best``: the audit sits below ``speedup`` in the imports, so the rule lives here)."""
     priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
     return max(priced, key=lambda r: r["speedup"]) if priced else None
 
@@ -177,9 +175,9 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
     they differ, the fix is vLLM's per-batch-size setting with those values."""
     priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
     in_force = next((r for r in priced if r.get("in_force")), None)
-    if in_force is None or not priced or any(r.get("step_source") != "baseline" for r in priced):
+    if in_force is None or any(r.get("step_source") != "baseline" for r in priced):
         return None
-    top = max(priced, key=lambda r: r["speedup"])
+    top = best_k(priced)
     if top["k"] == in_force["k"] or in_force["speedup"] <= 0 or top["speedup"] < in_force["speedup"] * (1 + margin):
         return None
     gain = top["speedup"] / in_force["speedup"] - 1
@@ -189,13 +187,13 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
                 "step_ms_in_force": in_force["step_ms"], "step_ms_best": top["step_ms"], "step_source": "baseline"}
     best = "no speculation" if top["k"] == 0 else f"k = {top['k']}"
     bands = {band: pick["k"] for band, band_rows in (by_band or {}).items()
-             if band_rows and all(r.get("step_source") == "baseline" for r in band_rows) and (pick := _best_k(band_rows))}
+             if band_rows and all(r.get("step_source") == "baseline" for r in band_rows) and (pick := best_k(band_rows))}
     fix = ("turn speculative decoding off for this traffic (or find a drafter that agrees more)" if top["k"] == 0
            else f"set num_speculative_tokens={top['k']}")
     if len(set(bands.values())) > 1:
         evidence["best_by_band"] = bands
         schedule = [[low, high if high is not None else low * 4, k] for band, k in bands.items()
-                    for low, high in [_band_range(band)]]
+                    for low, high in [band_bounds(band)]]
         schedule[0][0] = 1  # vLLM: the first range starts at 1; gaps and the tail carry the previous k
         fix = (f"the best k differs by batch size ({', '.join(f'{b}: {k}' for b, k in bands.items())}): set "
                f"num_speculative_tokens={max(bands.values())} and num_speculative_tokens_per_batch_size="

@@ -16,16 +16,11 @@ from typing import Any
 
 from spectrace.audit import codes
 from spectrace.audit.findings import Finding
+from spectrace.bands import band_order
 
 THRASHING_MIN_SWITCHES = 20  # k switches before the share is judged
 THRASHING_SHARE = 0.25  # of the run's verified steps
 MAX_TRANSITIONS = 8  # (k before, k after) pairs kept in the evidence, the most frequent first
-
-
-def _band_order(band: str) -> int:
-    """``"3-4"`` -> 3, ``"257+"`` -> 257: batch-size bands (``spectrace.acceptance.BATCH_BANDS``) in size order."""
-    head = band.split("-")[0].rstrip("+")
-    return int(head) if head.isdigit() else 1 << 30
 
 
 def k_thrashing(
@@ -46,7 +41,7 @@ def k_thrashing(
     switches = sum(s for _, s in by_shape.values())
     if switches < THRASHING_MIN_SWITCHES or switches < THRASHING_SHARE * steps:
         return None
-    shapes = sorted(by_shape.items(), key=lambda item: (_band_order(item[0][0]), item[0][1]))
+    shapes = sorted(by_shape.items(), key=lambda item: (band_order(item[0][0]), item[0][1]))
     k_steps: dict[int, int] = {}
     for (_, k), (n, _) in shapes:
         k_steps[k] = k_steps.get(k, 0) + n
@@ -58,7 +53,7 @@ def k_thrashing(
         "k_steps": {str(k): n for k, n in sorted(k_steps.items())},
         "transitions": {f"{a}->{b}": n for (a, b), n in frequent},
         "switched_shapes": [{"batch_band": band, "k": k, "steps": n, "k_switches": s} for (band, k), (n, s) in shapes if s],
-        "batch_bands": sorted({band for (band, _), (_, s) in shapes if s}, key=_band_order),
+        "batch_bands": sorted({band for (band, _), (_, s) in shapes if s}, key=band_order),
         "num_speculative_tokens_per_batch_size": [list(entry) for entry in schedule],
         "rule": f">= {THRASHING_MIN_SWITCHES} k switches and >= {THRASHING_SHARE:.0%} of the verified steps, "
                 "dynamic speculation configured",

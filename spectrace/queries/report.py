@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from spectrace import audit
-from spectrace.acceptance import BATCH_BANDS
+from spectrace.acceptance import band_order
 from spectrace.audit import codes
 from spectrace.console import format_table
 from spectrace.speedup import best, by_band, from_store
@@ -58,7 +58,10 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("Hooks not installed (that part of the audit is unavailable):")
         out += [f"  {hook}: {detail}" for hook, detail in missing]
     out.append("")
-    out += _findings(con, rid, derived=_derived_findings(con, rid))
+    by_k = (from_store(con, rid), by_band(con, rid))  # what k pays, whole run and by batch size: read once, for
+    better = audit.k_better_finding(by_k[0], by_band=by_k[1])  # its finding here and its table under acceptance
+    # a finding only the store can give (it holds the run without drafts that prices it; a worker sees its own run)
+    out += _findings(con, rid, derived=[better] if better is not None else [])
     for role in ("target", "draft"):
         out.append("")
         out += _layout(con, rid, role)
@@ -75,7 +78,7 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("")
         out += ranks
     out.append("")
-    out += _acceptance(con, rid, plot)
+    out += _acceptance(con, rid, plot, by_k)
     requests = _requests(con, rid)
     if requests:
         out.append("")
@@ -113,13 +116,6 @@ def _requests(con, run_id: str) -> list[str]:
     if lines and not rows:
         lines.insert(0, "Requests")
     return lines
-
-
-def _derived_findings(con, run_id: str) -> list[audit.Finding]:
-    """Findings only the store can give (it holds other runs): ``SPECULATION_K_BETTER`` from "What k pays" priced
-    with a run without drafts of the same target (a worker sees its own run only)."""
-    better = audit.k_better_finding(from_store(con, run_id), by_band=by_band(con, run_id))
-    return [better] if better is not None else []
 
 
 def _findings(con, run_id: str, *, derived: list[audit.Finding] = ()) -> list[str]:
@@ -261,7 +257,7 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
+def _acceptance(con, run_id: str, plot: str | None, by_k: tuple[list[dict], dict[str, list[dict]]]) -> list[str]:
     rows = con.execute(
         "select position, drafted, accepted, rate from acceptance_by_position where run_id = ? order by position",
         [run_id],
@@ -294,7 +290,7 @@ def _acceptance(con, run_id: str, plot: str | None) -> list[str]:
         lines.append(_indent(format_table(headers, table)))
     lines += _shapes(con, run_id)
     lines += _cost(con, run_id)
-    lines += _by_k(con, run_id)
+    lines += _by_k(*by_k)
     agreement = con.execute(
         "select source, rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? group by all order by source, rank",
         [run_id],
@@ -375,8 +371,8 @@ def _cost(con, run_id: str) -> list[str]:
     return lines
 
 
-def _by_k(con, run_id: str) -> list[str]:
-    rows = from_store(con, run_id)
+def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
+    """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size."""
     if not rows:
         return []
     pick = best(rows)
@@ -389,7 +385,6 @@ def _by_k(con, run_id: str) -> list[str]:
     lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
     if pick is not None:
         lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)")
-    bands = by_band(con, run_id)
     if len(bands) > 1:
         ks = sorted({r["k"] for band_rows in bands.values() for r in band_rows})
         lines.append("  by batch size (each band's own acceptance and measured step times; the fit, where it prices, is the run's)")
@@ -412,7 +407,7 @@ def _step_shapes(con, run_id: str) -> list[str]:
         "from step_shapes where run_id = ? group by all", [run_id]).fetchall()
     if len({k for _, k, *_ in rows}) < 2:
         return []
-    rows.sort(key=lambda r: (BATCH_BANDS.index(r[0]) if r[0] in BATCH_BANDS else len(BATCH_BANDS), r[1]))
+    rows.sort(key=lambda r: (band_order(r[0]), r[1]))
     table = [(band, k, steps, "-" if switched is None else switched, request_steps, _rate(drafted, accepted))
              for band, k, steps, request_steps, drafted, accepted, switched in rows]
     lines = ["The k each batch size drafted (steps by batch-size band and the most drafts one request got; switched: "

@@ -33,3 +33,21 @@ def store_pipeline(root, *, host: str = "testhost", clock=None, **settings):
         store = pipeline.sink("duckdb")
         store.clock, store.start_ns = clock, clock()
     return pipeline
+
+
+def memory_runtime(root, run_id: str, **settings):
+    """A started runtime with the verification capture, hooks not installed, exporters off and one memory sink,
+    with run ``run_id`` set: the drain and the detectors on records a test appends (``(runtime, sink)``; stop it
+    with ``runtime.stop()``). ``settings``: any other ``Settings`` field."""
+    from pathlib import Path
+
+    from spectrace.settings import Settings
+    from spectrace.sinks.memory import MemorySink
+    from spectrace.tracer import runtime, verify
+
+    rt = runtime.start(Settings(enabled=True, dir=Path(root), exporters=(), span_every_steps=0, **settings), hooks=[],
+                       make_capture=verify.VerifyCapture)
+    sink = MemorySink()
+    rt.pipeline.add_sink(sink)
+    rt.set_run(runtime.Run(run_id=run_id, traceparent=""))
+    return rt, sink

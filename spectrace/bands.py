@@ -1,0 +1,30 @@
+"""Batch-size bands: the labels spectrace groups engine steps by (requests with drafts in a step).
+
+A leaf: it imports nothing of spectrace, so the audit (which ``spectrace.acceptance`` imports) can use it too.
+``store/views.sql`` (``speedup_baseline``) spells the same bands as a SQL ``CASE`` (tests/test_speedup.py checks it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+BATCH_BANDS = ("1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128", "129-256", "257+")
+_BATCH_EDGES = (2, 3, 5, 9, 17, 33, 65, 129, 257)
+
+
+def batch_band(requests: int) -> str:
+    """Band label of a step's batch size (requests with drafts in the step); called per engine step in the
+    drain, so a plain bisect, not numpy."""
+    return BATCH_BANDS[bisect_right(_BATCH_EDGES, requests)]
+
+
+def band_order(band: str) -> int:
+    """Sort key of a band label: its place in :data:`BATCH_BANDS` (a label it does not know goes last)."""
+    return BATCH_BANDS.index(band) if band in BATCH_BANDS else len(BATCH_BANDS)
+
+
+def band_bounds(band: str) -> tuple[int, int | None]:
+    """The batch sizes of a band label, both ends inclusive (``"3-4"``: (3, 4); ``"257+"``: (257, None))."""
+    i = BATCH_BANDS.index(band)
+    low = _BATCH_EDGES[i - 1] if i else 1
+    return low, (_BATCH_EDGES[i] - 1 if i < len(_BATCH_EDGES) else None)
