@@ -171,9 +171,11 @@ def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
         engine.quit()
     con = spectrace.store.open(store)
     predicted, alone = from_store(con, run_ids[K]), from_store(con, run_ids[K], baseline=False)
+    decode_only = from_store(con, run_ids[K], chunks=False)
     con.close()
     measured = {0: {"ratio": 1.0, "ci95": [1.0, 1.0]}, **{k: summary(v) for k, v in ratios.items()}}
-    return {"baseline": compare(predicted, measured), "fit": compare(alone, measured),
+    return {"baseline": compare(predicted, measured), "decode_only": compare(decode_only, measured),
+            "fit": compare(alone, measured), "chunk_share": predicted[0]["chunk_share"] if predicted else None,
             "measured": {k: {key: m[key] for key in ("ratio", "ci95")} | {"pairs": len(ratios.get(k, []))}
                          for k, m in measured.items()},
             "traced_speedup_k5": summary(traced_ratio)}  # the traced engines' own CPU ratio, k = 0 over k = 5
@@ -197,7 +199,8 @@ def main() -> None:
         for name in names:
             target, drafter = models[name]
             results[name] = got = run_drafter(name, target, drafter, root, requests=args.requests, rounds=rounds, log=log)
-            for source in ("baseline", "fit"):
+            print(name, "chunk share", got["chunk_share"], flush=True)
+            for source in ("baseline", "decode_only", "fit"):
                 g = got[source]
                 print(name, source, "within ±15 %:", g["within"], "of", g["of"],
                       json.dumps([(r["k"], r["speedup"], r["measured"], r["measured_ci95"], r["error"]) for r in g["rows"]]),

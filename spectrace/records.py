@@ -269,6 +269,18 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("step_ns", "BIGINT"),
         ("draft_ns", "BIGINT"),
     ],
+    # Per flush and worker rank: the other steps, those that carried a prefill chunk, by batch size and whether
+    # they verified drafts: what a run spends beside its decode-only steps, which "What k pays" holds fixed
+    # when it prices another k (spectrace.speedup: the run's whole worker time, not its decode steps alone).
+    "chunk_steps": [
+        ("ts", "TIMESTAMP_NS"),
+        ("requests", "INTEGER"),
+        ("verified", "BOOLEAN"),  # the step verified drafts (its decode requests carried them)
+        ("steps", "BIGINT"),
+        ("step_ns", "BIGINT"),
+        ("draft_ns", "BIGINT"),
+        ("scheduled_tokens", "BIGINT"),
+    ],
     # Per model and rank, after load: its checkpoint (safetensors headers only), what vLLM loaded into it,
     # whose embeddings and head the drafter uses, the dtype and RoPE it runs with (issue #24).
     "model_weights": [

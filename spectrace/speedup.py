@@ -27,7 +27,7 @@ The step time at ``k'`` comes from one of two sources (``step_source``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from spectrace import acceptance
@@ -101,13 +101,17 @@ class Baseline:
     """Measured decode-only step costs for one run at ``k`` (``decode_steps``), over the run's steps at a batch
     size that steps without drafts of the same target and host also measured: sums over those steps of the
     no-draft step time at their batch size (``plain_ns``), of their own verification (``verify_ns``: step less
-    drafting) and drafting (``draft_ns``) times."""
+    drafting) and drafting (``draft_ns``) times. ``chunk_ns`` and ``decode_ns``: the run's whole worker time split
+    (``chunk_steps``): what its steps with a prefill chunk cost beyond a decode step of their batch size at ``k``
+    (the part that does not change with k: prefills), and every step priced as that decode step."""
 
     steps: float
     plain_ns: float
     verify_ns: float
     draft_ns: float
     baseline_steps: int = 0  # steps without drafts at those batch sizes
+    chunk_ns: float = 0.0
+    decode_ns: float = 0.0
 
     def step_ns_at(self, k: int, k_new: int, *, parallel: bool = False) -> float:
         plain = self.plain_ns / self.steps
@@ -116,6 +120,10 @@ class Baseline:
         verify = max(plain + (self.verify_ns / self.steps - plain) * k_new / k, 0.0)
         draft = self.draft_ns / self.steps
         return verify + (draft if parallel else draft * k_new / k)
+
+    def chunk_ratio(self) -> float:
+        """The run's time in prefill chunks over its time in decoding (0 when not measured)."""
+        return self.chunk_ns / self.decode_ns if self.decode_ns > 0 and self.chunk_ns > 0 else 0.0
 
 
 def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost, *, method: str | None = None,
@@ -133,17 +141,30 @@ def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost,
     use = baseline if baseline is not None and baseline.steps > 0 and baseline.plain_ns > 0 else None
     price = use.step_ns_at if use is not None else cost.step_ns_at
     plain = price(k, 0)
+    lengths = expected_lengths(accepted_at, request_steps, extra=extra)
+    at_k = next((length for k_new, length, _ in lengths if k_new == k), None)
+    # The run's time per token at k' is its decode steps' (step(k') / L(k')) plus the prefill chunks' part, which
+    # does not change with k: measured as a ratio ``rho`` of the decode time at k (0: decode steps alone).
+    rho = use.chunk_ratio() if use is not None and at_k else 0.0
+    per_token_k = price(k, k, parallel=parallel) / at_k if at_k else 0.0
     rows = []
-    for k_new, length, extrapolated in expected_lengths(accepted_at, request_steps, extra=extra):
+    for k_new, length, extrapolated in lengths:
         step = price(k, k_new, parallel=parallel)
+        if step <= 0:
+            speedup = None
+        elif rho:
+            speedup = (plain / per_token_k + rho) / (step / length / per_token_k + rho)
+        else:
+            speedup = length * plain / step
         rows.append({
             "k": k_new,
             "expected_length": round(length, 4),
             "step_ms": round(step / 1e6, 4),
-            "speedup": round(length * plain / step, 4) if step > 0 else None,
+            "speedup": round(speedup, 4) if speedup is not None else None,
             "extrapolated": extrapolated,
             "in_force": k_new == k,
             "step_source": "baseline" if use is not None else "fit",
+            "chunk_share": round(rho / (1 + rho), 4),
         })
     return rows
 
@@ -154,12 +175,15 @@ best = best_k  # the measured (not extrapolated) k' with the highest speed-up; 0
 ALL = "all"  # the whole run, every batch size
 
 
-def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True, batch_band: str = ALL) -> list[dict]:
+def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True, batch_band: str = ALL,
+               chunks: bool = True) -> list[dict]:
     """:func:`speedup_by_k` for one run of a store connection (``spectrace.store.open``): acceptance from the
     engine core's ``verify_counts``, step costs from the measured decode-only steps (:func:`baseline_from_store`)
     where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``.
     ``batch_band`` (one of ``spectrace.acceptance.BATCH_BANDS``): the run's steps at that batch size only, their
-    acceptance (``band_positions``) and measured step costs; the fit, where it prices, is the whole run's."""
+    acceptance (``band_positions``) and measured step costs; the fit, where it prices, is the whole run's.
+    ``chunks=False``: the decode steps alone, without the prefill chunks held fixed beside them (the benchmark's
+    comparison of the two models)."""
     if batch_band == ALL:
         counts = con.execute(
             "SELECT position, sum(drafted), sum(accepted) FROM verify_counts WHERE run_id = ? AND source = 'engine_core' "
@@ -183,8 +207,11 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
         return []
     method = con.execute("SELECT any_value(method) FROM runs WHERE run_id = ?", [run_id]).fetchone()
     cost = StepCost(*[float(x or 0) for x in row])
+    measured = baseline_from_store(con, run_id, batch_band) if baseline else None
+    if measured is not None and not chunks:
+        measured = replace(measured, chunk_ns=0.0)
     rows = speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra, k=k,
-                        baseline=baseline_from_store(con, run_id, batch_band) if baseline else None)
+                        baseline=measured)
     return [{**r, "batch_band": batch_band} for r in rows]
 
 
@@ -200,8 +227,9 @@ def baseline_from_store(con, run_id: str, batch_band: str = ALL) -> Baseline | N
     """The measured step costs that price ``run_id``'s other k (:class:`Baseline`, the view ``speedup_baseline``
     that the named query reads too), over its steps in ``batch_band``, or None where steps without drafts of its
     target were not measured at those batch sizes (fewer than :data:`MIN_BASELINE_STEPS`)."""
-    row = con.execute("SELECT steps, plain_ns, verify_ns, draft_ns, baseline_steps FROM speedup_baseline "
+    row = con.execute("SELECT steps, plain_ns, verify_ns, draft_ns, baseline_steps, chunk_ns, decode_ns FROM speedup_baseline "
                       "WHERE run_id = ? AND batch_band = ?", [run_id, batch_band]).fetchone()
     if row is None or not row[0] or int(row[4] or 0) < MIN_BASELINE_STEPS:
         return None
-    return Baseline(float(row[0]), float(row[1]), float(row[2]), float(row[3]), int(row[4]))
+    return Baseline(float(row[0]), float(row[1]), float(row[2]), float(row[3]), int(row[4]), float(row[5] or 0),
+                    float(row[6] or 0))

@@ -128,7 +128,7 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
     assert sum(r["steps"] for r in steps) == 6 and sum(r["step_ns"] for r in steps) == 66_000_000
 
 
-def test_decode_steps_hold_the_step_times_of_decode_only_shapes(traced):
+def test_decode_steps_hold_the_step_times_of_decode_only_shapes_and_chunk_steps_the_rest(traced):
     from spectrace.tracer.verify.capture import StepTiming
 
     rt, sink = traced
@@ -149,6 +149,9 @@ def test_decode_steps_hold_the_step_times_of_decode_only_shapes(traced):
     rt.flush()
     got = {(r["requests"], r["drafts"]): (r["steps"], r["step_ns"], r["draft_ns"]) for r in rows(sink, "decode_steps")}
     assert got == {(8, 0): (2, 22_000_000, 0), (8, 3): (1, 20_000_000, 6_000_000), (2, 3): (1, 9_000_000, 2_000_000)}
+    chunks = {(r["requests"], r["verified"]): (r["steps"], r["step_ns"], r["draft_ns"], r["scheduled_tokens"])
+              for r in rows(sink, "chunk_steps")}
+    assert chunks == {(8, False): (1, 30_000_000, 0, 40), (8, True): (1, 21_000_000, 6_000_000, 33)}
 
 
 def test_step_shapes_record_the_k_each_batch_size_drafted(traced):

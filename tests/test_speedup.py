@@ -77,10 +77,23 @@ def test_a_baseline_prices_step_zero_as_measured_and_interpolates_verification()
     assert {r["step_source"] for r in speedup_by_k([8, 6, 4, 2], 10, fit, extra=0)} == {"fit"}
 
 
+def test_prefill_chunks_are_held_fixed_and_pull_the_speedup_toward_one():
+    base = Baseline(steps=10, plain_ns=10 * 12e6, verify_ns=10 * 18e6, draft_ns=10 * 8e6, baseline_steps=40)
+    fit = _cost(None, 30e6, 0.0, 8e6, 8, [40] * 10)
+    alone = {r["k"]: r["speedup"] for r in speedup_by_k([8, 6, 4, 2], 10, fit, extra=0, baseline=base)}
+    # as much time in prefill chunks as in decoding at k = 4: a run's time at k' is decode(k') + chunks(k)
+    half = Baseline(10, 10 * 12e6, 10 * 18e6, 10 * 8e6, 40, chunk_ns=100e6, decode_ns=100e6)
+    rows = {r["k"]: r for r in speedup_by_k([8, 6, 4, 2], 10, fit, extra=0, baseline=half)}
+    assert rows[4]["chunk_share"] == 0.5 and rows[0]["speedup"] == 1.0
+    for k in (1, 2, 3, 4):  # alone: plain / (step(k) / L(k)); decode time at k' over k's: alone[4] / alone[k']
+        assert rows[k]["speedup"] == pytest.approx((alone[4] + 1) / (alone[4] / alone[k] + 1), abs=1e-3)
+        assert abs(rows[k]["speedup"] - 1) < abs(alone[k] - 1)  # toward 1: the chunks' time does not change
+
+
 BANDS = {"5-8": (9, [8, 6, 4, 2]), "3-4": (1, [1, 1, 0, 0])}  # band -> request-steps, accepted per position
 
 
-def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None):
+def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None, chunks=()):
     """One run's rows as the drain writes them: decode_steps (requests, drafts, steps, step_ns, draft_ns), and
     for a run at k its engine-core counts (accepted 8, 6, ... per position of 10 request-steps; by batch-size band
     :data:`BANDS`) and step sums."""
@@ -90,6 +103,10 @@ def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None):
         writer.append("decode_steps", {"run_id": run_id, "process_role": "worker", "host": "h", "rank": 0, "ts": 2,
                                        "requests": requests, "drafts": drafts, "steps": steps, "step_ns": step_ns,
                                        "draft_ns": draft_ns})
+    for requests, verified, steps, step_ns in chunks:
+        writer.append("chunk_steps", {"run_id": run_id, "process_role": "worker", "host": "h", "rank": 0, "ts": 2,
+                                      "requests": requests, "verified": verified, "steps": steps, "step_ns": step_ns,
+                                      "draft_ns": 0, "scheduled_tokens": steps * 60})
     if k:
         writer.extend("verify_counts", [{"run_id": run_id, "process_role": "engine_core", "source": "engine_core", "ts": 2,
                                          "position": i, "drafted": 10, "accepted": 8 - 2 * i} for i in range(k)])
@@ -111,7 +128,8 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
                 scheduled_tokens=10 * 40 + 24, scheduled_tokens_sq=9 * 1600 + 64 ** 2,
                 tokens_x_verify_ns=9 * 40 * 18e6 + 64 * 18e6, requests=80)
     decode = [(8, 4, 9, 9 * 26_000_000, 9 * 8_000_000), (3, 4, 1, 20_000_000, 5_000_000)]
-    _write_run(writer, "priced", "t", k=4, decode=decode, timing=sums)
+    # prefill chunks: three steps of 8 at 40 ms (14 ms over a decode step at k), one that verified nothing (20 ms)
+    _write_run(writer, "priced", "t", k=4, decode=decode, timing=sums, chunks=[(8, True, 3, 120_000_000), (8, False, 1, 20_000_000)])
     _write_run(writer, "alone", "other-target", k=4, decode=decode, timing=sums)
     _write_run(writer, "plain", "t", decode=[(8, 0, 30, 30 * 12_000_000, 0), (5, 0, 4, 4 * 10_000_000, 0)])
     writer.flush()
@@ -121,7 +139,8 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
                                  ("priced", "3-4", "fit"), ("alone", "5-8", "fit")):  # no step without drafts at 3
         py = [r for r in from_store(con, run_id, batch_band=band) if not r["extrapolated"]]
         assert {r["step_source"] for r in py} == {source}
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"]) for r in py] == \
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"], r["chunk_share"])
+                for r in py] == \
             [row[3:] for row in sql if row[0] == run_id and row[1] == "all" and row[2] == band], (run_id, band)
     assert [row[2] for row in sql if row[0] == "priced" and row[1] == "all" and row[3] == 0] == ["all", "3-4", "5-8"]
     assert list(by_band(con, "priced")) == ["3-4", "5-8"]
@@ -130,6 +149,12 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     priced = {r["k"]: r for r in from_store(con, "priced")}
     assert priced[0]["step_ms"] == 12.0  # the baseline's 8-request steps; its 5-request ones match no step at k
     assert priced[4]["step_ms"] == 26.0
+    # the chunks cost 3 * 14 + 20 ms beside (9 + 3) * 26 + 20 ms of decoding at k (the 3-request step included)
+    rho = 62 / 332
+    assert priced[4]["chunk_share"] == pytest.approx(rho / (1 + rho), abs=1e-4)
+    per_token = 26 / 3.0  # L(4) = 3
+    assert priced[2]["speedup"] == pytest.approx((12 / per_token + rho) / (19 / 2.4 / per_token + rho), abs=1e-4)
+    assert {r["chunk_share"] for r in from_store(con, "alone")} == {0.0}  # the fit prices decode steps alone
 
 
 def test_k_better_names_the_k_that_pays_clearly_more_from_measured_steps_only():

@@ -85,7 +85,8 @@ def test_named_query_is_the_python_model(k_runs):
     for name, result in drafting.items():
         py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
         mine = [r for r in sql if r[0] == result.run_id and r[1] == "all" and r[2] == "all"]
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"]) for r in py] == \
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"],
+                 r["chunk_share"]) for r in py] == \
             [row[3:] for row in mine], name
         assert {r["step_source"] for r in py} == {"baseline"}, name  # target-k0 measured step(0)
         ranges = {r[1] for r in sql if r[0] == result.run_id}
@@ -93,7 +94,7 @@ def test_named_query_is_the_python_model(k_runs):
         bands = by_band(con, result.run_id)
         assert set(bands) == {r[2] for r in sql if r[0] == result.run_id} - {"all"} and "5-8" in bands, name
         for band, rows in bands.items():  # each band: its own acceptance, the same model
-            assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"])
+            assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"], r["chunk_share"])
                     for r in rows if not r["extrapolated"]] == \
                 [row[3:] for row in sql if row[0] == result.run_id and row[1] == "all" and row[2] == band], (name, band)
 
@@ -155,3 +156,23 @@ def test_decode_steps_measure_step_zero_on_the_run_without_drafts(k_runs):
     rows = {r["k"]: r for r in from_store(con, results[f"noisy-k{K}"].run_id)}
     mean_6 = dict((r[0], r[3] / r[2]) for r in plain)[6] / 1e6
     assert rows[0]["step_ms"] < rows[K]["step_ms"] and 0.5 * mean_6 < rows[0]["step_ms"] < 2 * mean_6
+
+
+def test_chunk_steps_hold_every_step_decode_steps_do_not(k_runs):
+    """Every worker step is decode-only (decode_steps) or carried a prefill chunk (chunk_steps): the steps that
+    verified drafts in the two add up to speculation_steps'; the 12 prompts were prefilled in chunk steps, whose
+    time "What k pays" holds fixed (chunk_share)."""
+    con, results = k_runs
+    for name, result in results.items():
+        run = [result.run_id]
+        decode = con.execute("select coalesce(sum(steps) filter (where drafts > 0), 0) from decode_steps where run_id = ?",
+                             run).fetchone()[0]
+        chunk, verified, tokens = con.execute(
+            "select sum(steps), coalesce(sum(steps) filter (where verified), 0), sum(scheduled_tokens) "
+            "from chunk_steps where run_id = ?", run).fetchone()
+        spec = con.execute("select coalesce(sum(steps), 0) from speculation_steps where run_id = ?", run).fetchone()[0]
+        assert decode + verified == spec, name
+        assert chunk >= 2 and tokens >= 12 * 4, name  # 12 prompts of >= 4 tokens, 6 at a time
+        if name != "target-k0":
+            share = {r["chunk_share"] for r in from_store(con, result.run_id)}
+            assert len(share) == 1 and 0 < share.pop() < 0.9, name

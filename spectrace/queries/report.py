@@ -379,6 +379,8 @@ def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
     priced = ("step times measured without drafts on this target (decode_steps)" if rows[0]["step_source"] == "baseline"
               else "step times fitted from this run alone: no run of this target without drafts in the store")
     lines = [f"What k pays (this run's per-position counts; {priced}; model and limits: README)"]
+    if rows[0].get("chunk_share"):
+        lines.append(f"  prefill chunks: {rows[0]['chunk_share']:.0%} of the run's worker time, held fixed at every k")
     table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
               f"{r['expected_length']:.2f}", f"{r['step_ms']:.2f}", "-" if r["speedup"] is None else f"{r['speedup']:.2f}x")
              for r in rows]  # fmt: skip

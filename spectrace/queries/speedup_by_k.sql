@@ -44,7 +44,9 @@ WITH acc AS (
                 THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b
     FROM cost
 ), baseline AS (
-    SELECT run_id, batch_band, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr FROM speedup_baseline
+    SELECT run_id, batch_band, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr,
+           CASE WHEN decode_ns > 0 AND chunk_ns > 0 THEN chunk_ns / decode_ns ELSE 0 END AS rho
+    FROM speedup_baseline
     WHERE baseline_steps >= 20 AND plain_ns > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
 ), fitted AS (
     SELECT c.run_id, c.context_range, c.batch_band, c.k_new, k.k, c.expected_length,
@@ -57,7 +59,7 @@ WITH acc AS (
                 ELSE greatest(b.plain_ns / b.n + (b.v / b.n - b.plain_ns / b.n) * c.k_new / k.k, 0)
                      + CASE WHEN m.method = 'dflash' THEN b.dr / b.n ELSE b.dr / b.n * c.k_new / k.k END
            END AS base_step_ns,
-           b.plain_ns / b.n AS base_plain_ns
+           b.plain_ns / b.n AS base_plain_ns, b.rho
     FROM curve c
     JOIN k_run k USING (run_id)
     JOIN fit f USING (run_id)
@@ -67,14 +69,23 @@ WITH acc AS (
 ), priced AS (
     SELECT run_id, context_range, batch_band, k_new, k, expected_length,
            coalesce(base_step_ns, step_ns) AS step_ns, coalesce(base_plain_ns, plain_ns) AS plain_ns,
-           CASE WHEN base_step_ns IS NOT NULL THEN 'baseline' ELSE 'fit' END AS step_source
+           CASE WHEN base_step_ns IS NOT NULL THEN 'baseline' ELSE 'fit' END AS step_source,
+           CASE WHEN base_step_ns IS NOT NULL THEN coalesce(rho, 0) ELSE 0 END AS rho
     FROM fitted
+), whole AS (  -- the run's time per token at k (its decode steps'): prefill chunks priced beside it (rho)
+    SELECT *, max(CASE WHEN k_new = k THEN step_ns / expected_length END)
+                OVER (PARTITION BY run_id, context_range, batch_band) AS per_token_k
+    FROM priced
 )
 SELECT run_id, context_range, batch_band, k_new AS k, k_new = k AS in_force,
        round(expected_length, 4) AS expected_length,
        round(step_ns / 1e6, 4) AS step_ms,
-       CASE WHEN step_ns > 0 THEN round(expected_length * plain_ns / step_ns, 4) END AS speedup,
-       step_source
-FROM priced
+       CASE WHEN step_ns <= 0 THEN NULL
+            WHEN rho > 0 AND per_token_k > 0
+            THEN round((plain_ns / per_token_k + rho) / (step_ns / expected_length / per_token_k + rho), 4)
+            ELSE round(expected_length * plain_ns / step_ns, 4) END AS speedup,
+       step_source,
+       round(CASE WHEN per_token_k > 0 THEN rho / (1 + rho) ELSE 0 END, 4) AS chunk_share
+FROM whole
 ORDER BY run_id, context_range = 'all' DESC, context_range,
          list_position(['all', '1', '2', '3-4', '5-8', '9-16', '17-32', '33-64', '65-128', '129-256', '257+'], batch_band), k;

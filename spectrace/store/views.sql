@@ -127,7 +127,10 @@ ORDER BY run_id;
 -- band the run ran: spectrace.acceptance.BATCH_BANDS, the CASE below is batch_band()), its decode-only steps at k
 -- (lowest worker rank) whose batch size steps without drafts of the same target model on the same host (any run)
 -- also measured; sums over those steps of the no-draft mean step time at their batch size (plain_ns), of their own
--- verification (step less drafting) and drafting times, and how many no-draft steps measured them.
+-- verification (step less drafting) and drafting times, and how many no-draft steps measured them. chunk_ns and
+-- decode_ns split the run's whole worker time at every batch size it decoded at k (chunk_steps): what its steps
+-- with a prefill chunk cost beyond a decode step of the same batch size at k (steps that verified nothing: all of
+-- it), and every step priced as that decode step.
 WITH k_run AS (
     SELECT run_id, max(position) + 1 AS k FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id
 ), target AS (
@@ -141,23 +144,41 @@ WITH k_run AS (
     JOIN lowest l ON d.run_id = l.run_id AND coalesce(d.rank, -1) = l.r
     JOIN k_run k ON d.run_id = k.run_id AND d.drafts = k.k
     GROUP BY d.run_id, d.requests
+), chunks AS (
+    SELECT c.run_id, c.requests,
+           coalesce(sum(c.steps) FILTER (WHERE c.verified), 0)::DOUBLE AS cn,
+           coalesce(sum(c.step_ns) FILTER (WHERE c.verified), 0)::DOUBLE AS ct,
+           coalesce(sum(c.step_ns) FILTER (WHERE NOT c.verified), 0)::DOUBLE AS cu
+    FROM chunk_steps c
+    JOIN lowest l ON c.run_id = l.run_id AND coalesce(c.rank, -1) = l.r
+    JOIN k_run k ON c.run_id = k.run_id
+    GROUP BY c.run_id, c.requests
+), sized AS (
+    SELECT run_id, requests, m.host, m.n, m.v, m.dr,
+           CASE WHEN m.n > 0 THEN coalesce(c.ct - c.cn * (m.v + m.dr) / m.n, 0) ELSE 0 END + coalesce(c.cu, 0) AS chunk,
+           CASE WHEN m.n > 0 THEN (m.n + coalesce(c.cn, 0)) * (m.v + m.dr) / m.n ELSE 0 END AS dec,
+           CASE WHEN requests <= 1 THEN '1' WHEN requests = 2 THEN '2' WHEN requests <= 4 THEN '3-4'
+                WHEN requests <= 8 THEN '5-8' WHEN requests <= 16 THEN '9-16' WHEN requests <= 32 THEN '17-32'
+                WHEN requests <= 64 THEN '33-64' WHEN requests <= 128 THEN '65-128'
+                WHEN requests <= 256 THEN '129-256' ELSE '257+' END AS band
+    FROM mine m FULL JOIN chunks c USING (run_id, requests)
 ), plain AS (
     SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
     FROM decode_steps d JOIN target t USING (run_id)
     WHERE d.drafts = 0
     GROUP BY ALL
 ), matched AS (
-    SELECT m.*, p.b, p.n AS pn,
-           CASE WHEN m.requests <= 1 THEN '1' WHEN m.requests = 2 THEN '2' WHEN m.requests <= 4 THEN '3-4'
-                WHEN m.requests <= 8 THEN '5-8' WHEN m.requests <= 16 THEN '9-16' WHEN m.requests <= 32 THEN '17-32'
-                WHEN m.requests <= 64 THEN '33-64' WHEN m.requests <= 128 THEN '65-128'
-                WHEN m.requests <= 256 THEN '129-256' ELSE '257+' END AS band
-    FROM mine m
-    JOIN target t ON t.run_id = m.run_id
-    JOIN plain p ON p.requests = m.requests AND p.host IS NOT DISTINCT FROM m.host AND p.target_model = t.target_model
+    SELECT s.*, p.b, p.n AS pn
+    FROM sized s
+    JOIN target t ON t.run_id = s.run_id
+    LEFT JOIN plain p ON p.requests = s.requests AND p.host IS NOT DISTINCT FROM s.host AND p.target_model = t.target_model
+                     AND s.n > 0
 )
-SELECT run_id, coalesce(band, 'all') AS batch_band, sum(n) AS steps, sum(n * b) AS plain_ns, sum(v) AS verify_ns,
-       sum(dr) AS draft_ns, sum(pn)::BIGINT AS baseline_steps
+SELECT run_id, coalesce(band, 'all') AS batch_band, sum(n) FILTER (WHERE b IS NOT NULL) AS steps,
+       sum(n * b) AS plain_ns, sum(v) FILTER (WHERE b IS NOT NULL) AS verify_ns,
+       sum(dr) FILTER (WHERE b IS NOT NULL) AS draft_ns, sum(pn)::BIGINT AS baseline_steps,
+       greatest(sum(chunk), 0) AS chunk_ns, sum(dec) AS decode_ns
 FROM matched
 GROUP BY GROUPING SETS ((run_id), (run_id, band))
+HAVING sum(n) FILTER (WHERE b IS NOT NULL) > 0
 ORDER BY run_id, batch_band;

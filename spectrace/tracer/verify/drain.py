@@ -605,6 +605,7 @@ class VerifyCapture(Capture):
         keys = ("steps", "step_ns", "draft_ns", "scheduled_tokens", "scheduled_tokens_sq", "tokens_x_verify_ns", "requests")
         totals: dict[tuple, dict[str, int]] = {}
         shapes: dict[tuple, list[int]] = {}  # (run, rank, requests, drafts) -> steps, step_ns, draft_ns
+        chunks: dict[tuple, list[int]] = {}  # (run, rank, requests, verified) -> steps, step_ns, draft_ns, tokens
         run_k: dict[str | None, int | None] = {}
         for timing in timings:
             step_ns = timing.execute_ns + timing.sample_ns
@@ -616,6 +617,12 @@ class VerifyCapture(Capture):
                 s[0] += 1
                 s[1] += step_ns
                 s[2] += timing.draft_ns
+            elif timing.requests > 0:  # a step with a prefill chunk (one of no requests carried nothing)
+                c = chunks.setdefault((timing.run_id, timing.rank, timing.requests, timing.has_drafts), [0, 0, 0, 0])
+                c[0] += 1
+                c[1] += step_ns
+                c[2] += timing.draft_ns
+                c[3] += timing.scheduled_tokens
             if not timing.has_drafts:
                 continue
             t = totals.setdefault((timing.run_id, timing.rank), dict.fromkeys(keys, 0))
@@ -631,6 +638,10 @@ class VerifyCapture(Capture):
         for (run_id, rank, requests, drafts), (n, step_ns, draft_ns) in shapes.items():
             rt.pipeline.append("decode_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "requests": requests,
                                                 "drafts": drafts, "steps": n, "step_ns": step_ns, "draft_ns": draft_ns})
+        for (run_id, rank, requests, verified), (n, step_ns, draft_ns, tokens) in chunks.items():
+            rt.pipeline.append("chunk_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "requests": requests,
+                                               "verified": verified, "steps": n, "step_ns": step_ns, "draft_ns": draft_ns,
+                                               "scheduled_tokens": tokens})
         for (run_id, rank), t in totals.items():
             t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
             rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
