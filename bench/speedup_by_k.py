@@ -121,13 +121,14 @@ class Engine:
         if not self._answer().get("ready"):
             raise RuntimeError(f"engine {self.name} did not start")
 
-    def gen(self) -> float:
+    def gen(self) -> dict:
+        """One window: ``{"cpu": s, "wall": s, ...}`` (``bench.engine_server``)."""
         self.proc.stdin.write("gen\n")
         self.proc.stdin.flush()
         answer = self._answer()
         if "cpu" not in answer:
             raise RuntimeError(f"engine {self.name}: {answer}")
-        return answer["cpu"]
+        return answer
 
     def quit(self) -> str | None:
         self.proc.stdin.write("quit\n")
@@ -137,10 +138,11 @@ class Engine:
         return run_id
 
 
-def abba(a: Engine, b: Engine) -> list[float]:
-    """One ABBA block: two ratios, CPU time of ``a`` over CPU time of ``b``, each from adjacent windows."""
+def abba(a: Engine, b: Engine) -> dict[str, list[float]]:
+    """One ABBA block: two ratios of ``a``'s time over ``b``'s, each from adjacent windows, in CPU time (the
+    measure) and in wall time (what a user waits; the model prices host wall time per step)."""
     a1, b1, b2, a2 = a.gen(), b.gen(), b.gen(), a.gen()
-    return [a1 / b1, a2 / b2]
+    return {clock: [a1[clock] / b1[clock], a2[clock] / b2[clock]] for clock in ("cpu", "wall")}
 
 
 def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
@@ -160,11 +162,14 @@ def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
     for engine in [*traced.values(), *plain.values()]:  # one warm-up window each
         engine.gen()
     ratios: dict[int, list[float]] = {k: [] for k in range(1, K + 1)}
+    walls: dict[int, list[float]] = {k: [] for k in range(1, K + 1)}
     traced_ratio: list[float] = []
     for rnd in range(rounds):
-        traced_ratio += abba(traced[0], traced[K])
+        traced_ratio += abba(traced[0], traced[K])["cpu"]
         for k in (range(1, K + 1) if rnd % 2 == 0 else reversed(range(1, K + 1))):
-            ratios[k] += abba(plain[0], plain[k])
+            got = abba(plain[0], plain[k])
+            ratios[k] += got["cpu"]
+            walls[k] += got["wall"]
         print(name, "round", rnd, {k: round(statistics.fmean(v[-2:]), 3) for k, v in ratios.items()}, flush=True)
     run_ids = {k: engine.quit() for k, engine in traced.items()}
     for engine in plain.values():
@@ -174,7 +179,9 @@ def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
     decode_only = from_store(con, run_ids[K], chunks=False)
     con.close()
     measured = {0: {"ratio": 1.0, "ci95": [1.0, 1.0]}, **{k: summary(v) for k, v in ratios.items()}}
+    measured_wall = {0: {"ratio": 1.0, "ci95": [1.0, 1.0]}, **{k: summary(v) for k, v in walls.items()}}
     return {"baseline": compare(predicted, measured), "decode_only": compare(decode_only, measured),
+            "baseline_wall": compare(predicted, measured_wall), "decode_only_wall": compare(decode_only, measured_wall),
             "fit": compare(alone, measured), "chunk_share": predicted[0]["chunk_share"] if predicted else None,
             "measured": {k: {key: m[key] for key in ("ratio", "ci95")} | {"pairs": len(ratios.get(k, []))}
                          for k, m in measured.items()},
@@ -200,7 +207,7 @@ def main() -> None:
             target, drafter = models[name]
             results[name] = got = run_drafter(name, target, drafter, root, requests=args.requests, rounds=rounds, log=log)
             print(name, "chunk share", got["chunk_share"], flush=True)
-            for source in ("baseline", "decode_only", "fit"):
+            for source in ("baseline", "decode_only", "fit", "baseline_wall", "decode_only_wall"):
                 g = got[source]
                 print(name, source, "within ±15 %:", g["within"], "of", g["of"],
                       json.dumps([(r["k"], r["speedup"], r["measured"], r["measured_ci95"], r["error"]) for r in g["rows"]]),

@@ -23,6 +23,12 @@ The step time at ``k'`` comes from one of two sources (``step_source``):
 - ``fit``: the run alone. Verification fitted as ``a + b * scheduled tokens`` over the run's drafted steps
   (prefill chunks are its only spread) and priced at ``requests * (1 + k')``. On hardware whose cost is not
   affine in the tokens per request (the CPU build: BENCHMARKS.md, "What k pays") it prices ``step(0)`` high.
+
+The speed-up is the run's time per token at ``k'`` over its time without drafts. Decode steps take ``step(k') /
+L(k')`` a token; with ``baseline`` the run's steps that carried a prefill chunk are held fixed beside them: what
+they cost beyond a decode step of their batch size at ``k`` (``chunk_steps``; prefills do not change with k),
+as a ratio ``rho`` of the run's decode time, so ``speedup = (u(0) + rho u(k)) / (u(k') + rho u(k))`` with
+``u(k') = step(k') / L(k')`` (``chunk_share`` = ``rho / (1 + rho)``; ``rho = 0``: ``L(k') step(0) / step(k')``).
 """
 
 from __future__ import annotations

@@ -331,9 +331,28 @@ def test_token_budget_below_a_full_batch_of_drafts_is_token_budget_short(capsys,
     assert (f["evidence"]["needed"], f["evidence"]["full_draft_requests"], f["evidence"]["drafting_slots"]) == (1280, 204, 1)
     assert f["evidence"]["vllm_rule"].startswith("vllm.v1.core.sched.scheduler.Scheduler.schedule")
     assert "--max-num-batched-tokens to at least 1280" in f["fix"]
+    assert report["scheduler"]["given"] == ["max_num_batched_tokens", "max_num_seqs"]
+    assert (report["scheduler"]["max_num_seqs"], report["scheduler"]["max_num_batched_tokens"]) == (256, 1024)
     # the healthy twin: the budget fits a full batch
     rc, report = run_json(capsys, *args, "--max-num-batched-tokens", "1280")
     assert (rc, report["findings"]) == (0, [])
+
+
+def test_scheduler_defaults_are_vllm_serves_and_said_to_be_this_machines(capsys, models):
+    """Without --max-num-seqs / --max-num-batched-tokens the rule judges `vllm serve`'s defaults (its usage
+    context, not an engine built in Python's), and the text says they are this machine's platform's."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, seqs = (d[UsageContext.OPENAI_API_SERVER] for d in EngineArgs.get_batch_defaults(world_size=1))
+    args = ["--target", models["qwen3-8b"], "--draft", models["qwen3-0.6b"], "--method", "draft_model"]
+    rc, report = run_json(capsys, *args)
+    assert report["scheduler"]["given"] == []
+    assert (report["scheduler"]["max_num_seqs"], report["scheduler"]["max_num_batched_tokens"]) == (seqs, tokens)
+    rc, out, _ = run(capsys, *args, "--max-num-seqs", "64")
+    line = next(line for line in out.splitlines() if line.startswith("  scheduler "))
+    assert f"max_num_seqs 64, max_num_batched_tokens {tokens} (default)" in line
+    assert "pass --max-num-seqs and --max-num-batched-tokens as the server runs" in line
 
 
 def test_target_layers_follow_the_target_model_class_rule(capsys, models):

@@ -184,6 +184,9 @@ class Report:
     method_given: bool
     num_speculative_tokens: int
     max_model_len: int | None = None
+    # the scheduler's budget as `vllm serve` resolves it: max_num_seqs, max_num_batched_tokens, chunked_prefill,
+    # and which of the two were given (the others are vLLM's defaults for this machine's platform)
+    scheduler: dict[str, Any] | None = None
     findings: list[Any] = field(default_factory=list)  # spectrace.audit.Finding
     layout: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"target": [], "draft": []})
     rules: dict[str, str] = field(default_factory=dict)
@@ -207,6 +210,7 @@ class Report:
             "method_given": self.method_given,
             "num_speculative_tokens": self.num_speculative_tokens,
             "max_model_len": self.max_model_len,
+            "scheduler": self.scheduler,
             "vllm_version": self.vllm_version,
             "architectures": self.architectures,
             "rules": self.rules,
@@ -375,7 +379,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
                 model=target, speculative_config=speculative, max_model_len=max_model_len, enforce_eager=True,
                 **(scheduler_args or {}),
             )
-            vllm_config = engine_args.create_engine_config()
+            vllm_config = engine_args.create_engine_config(usage_context=_serve_context())
         except Exception as exc:  # vLLM refused: a finding, not a crash
             config_error = exc
     spec = vllm_config.speculative_config if vllm_config is not None else None
@@ -384,6 +388,10 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
         report.num_speculative_tokens = spec.num_speculative_tokens
     if vllm_config is not None:
         report.max_model_len = vllm_config.model_config.max_model_len
+        sched = vllm_config.scheduler_config
+        report.scheduler = {"max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens,
+                            "chunked_prefill": bool(getattr(sched, "enable_chunked_prefill", False)),
+                            "given": sorted(scheduler_args or {}), "platform": _platform_name()}
 
     # which get_config call was whose, as the live frontend assigns them
     resolved = {role: capture.config for role, capture in assign_roles(captures, target, draft).items() if capture.error is None}
@@ -436,6 +444,26 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
         _annotate(report, finding, resolved, config_error)
     report.findings = judged.findings + findings + ([build_refusal] if build_refusal is not None else [])
     return report
+
+
+def _serve_context():
+    """vLLM's usage context of `vllm serve` (its defaults for max_num_seqs and max_num_batched_tokens differ from
+    an engine built in Python's), or None where this vLLM has none."""
+    try:
+        from vllm.usage.usage_lib import UsageContext
+
+        return UsageContext.OPENAI_API_SERVER
+    except (ImportError, AttributeError):
+        return None
+
+
+def _platform_name() -> str | None:
+    try:
+        from vllm.platforms import current_platform
+
+        return str(getattr(current_platform, "device_name", None) or current_platform.device_type)
+    except Exception:  # a platform that cannot say
+        return None
 
 
 def _annotate(report: Report, finding: Any, resolved: dict[str, Any], config_error: BaseException | None) -> None:

@@ -38,6 +38,21 @@ def _layout_table(rows: list[dict[str, Any]]) -> str:
     return format_table(columns, collapsed, max_width=40)
 
 
+def _scheduler_lines(scheduler: dict | None) -> list[str]:
+    """The budget the token-budget rule judged, and where each number came from (a default of `vllm serve` on this
+    machine's platform is not the serving GPU's: vLLM's defaults grow with device memory)."""
+    if not scheduler:
+        return []
+    given = set(scheduler.get("given") or ())
+    parts = [f"{name} {scheduler[name]}" + ("" if name in given else " (default)")
+             for name in ("max_num_seqs", "max_num_batched_tokens")]
+    line = "  scheduler " + ", ".join(parts) + f", chunked prefill {'on' if scheduler.get('chunked_prefill') else 'off'}"
+    if len(given) < 2:
+        line += (f"; defaults are `vllm serve`'s on this machine ({scheduler.get('platform') or '?'}) and grow with the"
+                 " serving GPU's memory: pass --max-num-seqs and --max-num-batched-tokens as the server runs")
+    return [line]
+
+
 def render_text(report: Report) -> str:
     lines = [
         f"spectrace doctor (vLLM {report.vllm_version}, {report.runner.upper()} model runner rules)",
@@ -45,6 +60,7 @@ def render_text(report: Report) -> str:
         f"  draft   {report.draft}  [{report.architectures.get('draft') or '?'}]",
         f"  method  {report.method or '?'} ({'given' if report.method_given else 'inferred by vLLM'}), "
         f"num_speculative_tokens {report.num_speculative_tokens}, max_model_len {report.max_model_len or '?'}",
+        *_scheduler_lines(report.scheduler),
         "",
     ]
     for role in ("draft", "target"):
