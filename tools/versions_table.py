@@ -92,7 +92,9 @@ def load_matrix(repo: Path) -> dict | None:
                 "how": "live, older than the range (`bench.old_vllm`): the same engines with SPECTRACE=1 and unset",
                 "result": ("same outcome traced and untraced" if data["same_outcome_traced_and_untraced"] else "DIFFERENT traced and untraced")
                 + f" — {engines}; hooks: "
-                + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items())),
+                + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+                + (f" (measured with {len(data['hooks'])} hooks; spectrace has {len(all_hooks())} now: rerun `make old-vllm`)"
+                   if len(data["hooks"]) != len(all_hooks()) else ""),
             }
         )
     return {"versions": rows} if rows else None

@@ -6,7 +6,8 @@
 -- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
 -- "What k pays". The step cost is the run's whole for every context range and the band's own for a band, priced from measured
 -- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
--- (step_source 'baseline', view speedup_baseline), else from the run's own fit ('fit').
+-- (step_source 'baseline', view speedup_baseline), else from the run's own fit ('fit'). With 'baseline' the run's
+-- prefill chunks are held fixed beside its decode steps (chunk_share: their part of the run's worker time).
 WITH acc AS (
     SELECT run_id, 'all' AS context_range, 'all' AS batch_band, position, sum(drafted) AS drafted, sum(accepted) AS accepted
     FROM verify_counts WHERE source = 'engine_core' GROUP BY run_id, position
