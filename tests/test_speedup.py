@@ -230,3 +230,19 @@ def test_the_baseline_views_bands_are_the_drains(tmp_path):
     for n in sizes:
         want[acceptance.batch_band(n)] = want.get(acceptance.batch_band(n), 0) + 1
     assert got == want
+
+
+def test_report_calls_speedups_within_two_percent_of_the_best_a_tie():
+    from dataclasses import replace as _replace
+
+    from spectrace.queries.report import _by_k
+
+    # a self-drafter (100 %) whose drafting costs almost what it saves: every k' pays about the same
+    base = Baseline(steps=10, plain_ns=10 * 12e6, verify_ns=10 * 18e6, draft_ns=10 * 41e6, baseline_steps=40)
+    fit = _cost(None, 30e6, 0.0, 8e6, 8, [40] * 10)
+    rows = speedup_by_k([10, 10, 10, 10], 10, fit, extra=0, baseline=base)
+    assert best(rows)["k"] == 4 and best(rows)["speedup"] == pytest.approx(60 / 59, abs=1e-4)
+    line = next(line for line in _by_k(rows, {}) if line.startswith("  best: "))
+    assert line == "  best: k = 4 (1.02x); k' = 0, 1, 2, 3 within 2 % of it: a tie, not advice", line
+    clear = speedup_by_k([2, 1, 0, 0], 10, fit, extra=0, baseline=_replace(base, draft_ns=10 * 8e6))
+    assert next(line for line in _by_k(clear, {}) if line.startswith("  best: ")) == "  best: no speculation (1.00x)"

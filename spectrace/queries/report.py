@@ -371,6 +371,9 @@ def _cost(con, run_id: str) -> list[str]:
     return lines
 
 
+TIE = 0.02  # predicted speed-ups this close to the best are a tie: the model's error is larger (README, "What k pays")
+
+
 def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
     """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size."""
     if not rows:
@@ -386,7 +389,10 @@ def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
              for r in rows]  # fmt: skip
     lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
     if pick is not None:
-        lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)")
+        close = [r["k"] for r in rows if r is not pick and not r["extrapolated"] and r["speedup"] is not None
+                 and r["speedup"] >= pick["speedup"] * (1 - TIE)]
+        lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)"
+                     + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, not advice" if close else ""))
     if len(bands) > 1:
         ks = sorted({r["k"] for band_rows in bands.values() for r in band_rows})
         lines.append("  by batch size (each band's own acceptance and measured step times; the fit, where it prices, is the run's)")
