@@ -338,8 +338,11 @@ def acceptance_dashboard() -> Any:
     d = d.with_panel(
         k.timeseries_panel("What k pays", "Speed-up over decoding without drafts at each number of speculative tokens "
                            "k' (0: no speculation), predicted from the run's own per-position acceptance and step times "
-                           "(the k in force among them; k' past it extrapolated from the acceptance curve). The values "
-                           "read high on CPU builds; read the ranking (README, \"What k pays\").", "suffix: ×", span=24)
+                           "(the k in force among them; k' past it extrapolated from the acceptance curve). A worker prices "
+                           "it alone (fit): it read 9-43 % high on CPU and ranked a self-drafter's k = 5 first where no "
+                           "speculation was best. For advice, trace one run of the target without speculation and read "
+                           "spectrace report or the named query speedup_by_k (priced from measured steps: within 15 %; "
+                           "README, \"What k pays\").", "suffix: ×", span=24)
         .min(0).decimals(2)
         .with_target(k.query(f"max by (k) ({promql.series(promql.SPEEDUP_BY_K, MATCHERS)})", "k = {{k}}"))
     )
