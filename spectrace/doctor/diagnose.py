@@ -184,8 +184,9 @@ class Report:
     method_given: bool
     num_speculative_tokens: int
     max_model_len: int | None = None
-    # the scheduler's budget as `vllm serve` resolves it: max_num_seqs, max_num_batched_tokens, chunked_prefill,
-    # and which of the two were given (the others are vLLM's defaults for this machine's platform)
+    # the scheduler's budget as `vllm serve` resolves it (vllm_objects.scheduler_facts): max_num_seqs,
+    # max_num_batched_tokens, chunked_prefill, and which of the two were given (the others are vLLM's defaults for
+    # this machine's platform); None without speculative decoding, where no budget rule applies
     scheduler: dict[str, Any] | None = None
     findings: list[Any] = field(default_factory=list)  # spectrace.audit.Finding
     layout: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"target": [], "draft": []})
@@ -388,9 +389,9 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
         report.num_speculative_tokens = spec.num_speculative_tokens
     if vllm_config is not None:
         report.max_model_len = vllm_config.model_config.max_model_len
-        sched = vllm_config.scheduler_config
-        report.scheduler = {"max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens,
-                            "chunked_prefill": bool(getattr(sched, "enable_chunked_prefill", False)),
+    scheduler = scheduler_facts(vllm_config) if vllm_config is not None else None  # what the budget rule judges
+    if scheduler is not None:
+        report.scheduler = {**{key: scheduler[key] for key in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")},
                             "given": sorted(scheduler_args or {}), "platform": _platform_name()}
 
     # which get_config call was whose, as the live frontend assigns them
@@ -434,7 +435,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
             built_from=built_from,
             runtime_layers=built,
             load_error=_error_text(config_error) if config_error is not None else None,
-            scheduler=scheduler_facts(vllm_config) if vllm_config is not None else None,
+            scheduler=scheduler,
             runs_in=runs_in,
             checkpoint_dtypes={role: dtype_name(m.main_dtype()) for role, m in manifests.items()},
         )
