@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
-from bench.ab_windows import t95
+from bench.ab_windows import summary
 from bench.common import write_result
 
 WITHIN = 0.15
-
-
-def _geo(values: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 def combine(runs: list[dict]) -> dict:
@@ -43,15 +37,13 @@ def combine(runs: list[dict]) -> dict:
                 measured.append(row["measured"])
                 predicted.append(row["speedup"])
             else:
-                logs = [math.log(m) for m in measured]
-                half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("inf")
-                mean_m, mean_p = _geo(measured), _geo(predicted)
-                low, high = math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half)
-                cells[k] = {"measured": round(mean_m, 4), "measured_ci95": [round(low, 4), round(high, 4)],
-                            "measured_runs": measured, "predicted": round(mean_p, 4), "predicted_runs": predicted,
-                            "error": round(mean_p / mean_m - 1, 4),
-                            "error_ci95": [round(mean_p / high - 1, 4), round(mean_p / low - 1, 4)],
-                            "run_errors": [round(p / m - 1, 4) for p, m in zip(predicted, measured)]}
+                m, p = summary(measured), summary(predicted)  # geometric means; m's t interval is over the runs
+                low, high = m["ci95"]
+                cells[k] = {"measured": round(m["ratio"], 4), "measured_ci95": [round(low, 4), round(high, 4)],
+                            "measured_runs": measured, "predicted": round(p["ratio"], 4), "predicted_runs": predicted,
+                            "error": round(p["ratio"] / m["ratio"] - 1, 4),
+                            "error_ci95": [round(p["ratio"] / high - 1, 4), round(p["ratio"] / low - 1, 4)],
+                            "run_errors": [round(p_ / m_ - 1, 4) for p_, m_ in zip(predicted, measured)]}
         measured_at = {0: 1.0, **{k: c["measured"] for k, c in cells.items()}}
         predicted_at = {0: 1.0, **{k: c["predicted"] for k, c in cells.items()}}
         pick, best = max(predicted_at, key=predicted_at.get), max(measured_at, key=measured_at.get)
@@ -76,18 +68,29 @@ def table(combined: dict) -> str:
     return "\n".join(lines)
 
 
+def _fail(message: str) -> None:
+    """Bad input: one line on stderr, exit 2 (the project's CLI convention)."""
+    print(f"speedup_by_k_repeats: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--out", default="speedup_by_k_repeats")
     args = parser.parse_args()
+    if len(args.results) < 2:
+        _fail("give two or more result files (the interval is over runs)")
     runs = []
     for path in args.results:
         try:
             runs.append(json.loads(path.read_text()))
         except (OSError, ValueError) as exc:
-            sys.exit(f"speedup_by_k_repeats: cannot read {path}: {exc}")
-    combined = combine(runs)
+            _fail(f"cannot read {path}: {exc}")
+    try:
+        combined = combine(runs)
+    except (KeyError, TypeError, ValueError) as exc:  # not a bench/speedup_by_k.py result, or runs of other shapes
+        _fail(f"not comparable speedup_by_k results ({type(exc).__name__}: {exc})")
     print(table(combined))
     for name, d in combined.items():
         print(name, "within ±15 %:", d["within"], "of", d["of"], "resolvably outside:", d["resolved_outside"],
