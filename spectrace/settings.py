@@ -28,6 +28,7 @@ log = logging.getLogger("vllm.spectrace")
 
 # The sinks SPECTRACE_EXPORTER may name (the embedded store, OTLP, the Prometheus series, the fleet lake).
 EXPORTERS = ("duckdb", "otlp", "prometheus", "lake")
+PIPELINES = ("thread", "process")  # SPECTRACE_PIPELINE
 
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -153,6 +154,15 @@ class _Reader:
         why = path_part_problem(raw.strip())
         return self.refuse(name, raw, why, default, shown) if why else raw.strip()
 
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        value = raw.strip().lower()
+        if value in choices:
+            return value
+        return self.refuse(name, raw, f"is not one of {', '.join(choices)}", default)
+
     def exporters(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
         raw = self.raw(name)
         if raw is None:
@@ -205,6 +215,10 @@ class Settings:
     host: str = field(default_factory=socket.gethostname)  # every row's `host` (SPECTRACE_HOST)
     lake: str | None = None  # DuckLake catalog, e.g. "postgres:dbname=spectrace host=db" (SPECTRACE_LAKE)
     lake_data: str | None = None  # where the lake's data files go (SPECTRACE_LAKE_DATA)
+    # SPECTRACE_PIPELINE: "thread" (counting, judging and the sinks on a flush thread of the traced process) or
+    # "process" (the traced process keeps its hooks and a shipper; a pipeline process does the rest)
+    pipeline: str = "thread"
+    ship_interval_s: float = 0.1  # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -266,6 +280,10 @@ class Settings:
             host=r.path_part("SPECTRACE_HOST", hostname, f"the hostname {hostname!r}"),
             lake=(r.raw("SPECTRACE_LAKE") or "").strip() or None,
             lake_data=(r.raw("SPECTRACE_LAKE_DATA") or "").strip() or None,
+            pipeline=r.choice("SPECTRACE_PIPELINE", d["pipeline"], PIPELINES),
+            ship_interval_s=r.seconds(
+                "SPECTRACE_SHIP_INTERVAL", d["ship_interval_s"], lambda v: 0.01 <= v <= 60, ">= 0.01 s and at most 60 s"
+            ),
         )
         if r.problems:
             if strict:

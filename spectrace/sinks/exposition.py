@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from spectrace import settings
+from spectrace import identity, settings
 from spectrace.store.compaction import pid_alive
 
 log = logging.getLogger("vllm.spectrace")
@@ -190,7 +190,8 @@ class ProcessFile:
             from prometheus_client import CollectorRegistry
         except ImportError:
             raise MissingExtra("SPECTRACE_EXPORTER=prometheus needs opentelemetry-exporter-prometheus and prometheus-client") from None
-        self.pid = os.getpid()
+        self.pid = identity.pid()  # the traced process (a pipeline process writes its engine's file)
+        self.owner = os.getpid()  # the process that writes (forks, atexit)
         self.registry = CollectorRegistry(auto_describe=False)
         self.reader = PrometheusMetricReader(registry=self.registry, disable_target_info=True)
         self.path = Path(directory) / f"{self.pid}.{_start_time(self.pid) or 0}{SUFFIX}"
@@ -217,7 +218,7 @@ class ProcessFile:
     def write(self) -> None:
         """Rewrite the file (from the background flush; never from vLLM's threads)."""
         with self._lock:
-            if self.closed or os.getpid() != self.pid:
+            if self.closed or os.getpid() != self.owner:
                 return
             try:
                 self._replace(self.render())
@@ -254,7 +255,7 @@ class ProcessFile:
     def close(self) -> None:
         """Stop writing and remove the file (a process that exits stops contributing)."""
         with self._lock:
-            if self.closed or os.getpid() != self.pid:
+            if self.closed or os.getpid() != self.owner:
                 return
             self.closed = True
             try:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spectrace import identity
 from spectrace.pipeline import Batch
 from spectrace.settings import Settings
 from spectrace.store import compaction, files
@@ -160,7 +161,7 @@ class SegmentSink:
         try:
             with self._io_lock:  # every segment named so far is on disk; later ones are named after `now`
                 newest, now = self._last_t, self.clock()
-            key, start = f"{self.host}-{os.getpid()}", self.start_ns
+            key, start = f"{self.host}-{identity.pid()}", self.start_ns
             if self.retention_s:  # before merging: nothing is merged only to be removed
                 expired = compaction.expire(self.root, self.clock() - int(self.retention_s * 1e9))
                 for record in expired:
@@ -296,7 +297,7 @@ class SegmentSink:
         self._seq += 1
         # the name's time orders this writer's segments for compaction: strictly increasing
         self._last_t = max(self.clock(), self._last_t + 1)
-        name = f"{self.host}-{os.getpid()}-{self._last_t}-{self._seq:06d}.parquet"
+        name = f"{self.host}-{identity.pid()}-{self._last_t}-{self._seq:06d}.parquet"
         try:
             self._write_file(folder, name, arrow)
             if self.compact and self._recent_rows + arrow.num_rows <= self.RECENT_ROWS:

@@ -118,10 +118,13 @@ def base_env(
         env["VLLM_CACHE_ROOT"] = str(cache_root)
     elif scratch is not None:
         env.setdefault("VLLM_CACHE_ROOT", str(scratch / "vllm-cache"))
+    pipeline = env.get("SPECTRACE_PIPELINE")  # the suite under either pipeline shape: `SPECTRACE_PIPELINE=process make test`
     for key in [k for k in env if k.startswith("SPECTRACE")]:
         del env[key]
     if traced:
         env["SPECTRACE"] = "1"
+        if pipeline:
+            env["SPECTRACE_PIPELINE"] = pipeline
         if store is not None:
             env["SPECTRACE_DIR"] = str(store)
     return env

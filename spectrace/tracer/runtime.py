@@ -48,6 +48,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import spectrace
+from spectrace import identity
 from spectrace import sinks as sink_registry
 from spectrace.sinks.spans import SpanRows
 from spectrace.vllm_objects.configs import run_info
@@ -117,9 +118,11 @@ class Runtime:
     def __init__(self, settings: Settings, make_capture: Any = None) -> None:
         self.settings = settings
         self.make_capture = make_capture
-        self.pid = os.getpid()
+        self.pid = identity.pid()  # whose records these are (a pipeline process writes under its engine's pid)
+        self._owner = os.getpid()  # the process this runtime lives in (forks, atexit)
         self.host = settings.host
         self.roles: set[str] = set()
+        self.role_order: list[str] = []  # roles in the order they first fired (the first names the telemetry)
         self.ranks: dict[str, int] = {}
         self.hooks = HookSet()
         self.errors: dict[str, int] = {}
@@ -131,6 +134,7 @@ class Runtime:
         self.provider: TracerProvider | None = None
         self._tracer = None
         self.metrics = None
+        self.span_processors: list = []  # what the tracer provider hands finished spans to (a pipeline process replays)
         self._dropped_reported = 0
         self._shut_down = False
         self.verify = make_capture() if make_capture is not None else None
@@ -138,9 +142,15 @@ class Runtime:
         self.weight_loads: dict[str, Any] = {}
         # The flush, in this order: the verification capture's drain (its rows, counts and
         # findings), the hook error counts, then the metric counters; then every sink.
-        sources = [self._drain_verification] if self.verify is not None else []
-        sources += [self._flush_error_counts, self._flush_metric_counters]
-        self.pipeline, self.exporter_status = sink_registry.build(settings, sources=sources, on_error=self.count_error)
+        if settings.pipeline == "process":  # hooks and a shipper here; everything else in a pipeline process
+            from spectrace.tracer.shipper import ShippingPipeline
+
+            self.pipeline = ShippingPipeline(settings, self)
+            self.exporter_status = {name: "pipeline process" for name in settings.exporters}
+        else:
+            sources = [self._drain_verification] if self.verify is not None else []
+            sources += [self._flush_error_counts, self._flush_metric_counters]
+            self.pipeline, self.exporter_status = sink_registry.build(settings, sources=sources, on_error=self.count_error)
         parent_run = inherited(ACTIVE_RUN_ENV)
         if parent_run:
             self.set_run(Run.from_env_value(parent_run))
@@ -179,14 +189,24 @@ class Runtime:
                 return
             resource = self._resource(role)
             provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            self.provider = provider
+            if self.shipping:
+                from spectrace.tracer.shipper import MetricCalls, SpanShipper
+
+                shipper = self.pipeline.shipper
+                self._add_span_processor(SpanShipper(shipper))
+                if {"prometheus", "otlp"} & set(self.settings.exporters):
+                    self.metrics = MetricCalls(shipper.metric_calls)
+                self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
+                return
             readers = []
             sinks = self.pipeline.sinks
             if any(getattr(sink, "takes_tables", False) for sink in sinks):
-                provider.add_span_processor(SimpleSpanProcessor(SpanRows(self.pipeline)))
+                self._add_span_processor(SimpleSpanProcessor(SpanRows(self.pipeline)))
             for sink in sinks:  # the sinks that take spans or metrics from the SDK (otlp, prometheus)
                 try:
                     if hasattr(sink, "span_processor"):
-                        provider.add_span_processor(sink.span_processor())
+                        self._add_span_processor(sink.span_processor())
                     if hasattr(sink, "metric_reader"):
                         readers.append(sink.metric_reader())
                     self.exporter_status[sink.name] = sink.status
@@ -197,8 +217,16 @@ class Runtime:
                 from spectrace.sinks.metrics import Metrics
 
                 self.metrics = Metrics(readers, resource)
-            self.provider = provider
             self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
+
+    def _add_span_processor(self, processor) -> None:
+        self.provider.add_span_processor(processor)
+        self.span_processors.append(processor)
+
+    @property
+    def shipping(self) -> bool:
+        """Whether this process ships its records to a pipeline process (``SPECTRACE_PIPELINE=process``)."""
+        return self.settings.pipeline == "process"
 
     def _drain_verification(self) -> None:
         self.verify.drain(self)
@@ -246,11 +274,11 @@ class Runtime:
             )
 
     def shutdown(self) -> None:
-        if self.pid != os.getpid() or self._shut_down:
+        if self._owner != os.getpid() or self._shut_down:
             return  # a forked child's inherited atexit (the parent's buffers), or stop() then atexit
         self._shut_down = True
         try:
-            if self.verify is not None:
+            if self.verify is not None and not self.shipping:  # a pipeline process checks at its EOF
                 self.verify.check_agreement(self)
             if self.provider is not None:
                 self.provider.force_flush(timeout_millis=5000)
@@ -308,7 +336,10 @@ class Runtime:
             run.traceparent = carrier.get("traceparent", "")
             run.root_span = root
             if previous is not None and self.verify is not None:
-                self.verify.check_agreement(self, exclude=run_id)
+                if self.shipping:
+                    self.pipeline.command("check_agreement", run_id)
+                else:
+                    self.verify.check_agreement(self, exclude=run_id)
             os.environ[ACTIVE_RUN_ENV] = run.env_value()
             return run
 
@@ -334,6 +365,7 @@ class Runtime:
         if role in self.roles:
             return
         self.roles.add(role)
+        self.role_order.append(role)
         self._build_telemetry(role)
         attrs = {
             "spectrace.process.roles": sorted(self.roles),
@@ -465,7 +497,7 @@ def get() -> Runtime | None:
     installed hooks and the parent's run.
     """
     rt = _runtime
-    if rt is not None and rt.pid == os.getpid():
+    if rt is not None and rt._owner == os.getpid():
         return rt
     if rt is None and _parent is None:
         return None
@@ -477,7 +509,7 @@ def start(settings: Settings | None = None, *, hooks: list[Hook] | None = None, 
     global _runtime, _parent
     with _start_lock:
         previous = _runtime or _parent
-        if previous is not None and previous.pid == os.getpid():
+        if previous is not None and previous._owner == os.getpid():
             return previous
         if previous is not None:  # forked child: the hooks are inherited, keep them
             rt = Runtime(settings or previous.settings, make_capture or previous.make_capture)

@@ -38,6 +38,14 @@ class EngineStep(NamedTuple):
     num_sampled: int  # Scheduler.num_sampled_tokens_per_step
 
 
+class Cached(NamedTuple):
+    """The cached requests' ids and computed tokens of one step (``CachedRequestData``'s two fields the drain
+    reads), as the shipper hands them to a pipeline process."""
+
+    req_ids: list
+    num_computed_tokens: list
+
+
 class WorkerStep(NamedTuple):
     """One worker step's verification output (V1 ``_bookkeeping_sync``, V2 ``AsyncOutput``)."""
 
@@ -57,6 +65,14 @@ class RequestNote(NamedTuple):
     sampling_params: Any  # Request.sampling_params (None for pooling)
     lora_request: Any  # Request.lora_request
     prefill_stats: Any  # Request.prefill_stats: prompt and prefix-cache tokens once first scheduled
+
+
+class ReadRequest(NamedTuple):
+    """A request's note as a pipeline process gets it: its parameters already read (``request_parameters``)."""
+
+    run_id: str | None
+    request_id: str
+    params: dict
 
 
 class Proposal(NamedTuple):

@@ -30,7 +30,7 @@ from spectrace import acceptance, slices
 from spectrace import audit, speedup
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
-from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, RequestNote, StepTiming
+from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote, StepTiming
 from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
 from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
 
@@ -54,6 +54,7 @@ class VerifyCapture(Capture):
         self._lock = threading.RLock()
         self._checked: set[str] = set()
         self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
+        self.run_facts: dict[str, RunConfig] = {}  # run id -> what the drain reads of its VllmConfig (read once)
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
         self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
@@ -390,15 +391,26 @@ class VerifyCapture(Capture):
         if len(self.run_configs) >= 16:
             self.run_configs.pop(next(iter(self.run_configs)))
         self.run_configs[run_id] = vllm_config
+        self.run_facts.pop(run_id, None)  # read anew from this config
 
     def note_layout(self, runtime_layers: dict) -> None:
         """What the models a worker loaded in this process run (role -> layer rows): the judge's layout facts."""
         self.runtime_layers = runtime_layers
 
+    def config_of(self, run_id: str | None) -> "RunConfig":
+        """What the drain reads of the run's VllmConfig (each part read once, on first use; a pipeline
+        process is handed the parts, read in the engine's process: ``RunConfig.__getstate__``)."""
+        facts = self.run_facts.get(run_id)
+        if facts is None:
+            if len(self.run_facts) >= 16:
+                self.run_facts.pop(next(iter(self.run_facts)))
+            facts = self.run_facts[run_id] = RunConfig(self.run_configs.get(run_id), lambda: self.runtime_layers)
+        return facts
+
     def _curve(self, rt, run_id: str) -> "RunCurve":
         curve = self.curves.get(run_id)
         if curve is None:
-            curve = self.curves[run_id] = RunCurve.from_config(self.run_configs.get(run_id), self.runtime_layers)
+            curve = self.curves[run_id] = RunCurve(*self.config_of(run_id).context())
             if curve.boundaries:
                 rows = [b.as_dict() for b in curve.boundaries]
                 common = rt.common(ENGINE, run_id=run_id)
@@ -477,7 +489,8 @@ class VerifyCapture(Capture):
         note = self.requests.pop(req_id, None)
         labels = None
         if note is not None:
-            params = request_parameters(note.sampling_params, note.lora_request, note.prefill_stats)
+            params = note.params if type(note) is ReadRequest else request_parameters(
+                note.sampling_params, note.lora_request, note.prefill_stats)
             labels = slices.request_slice(params)
             defaults = self._defaults(run_id)  # also reads the run's prefix-cache facts
             run_slices = self.run_slices[run_id]
@@ -499,17 +512,8 @@ class VerifyCapture(Capture):
         """The run's generation_config sampling defaults (read once per run, off the engine's threads)."""
         run_slices = self.run_slices.setdefault(run_id, RunSlices())
         if run_slices.defaults is None:
-            run_slices.defaults = {}
-            vllm_config = self.run_configs.get(run_id)
-            if vllm_config is not None:
-                try:
-                    run_slices.defaults = generation_defaults(vllm_config.model_config)
-                except Exception as exc:  # a model config this reader does not know: no defaults named
-                    log.debug("spectrace: no generation_config defaults for this run: %s", exc)
-                try:
-                    run_slices.prefix = prefix_cache_facts(vllm_config)
-                except Exception as exc:
-                    log.debug("spectrace: no prefix-cache facts for this run: %s", exc)
+            facts = self.config_of(run_id)
+            run_slices.defaults, run_slices.prefix = facts.defaults(), facts.prefix()
         return run_slices.defaults
 
     def _judge_slices(self, rt, run_id: str) -> None:
@@ -565,8 +569,7 @@ class VerifyCapture(Capture):
             evidence = audit.unverified_drafts(budget.proposed, budget.verified, budget.requests, int(_run_k(rt, run_id) or 1))
             if evidence is not None:
                 budget.emitted = True
-                vllm_config = self.run_configs.get(run_id)
-                facts = scheduler_facts(vllm_config) if vllm_config is not None else None
+                facts = self.config_of(run_id).scheduler()
                 short = audit.token_budget_findings(**facts) if facts else []
                 audit_live.emit_findings(rt, [audit.unverified_finding(evidence, short)], role=ENGINE, run=rt.run_by_id(run_id))
 
@@ -577,14 +580,7 @@ class VerifyCapture(Capture):
         switches.changed = False
         if switches.emitted:
             return
-        vllm_config = self.run_configs.get(run_id)
-        if switches.facts is None and vllm_config is not None:
-            try:
-                switches.facts = scheduler_facts(vllm_config) or {}
-            except Exception as exc:  # a config this reader does not know: the schedule unknown, nothing judged
-                switches.facts = {}
-                log.debug("spectrace: no scheduler facts for this run: %s", exc)
-        facts = switches.facts or {}
+        facts = self.config_of(run_id).scheduler() or {}
         evidence = audit.k_thrashing(switches.by_shape, switches.transitions, facts.get("dynamic_k"))
         if evidence is None:
             return
@@ -779,7 +775,6 @@ class RunSwitches:
         self.transitions: dict[tuple[int, int], int] = {}
         self.changed = False
         self.emitted = False
-        self.facts: dict | None = None  # the run's scheduler facts (``scheduler_facts``), read once
 
     def step(self, k: int) -> bool:
         """One verified step that drafted ``k``: whether the run's previous verified step drafted another k."""
@@ -843,17 +838,6 @@ class RunCurve:
         self.repeated_by_token: dict[int, int] = {}
         self.emitted: set[str] = set()
 
-    @classmethod
-    def from_config(cls, vllm_config, runtime_layers: dict | None = None) -> "RunCurve":
-        """Boundaries and root-cause codes from the run's configs (the audit's rules)."""
-        if vllm_config is None:
-            return cls([], set(), None, None)
-        try:
-            return cls(*_run_context(vllm_config, runtime_layers))
-        except Exception as exc:  # a config this reader does not know: the fixed buckets only
-            log.debug("spectrace: no context boundaries for this run: %s", exc)
-            return cls([], set(), None, None)
-
     def add_range(self, bounds: tuple[int, int | None], drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
         total = self.by_range.setdefault(bounds, [0, 0])
         total[0] += int(drafted_at.sum())
@@ -881,6 +865,57 @@ class RunCurve:
     def rates_by_range(self) -> dict[str, float | None]:
         labels = dict(zip(acceptance.range_bounds(self.edges), acceptance.range_labels(self.edges)))
         return {labels.get(b, str(b)): round(a / d, 4) if d else None for b, (d, a) in sorted(self.by_range.items())}
+
+
+_UNREAD = object()
+
+
+class RunConfig:
+    """What the drain reads of one run's VllmConfig, as plain values, each part read once on first use: the
+    context (boundaries, root-cause codes, method, parallel drafting: ``_run_context``), the generation_config
+    sampling defaults, the prefix-cache facts and the scheduler facts. A config this reader does not know gives
+    the neutral value of the part it fails (no boundaries, no defaults, no facts), never an error.
+
+    Pickled (the shipper hands it to a pipeline process, which holds no VllmConfig), every part is read
+    first, in the engine's process, with the runtime layers known then."""
+
+    __slots__ = ("_config", "_layers", "_context", "_defaults", "_prefix", "_scheduler")
+
+    def __init__(self, vllm_config, runtime_layers=lambda: None) -> None:
+        self._config = vllm_config
+        self._layers = runtime_layers  # () -> the runtime layers known now (read with the context)
+        self._context = self._defaults = self._prefix = self._scheduler = _UNREAD
+
+    def _read(self, slot: str, read, neutral):
+        value = getattr(self, slot)
+        if value is _UNREAD:
+            value = neutral
+            if self._config is not None:
+                try:
+                    value = read(self._config)
+                except Exception as exc:  # a config this reader does not know
+                    log.debug("spectrace: %s of this run not read: %s", slot[1:], exc)
+            setattr(self, slot, value)
+        return value
+
+    def context(self) -> tuple[list, set[str], str | None, bool | None]:
+        return self._read("_context", lambda c: _run_context(c, self._layers()), ([], set(), None, None))
+
+    def defaults(self) -> dict:
+        return self._read("_defaults", lambda c: generation_defaults(c.model_config), {})
+
+    def prefix(self) -> dict | None:
+        return self._read("_prefix", prefix_cache_facts, None)
+
+    def scheduler(self) -> dict | None:
+        return self._read("_scheduler", scheduler_facts, None)
+
+    def __getstate__(self):
+        return (self.context(), self.defaults(), self.prefix(), self.scheduler())
+
+    def __setstate__(self, state) -> None:
+        self._config, self._layers = None, lambda: None
+        self._context, self._defaults, self._prefix, self._scheduler = state
 
 
 def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list, set[str], str | None, bool | None]:

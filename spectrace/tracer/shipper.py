@@ -1,0 +1,564 @@
+"""The engine's side of ``SPECTRACE_PIPELINE=process``: hooks and a shipper, nothing else.
+
+    engine process                                   pipeline process (spectrace.tracer.pipeline_process)
+    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every ~0.1 s ─▶ Runtime: drain, judges, every sink
+
+A traced engine-core or worker process at a GPU engine's rates cannot afford the flush on its own
+GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
+<spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
+this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s), takes what the hooks and
+the low-rate code buffered and writes it, pickled (a C-level pass), to one pipeline process
+it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the real
+runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and the
+exposition file are the engine's) and does everything else: the verification drain, every judge,
+Arrow, every sink, compaction, the OpenTelemetry providers and the Prometheus exposition.
+
+What is shipped (:meth:`Shipper.collect`): the engine's per-step records (each step's draft dict,
+lengths, rows, and the cached requests' ids and computed tokens), the worker's step times, the
+proposals, each request's parameters once its prefill is known (read here, once per request: the
+pipeline process imports neither vLLM nor torch), each run's config facts once (``RunConfig``:
+read here, the pipeline process holds no VllmConfig), the rows the low-rate hooks wrote, finished
+spans as plain values, the metric updates the hooks made (:class:`MetricCalls`), hook error counts,
+drops, and the process's state (runs, roles, ranks, the labels vLLM's series carry).
+
+Failure costs vLLM nothing: a pipeline process that is gone or cannot keep up loses the message
+(its records are counted in ``dropped`` of the next pipeline process, one log line), and is started
+again, at most :data:`MAX_RESTARTS` times; the capture's buffers stay bounded as before. The
+engine's exit ends the pipeline process by EOF after a last flush and waits for it a bounded time
+(:data:`EXIT_WAIT_S`); a killed engine's pipeline process sees EOF as well and flushes what it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict, deque
+from typing import Any
+
+from spectrace.pipeline import Pipeline
+from spectrace.tracer.verify.capture import Cached, ReadRequest
+
+log = logging.getLogger("vllm.spectrace")
+
+MAX_RESTARTS = 3  # pipeline processes started again after one died; then records are dropped (counted, logged)
+EXIT_WAIT_S = 30.0  # the engine's exit waits this long for its pipeline process's last flush
+FLUSH_WAIT_S = 60.0  # flush() waits this long for the pipeline process to have written everything
+MAX_PENDING_REQUESTS = 10_000  # requests whose prefill is not known yet (the oldest are shipped as they are)
+STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped without its prefill
+
+_FRAME = struct.Struct("!Q")
+
+
+# -- frames: a length and a pickle ------------------------------------------------
+
+
+def write_frame(out, payload: bytes) -> None:
+    out.write(_FRAME.pack(len(payload)))
+    out.write(payload)
+    out.flush()
+
+
+def read_frame(inp) -> bytes | None:
+    """One frame's payload, or None at EOF (a frame cut short is EOF too)."""
+    head = _read_exactly(inp, _FRAME.size)
+    if head is None:
+        return None
+    return _read_exactly(inp, _FRAME.unpack(head)[0])
+
+
+def _read_exactly(inp, n: int) -> bytes | None:
+    chunks, left = [], n
+    while left:
+        chunk = inp.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- spans and metric updates as plain values ---------------------------------------
+
+
+def span_values(span) -> tuple:
+    """A finished span as plain, picklable values (``rebuild_span`` makes it a span again)."""
+    ctx = span.get_span_context()
+    parent = span.parent
+    return (
+        span.name,
+        (ctx.trace_id, ctx.span_id, ctx.is_remote, int(ctx.trace_flags), list(ctx.trace_state.items())),
+        (parent.trace_id, parent.span_id, parent.is_remote, int(parent.trace_flags), list(parent.trace_state.items()))
+        if parent is not None else None,
+        dict(span.attributes or {}),
+        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
+        [((link.context.trace_id, link.context.span_id, link.context.is_remote, int(link.context.trace_flags),
+           list(link.context.trace_state.items())), dict(link.attributes or {})) for link in span.links],
+        int(span.kind.value),
+        (int(span.status.status_code.value), span.status.description),
+        span.start_time,
+        span.end_time,
+    )
+
+
+def rebuild_span(values: tuple, resource, scope):
+    """The ``ReadableSpan`` a pipeline process hands its span processors (rows, OTLP)."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+    from opentelemetry.trace.status import Status, StatusCode
+
+    def context(v):
+        return SpanContext(v[0], v[1], v[2], TraceFlags(v[3]), TraceState(v[4]))
+
+    name, ctx, parent, attributes, events, links, kind, status, start, end = values
+    return ReadableSpan(
+        name=name,
+        context=context(ctx),
+        parent=context(parent) if parent is not None else None,
+        resource=resource,
+        attributes=attributes,
+        events=[Event(n, a, t) for n, a, t in events],
+        links=[Link(context(c), a) for c, a in links],
+        kind=SpanKind(kind),
+        status=Status(StatusCode(status[0]), status[1]),
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=scope,
+    )
+
+
+def _span_processor_base():
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    return SpanProcessor
+
+
+class SpanShipper(_span_processor_base()):
+    """The engine-side tracer provider's one span processor: every finished span, as values, to the shipper."""
+
+    def __init__(self, shipper: "Shipper") -> None:
+        self.shipper = shipper
+
+    def on_end(self, span) -> None:
+        try:
+            self.shipper.spans.append(span_values(span))
+        except Exception as exc:  # a span that does not convert is one counted error, never the caller's
+            self.shipper.rt.count_error("shipper.spans", exc)
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class MetricCalls:
+    """The engine side's ``rt.metrics``: each update (``rt.metrics.layout(rows, labels)``, …) is recorded as
+    (name, args, kwargs) and replayed on the pipeline process's instruments (``spectrace.sinks.metrics.Metrics``)."""
+
+    def __init__(self, calls: deque) -> None:
+        self._calls = calls
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def call(*args, **kwargs) -> None:
+            self._calls.append((name, args, kwargs))
+
+        return call
+
+
+# -- the engine side's pipeline -----------------------------------------------------
+
+
+class ShippingPipeline(Pipeline):
+    """The engine process's pipeline: the same bounded buffer and counters the hooks append to, no
+    sources and no sinks here; its thread ships instead of flushing (:class:`Shipper`)."""
+
+    def __init__(self, settings, rt) -> None:
+        super().__init__(flush_interval_s=settings.ship_interval_s, max_buffer_rows=settings.max_buffer_rows)
+        self.shipper = Shipper(rt, settings, self)
+
+    def take(self) -> tuple[dict, dict, int]:
+        """The buffered rows and column sets, and the rows dropped since the last take."""
+        with self._lock:
+            rows, self._rows = self._rows, defaultdict(list)
+            columns, self._columns = self._columns, defaultdict(list)
+            self._buffered = 0
+            dropped, self.dropped_taken = self.dropped - self.dropped_taken, self.dropped
+        return dict(rows), dict(columns), dropped
+
+    dropped_taken = 0
+
+    def flush(self) -> int:
+        """Ship everything now and wait until the pipeline process has written it (bounded)."""
+        return self.shipper.ship(wait=True)
+
+    def maintain(self) -> None:
+        pass  # the pipeline process's sinks maintain the store
+
+    def start(self) -> None:
+        self.shipper.start()
+
+    def _loop(self) -> None:  # never used: the shipper's thread ships
+        pass
+
+    def command(self, name: str, *args) -> None:
+        """A command for the pipeline process's runtime, in order with the records (``check_agreement``)."""
+        self.shipper.commands.append((name, args))
+
+    def close(self) -> None:
+        self.shipper.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The pipeline process's counters and sinks' stats at its last acknowledged flush, this process's
+        drops added, and the shipper's own."""
+        out = {**super().stats(), **self.shipper.remote_stats}
+        out["dropped"] = out.get("dropped", 0) + self.dropped - self.dropped_taken
+        out["shipper"] = self.shipper.stats()
+        return out
+
+
+class Shipper:
+    """Takes what the engine's process buffered and hands it to its pipeline process (module docstring)."""
+
+    def __init__(self, rt, settings, pipeline: ShippingPipeline) -> None:
+        self.rt = rt
+        self.settings = settings
+        self.pipeline = pipeline
+        self.spans: deque = deque()
+        self.metric_calls: deque = deque()
+        self.commands: deque = deque()
+        self.proc: subprocess.Popen | None = None
+        self.started = 0  # pipeline processes started
+        self.messages = 0
+        self.lost_messages = 0
+        self.lost_records = 0  # records in messages that never reached a pipeline process
+        self.ship_cpu_ns = 0  # thread CPU the shipper spent collecting and pickling
+        self.bytes_shipped = 0
+        self._lost_unreported = 0
+        self._seq = 0
+        self._acked = 0
+        self._cond = threading.Condition()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ship_lock = threading.Lock()  # one message at a time (the thread, flush(), close())
+        self._ack_lock = threading.Lock()  # one reader of the acknowledgements at a time
+        self._pending: dict[str, Any] = {}  # request id -> its note, until its prefill is known
+        self._pending_since: dict[str, float] = {}
+        self._configs_sent: set = set()
+        self._errors_sent: dict[str, int] = {}
+        self._closed = False
+        self._unacked: deque = deque()  # (seq, records) shipped and not yet written by the pipeline process
+        self.remote_stats: dict[str, Any] = {}  # the pipeline process's Pipeline.stats() at its last acknowledged flush
+
+    # -- the pipeline process ------------------------------------------------------------
+
+    def _spawn(self) -> bool:
+        if self.started > MAX_RESTARTS:
+            return False
+        if self.started:
+            log.warning("spectrace: the pipeline process ended (exit %s); starting it again (%d of %d); "
+                        "%d records lost so far", self.proc.returncode if self.proc else None, self.started,
+                        MAX_RESTARTS, self.lost_records)
+        self.started += 1
+        self._configs_sent.clear()  # a new pipeline process knows no run's config yet
+        if self.proc is not None:
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        env = dict(os.environ)
+        env.pop("SPECTRACE", None)  # the pipeline process traces nothing itself
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "spectrace.tracer.pipeline_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                env=env, close_fds=True,
+            )
+            init = {"settings": self.settings, "pid": self.rt.pid, "host": self.rt.host, "lost": self._lost_unreported,
+                    "started": self.started}
+            write_frame(self.proc.stdin, pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL))
+            self._lost_unreported = 0
+        except Exception as exc:
+            log.error("spectrace: cannot start the pipeline process: %s: %s (records are dropped and counted)",
+                      type(exc).__name__, exc)
+            self.proc = None
+            return False
+        return True
+
+    def _alive(self) -> bool:
+        if self.proc is not None and self.proc.poll() is None:
+            return True
+        if self.proc is not None and self._unacked:  # shipped, never written: lost with the process
+            self._lost(sum(records for _, records in self._unacked), messages=len(self._unacked))
+            self._unacked.clear()
+        if self.started > MAX_RESTARTS:
+            return False
+        return self._spawn()
+
+    # -- collecting --------------------------------------------------------------------
+
+    def collect(self) -> tuple[dict[str, Any], int]:
+        """One message: everything buffered since the last one, and how many records it carries."""
+        rt = self.rt
+        message: dict[str, Any] = {}
+        records = 0
+        capture = rt.verify
+        if capture is not None:
+            engine = capture.take_engine_steps()  # first: every request these steps verified was scheduled before
+            if engine:
+                message["engine"] = [
+                    step._replace(cached=Cached(step.cached.req_ids, step.cached.num_computed_tokens))
+                    if step.cached is not None else step
+                    for step in engine
+                ]
+            worker = capture.take_worker_steps()
+            if worker:
+                message["worker"] = worker
+            timings = capture.take_timings()
+            if timings:
+                message["timings"] = [(t.run_id, t.rank, t.has_drafts, t.execute_ns, t.sample_ns, t.draft_ns,
+                                       t.scheduled_tokens, t.requests) for t in timings]
+            proposals = capture.take_proposals()
+            if proposals:
+                message["proposals"] = proposals
+            dropped_steps = capture.take_dropped()
+            if dropped_steps:
+                message["dropped_steps"] = dropped_steps
+            requests = self._requests(capture)
+            if requests:
+                message["requests"] = requests
+            runs = {step.run_id for step in engine} | {p.run_id for p in proposals}
+            configs = {run_id: capture.config_of(run_id) for run_id in runs - self._configs_sent}
+            if configs:
+                self._configs_sent.update(configs)
+                message["configs"] = configs
+            records += len(engine) + len(worker) + len(timings) + len(proposals)
+        rows, columns, dropped = self.pipeline.take()
+        if rows:
+            message["rows"] = rows
+            records += sum(map(len, rows.values()))
+        if columns:
+            message["columns"] = columns
+            records += sum(n for sets in columns.values() for _, n in sets)
+        if dropped:
+            message["dropped"] = dropped
+        errors = self._error_deltas()
+        if errors:
+            message["errors"] = errors
+        for key, queue in (("spans", self.spans), ("metric_calls", self.metric_calls), ("commands", self.commands)):
+            if queue:
+                message[key] = [queue.popleft() for _ in range(len(queue))]
+                records += len(message[key]) if key == "spans" else 0
+        message["state"] = self._state()
+        return message, records
+
+    def _requests(self, capture) -> list:
+        """Requests whose prefill is known (or that waited too long), their parameters read here."""
+        from spectrace.vllm_objects.requests import request_parameters
+
+        pending, since = self._pending, self._pending_since
+        now = time.monotonic()
+        for note in capture.take_new_requests():
+            if len(pending) >= MAX_PENDING_REQUESTS:
+                oldest = next(iter(pending))
+                since[oldest] = 0.0  # shipped below as it is
+            pending[note.request_id] = note
+            since[note.request_id] = now
+        if not pending:
+            return []
+        out = []
+        flags, traces = capture.request_flags, capture.request_traces
+        for request_id in list(pending):
+            note = pending[request_id]
+            stats = note.prefill_stats
+            if stats is not None and not stats.num_prompt_tokens and now - since[request_id] < STALE_REQUEST_S:
+                continue  # not scheduled yet
+            del pending[request_id], since[request_id]
+            try:
+                params = request_parameters(note.sampling_params, note.lora_request, stats)
+            except Exception as exc:
+                self.rt.count_error("shipper.requests", exc)
+                continue
+            out.append((ReadRequest(note.run_id, request_id, params), flags.get(request_id), traces.get(request_id)))
+        return out
+
+    def _error_deltas(self) -> dict[str, int]:
+        rt = self.rt
+        with rt._lock:
+            deltas = {hook: n - self._errors_sent.get(hook, 0) for hook, n in rt.errors.items()
+                      if n != self._errors_sent.get(hook, 0)}
+            self._errors_sent.update(rt.errors)
+        return deltas
+
+    def _state(self) -> dict[str, Any]:
+        exposition = sys.modules.get("spectrace.sinks.exposition")  # loaded where vLLM's labels were read
+        rt = self.rt
+        return {
+            "run": rt.run.run_id if rt.run is not None else None,
+            "runs": [(r.run_id, r.traceparent, r.started_ns, dict(r.info)) for r in list(rt.runs.values())],
+            "roles": list(rt.role_order),
+            "ranks": dict(rt.ranks),
+            "labels": dict(exposition.PROCESS_LABELS) if exposition is not None else {},
+        }
+
+    # -- shipping ----------------------------------------------------------------------
+
+    def ship(self, *, wait: bool = False, final: bool = False) -> int:
+        """Collect and send one message; with ``wait``, until the pipeline process has flushed it. Never raises."""
+        with self._ship_lock:
+            started = time.thread_time_ns()
+            try:
+                message, records = self.collect()
+            except Exception as exc:
+                self.rt.count_error("shipper.collect", exc)
+                return 0
+            self._seq += 1
+            seq = message["seq"] = self._seq
+            message["flush"] = wait or final
+            try:
+                payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                self.rt.count_error("shipper.pickle", exc)
+                self._lost(records)
+                return 0
+            self.ship_cpu_ns += time.thread_time_ns() - started
+            if not self._alive():
+                self._lost(records)
+                return 0
+            try:
+                write_frame(self.proc.stdin, payload)
+            except (OSError, ValueError):  # the pipeline process is gone: the next message starts another
+                self._lost(records)
+                return 0
+            self._unacked.append((seq, records))
+            self.messages += 1
+            self.bytes_shipped += len(payload)
+        if wait or final:
+            self._await(seq, FLUSH_WAIT_S)
+        return records
+
+    def _lost(self, records: int, messages: int = 1) -> None:
+        first = not self.lost_messages
+        self.lost_messages += messages
+        self.lost_records += records
+        self._lost_unreported += records
+        if first:
+            log.warning("spectrace: the pipeline process did not take a message (%d records dropped and counted; "
+                        "vLLM is unaffected)", records)
+
+    def _await(self, seq: int, timeout: float) -> bool:
+        """Read the pipeline process's acknowledgements until ``seq`` is acknowledged, at most ``timeout`` s."""
+        with self._ack_lock:
+            return self._read_acks(seq, timeout)
+
+    def _read_acks(self, seq: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        proc = self.proc
+        while self._acked < seq and proc is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("spectrace: the pipeline process has not flushed after %.0f s; going on", timeout)
+                return False
+            try:
+                ready, _, _ = select.select([proc.stdout.raw], [], [], min(left, 0.5))
+            except (OSError, ValueError):
+                return False
+            if not ready:
+                if proc.poll() is not None:
+                    return False
+                continue
+            frame = read_frame(proc.stdout.raw)  # unbuffered: select sees every byte not read yet
+            if frame is None:
+                return False
+            self._ack(frame)
+        return self._acked >= seq
+
+    def _ack(self, frame: bytes) -> None:
+        try:
+            seq, stats = pickle.loads(frame)
+        except Exception:
+            return
+        self._acked = max(self._acked, seq)
+        while self._unacked and self._unacked[0][0] <= seq:
+            self._unacked.popleft()
+        if isinstance(stats, dict):
+            self.remote_stats = stats
+
+    # -- the thread --------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if self.proc is None and self._spawn():
+            self.rt.exporter_status.update(
+                {name: f"pipeline process (pid {self.proc.pid})" for name in self.settings.exporters})
+        self._thread = threading.Thread(target=self._loop, name="spectrace-ship", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        interval = self.settings.ship_interval_s
+        while not self._stop.wait(interval):
+            if self.pipeline.paused:
+                continue
+            self.ship()
+            self._drain_acks()
+
+    def _drain_acks(self) -> None:
+        """Acknowledgements of messages nobody waits for: read so the pipe never fills."""
+        proc = self.proc
+        if proc is None or not self._ack_lock.acquire(blocking=False):
+            return
+        try:
+            while select.select([proc.stdout.raw], [], [], 0)[0]:
+                frame = read_frame(proc.stdout.raw)
+                if frame is None:
+                    return
+                self._ack(frame)
+        except (OSError, ValueError):
+            return
+        finally:
+            self._ack_lock.release()
+
+    def close(self) -> None:
+        """A last message, then EOF; wait (bounded) for the pipeline process's last flush and exit."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        self.ship(final=True)
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("spectrace: the pipeline process (pid %d) is still writing after %.0f s; it finishes on its own",
+                        proc.pid, EXIT_WAIT_S)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pid": self.proc.pid if self.proc is not None else None,
+            "started": self.started,
+            "messages": self.messages,
+            "bytes": self.bytes_shipped,
+            "lost_messages": self.lost_messages,
+            "lost_records": self.lost_records,
+            "ship_cpu_ms": self.ship_cpu_ns / 1e6,
+        }
