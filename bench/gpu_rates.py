@@ -143,7 +143,7 @@ def build_ring(batch: int, k: int, n_steps: int, lifetime: int, seed: int = 0) -
     def arrive():
         rid = f"cmpl-{rng.getrandbits(64):016x}-0"
         request = SimpleNamespace(request_id=rid, sampling_params=greedy if rng.random() < 0.5 else sampled_params,
-                                  use_structured_output=False, trace_headers=None)
+                                  use_structured_output=False, trace_headers=None, lora_request=None)
         return rid, rng.randrange(64, 4096), rng.randrange(lifetime // 2, lifetime * 3 // 2 + 1), request
 
     slots = [list(arrive()) for _ in range(batch)]
@@ -481,7 +481,16 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     engine = Engine(batch, k, rate, args.busy, args.lifetime)
     child_pid = None
     conn = None
-    if shape == "child":
+    shipping = None
+    if shape == "production":  # SPECTRACE_PIPELINE=process: the shipped shape, the real shipper and pipeline process
+        from dataclasses import replace
+
+        profile = "in the pipeline process"
+        rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
+        shipping = rt.pipeline.shipper
+        child_pid = shipping.proc.pid
+        shipper = None
+    elif shape == "child":
         from multiprocessing import Pipe
 
         parent_end, child_end = Pipe(duplex=True)
@@ -560,7 +569,15 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     dropped = rt.pipeline.dropped
     verify_dropped = getattr(rt.verify, "dropped_steps", None)
     pipeline = {}
-    if shipper is not None:
+    if shipping is not None:
+        runtime.stop()  # the last message, EOF, the pipeline process's last flush
+        stats = rt.pipeline.stats()
+        sink = stats.get("duckdb", {})
+        compactions, segments_written, dropped = sink.get("compactions"), sink.get("segments_written"), stats["dropped"]
+        pipeline = {"shipped_messages": shipping.messages, "shipped_bytes": shipping.bytes_shipped,
+                    "lost_records": shipping.lost_records, "started": shipping.started,
+                    "ship_cpu_ms": shipping.ship_cpu_ns / 1e6, "errors": stats.get("errors")}
+    elif shipper is not None:
         shipper.stop()
         runtime.stop()
         conn.send_bytes(b"stop")
@@ -661,6 +678,32 @@ def analyse(r: dict) -> dict:
     }
 
 
+def production_summary(r: dict) -> dict:
+    """The shipped shape's figures at one point (issue #34's machine-readable summary)."""
+    a = r["analysis"]
+    traced = [w for w in r["windows"] if w["traced"]]
+    pipeline_core = statistics.fmean(w["pipeline_process_cpu_s"] / w["wall_s"] for w in traced)
+    lost = (r.get("pipeline") or {}).get("lost_records", 0)
+    rss = r["pipeline_rss_mb"]
+    return {
+        "slowdown_pct": round(a["slowdown"]["slowdown"] * 100, 3),
+        "slowdown_ci_high_pct": round(a["slowdown"]["ci95"][1] * 100, 3),
+        "slowdown_no_core_wait_pct": round(a["slowdown_without_core_wait"]["slowdown"] * 100, 3),
+        "slowdown_no_core_wait_ci_high_pct": round(a["slowdown_without_core_wait"]["ci95"][1] * 100, 3),
+        "gil_wait_ms_per_step": round(a["step_ms_added"]["gil_wait"]["mean"], 4),
+        "engine_background_pct_core": round(a["background_core"]["mean"] * 100, 3),
+        "pipeline_pct_core": round(pipeline_core * 100, 2),
+        # keeping up: nothing dropped or lost, the pipeline process not saturated, its memory not still growing
+        # over the second half of the job
+        "pipeline_keeps_up": bool(not r["dropped_rows"] and not lost and pipeline_core < 0.9
+                                  and rss[-1] <= max(rss[: len(rss) // 2 + 1]) * 1.1),
+        "engine_rss_mb": round(a["rss_mb"]["end"], 1),
+        "pipeline_rss_mb": round(max(rss), 1) if rss else None,
+        "windows": len(r["windows"]),
+        "traced_s": round(r["traced_s"], 1),
+    }
+
+
 def fmt_ci(d: dict, scale: float = 100, unit: str = " %") -> str:
     if d.get("ci95") is None:
         return f"{d['mean'] * scale:.2f}{unit}"
@@ -690,7 +733,7 @@ def line(r: dict) -> str:
         return f"{d['slowdown'] * 100:+.2f} % ({d['ci95'][0] * 100:+.2f} … {d['ci95'][1] * 100:+.2f})"
 
     added = a["step_ms_added"]
-    pipe = f", pipeline process {fmt_ci(a['pipeline_process_core'])}" if r["shape"] == "child" else ""
+    pipe = f", pipeline process {fmt_ci(a['pipeline_process_core'])}" if r["shape"] in ("child", "production") else ""
     ship = f", shipping {a['ship_cpu_us_per_step']:.0f} µs CPU/step" if a["ship_cpu_us_per_step"] is not None else ""
     flush = f", flush {a['flush_cpu_ms_per_flush']:.0f} ms CPU each" if a["flush_cpu_ms_per_flush"] else ""
     return (f"{r['shape']:9s} batch {r['batch']} k {r['k']} {r['rate']:g} steps/s ({a['slowdown']['pairs']} pairs): "
@@ -706,8 +749,8 @@ def line(r: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: one point, few short windows (~40 s)")
-    parser.add_argument("--shapes", nargs="+", choices=("inprocess", "child"), default=None,
-                        help="default: inprocess at every point, child at the goal point")
+    parser.add_argument("--shapes", nargs="+", choices=("inprocess", "child", "production"), default=None,
+                        help="default: inprocess and production at every point")
     parser.add_argument("--points", nargs="+", default=None, help="BATCHxSTEPS_PER_S (default: 256x50 512x50 512x100)")
     parser.add_argument("--k", type=int, default=7)
     parser.add_argument("--busy", type=float, default=0.5, help="the engine thread's own work (CPU), share of the step period")
@@ -730,7 +773,7 @@ def main(argv=None) -> int:
         args.warmup = 2.0
     args.pairs = args.pairs or 16
     if args.shapes is None and args.points is None:
-        jobs = [("inprocess", "256x50"), ("child", "256x50")] + ([] if args.quick else [("inprocess", "512x50"), ("inprocess", "512x100")])
+        jobs = [(s, p) for p in (["256x50"] if args.quick else POINTS) for s in ("inprocess", "production")]
     else:
         jobs = [(s, p) for p in (args.points or (["256x50"] if args.quick else POINTS)) for s in (args.shapes or ("inprocess", "child"))]
     try:
@@ -785,6 +828,7 @@ def main(argv=None) -> int:
             if f"{r['batch']}x{r['rate']:g}" == GOAL["point"] and r["k"] == GOAL["k"]}
     name = args.name or ("gpu_rates-quick" if args.quick else "gpu_rates")
     path = write_result(name, {
+        "production": {f"{r['batch']}x{r['rate']:g}": production_summary(r) for r in results if r["shape"] == "production"},
         "import_s": import_s, "seconds": round(time.time() - started + import_s, 1),
         "settings": {k: v for k, v in vars(args).items()}, "goal": {**GOAL, "results": goal},
         "default_settings": {"flush_interval_s": Settings.flush_interval_s, "compact_interval_s": Settings.compact_interval_s,
