@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -239,26 +240,36 @@ def position_cliff(
     return None
 
 
-def one_token_rows(draft_rows: "list[list[int]]", accepted: "list[int] | None" = None) -> dict[str, Any]:
+def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -> dict[str, Any]:
     """How many draft rows (of two or more drafts) are one token id repeated.
 
     Returns ``rows``, ``repeated`` (rows all one id), ``repeated_drafted`` and
     ``repeated_accepted`` (tokens in those rows; ``accepted``: accepted count per row)
     and ``by_token`` (repeated rows per id). Placeholder ids (negative: vLLM's async
     scheduling sends -1) are no drafts and are skipped; single drafts say nothing.
+    Counted per row length as one array each (``lengths``: the rows' lengths, where known).
     """
     out: dict[str, Any] = {"rows": 0, "repeated": 0, "repeated_drafted": 0, "repeated_accepted": 0, "by_token": {}}
+    n = len(draft_rows)
+    if not n:
+        return out
+    if lengths is None:
+        lengths = np.fromiter(map(len, draft_rows), np.int64, n)
+    accepted = np.zeros(n, np.int64) if accepted is None else np.asarray(accepted, dtype=np.int64)
     by_token = out["by_token"]
-    for i, draft in enumerate(draft_rows):
-        if len(draft) < 2 or draft[0] < 0:
-            continue
-        out["rows"] += 1
-        first = draft[0]
-        if draft.count(first) == len(draft):
-            out["repeated"] += 1
-            out["repeated_drafted"] += len(draft)
-            out["repeated_accepted"] += accepted[i] if accepted is not None else 0
-            by_token[first] = by_token.get(first, 0) + 1
+    for width in np.unique(lengths[lengths >= 2]).tolist():
+        at = np.flatnonzero(lengths == width)
+        block = np.array([draft_rows[i] for i in at] if len(at) < 2 else itemgetter(*at)(draft_rows), dtype=np.int64)
+        drafts = block[:, 0] >= 0
+        same = drafts & (block == block[:, :1]).all(axis=1)
+        repeated = int(same.sum())
+        out["rows"] += int(drafts.sum())
+        out["repeated"] += repeated
+        out["repeated_drafted"] += repeated * width
+        out["repeated_accepted"] += int(accepted[at][same].sum())
+        tokens, counts = np.unique(block[same, 0], return_counts=True)
+        for token, count in zip(tokens.tolist(), counts.tolist()):
+            by_token[token] = by_token.get(token, 0) + count
     return out
 
 

@@ -84,7 +84,7 @@ def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-_SEQUENCES = (list, tuple, np.ndarray)
+_SEQUENCES = (list, tuple, np.ndarray, pa.Array)
 
 
 def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
@@ -94,6 +94,9 @@ def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
     arrays = []
     for fld in schema:
         value = SCHEMA_VERSION if fld.name == "schema_version" else columns.get(fld.name)
+        if isinstance(value, pa.Array):  # built by the producer (a mask for NULLs, say)
+            arrays.append(value.cast(fld.type) if value.type != fld.type else value)
+            continue
         arrays.append(pa.array(value if isinstance(value, _SEQUENCES) else [value] * n, type=fld.type, memory_pool=POOL))
     return pa.Table.from_arrays(arrays, schema=schema)
 

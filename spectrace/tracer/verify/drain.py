@@ -19,17 +19,20 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 from collections import defaultdict
+from itertools import compress, repeat
+from operator import itemgetter
 
 import numpy as np
+import pyarrow as pa
 
 from spectrace import acceptance, slices
 from spectrace import audit, speedup
 from spectrace.audit import codes
 from spectrace.tracer import audit_live, runtime
+from spectrace.tracer.verify import columns
 from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote, StepTiming
 from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
 from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
@@ -50,7 +53,7 @@ class VerifyCapture(Capture):
         self.detectors: dict[str, acceptance.CollapseDetector] = {}
         self.totals: dict[tuple[str, str, int | None], list[int]] = defaultdict(lambda: [0, 0])
         self._span_countdown = 0
-        self._rng = random.Random(0)
+        self._sampler = np.random.default_rng(0)  # SPECTRACE_STEP_SAMPLE's draws
         self._lock = threading.RLock()
         self._checked: set[str] = set()
         self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
@@ -99,105 +102,41 @@ class VerifyCapture(Capture):
                 self._judge_slices(rt, run_id)
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
-        settings = rt.settings
-        sample_all = settings.step_sample >= 1.0
-        record_tokens = settings.record_tokens
-        ts_col: list[int] = []  # verify_steps rows as columns: ts, step, run, the rest as tuples
-        step_col: list[int] = []
-        run_col: list[str] = []
-        kept: list[tuple] = []
-        per_run: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (drafted, accepted, ctx)
+        """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
+        runs: dict[str, columns.RunColumns] = {}
         marks: dict[str, list[acceptance.StepMark]] = defaultdict(list)
-        draft_rows: dict[str, list] = defaultdict(list)
-        draft_accepted: dict[str, list[int]] = defaultdict(list)
-        per_request: dict[tuple[str, str], list[int]] = {}  # (run, request) -> request-steps, drafted, accepted
-        # (run, batch band, k) -> steps, request-steps, drafted, accepted, steps whose run's previous verified step drafted another k
-        by_shape: dict[tuple[str, str, int], list[int]] = {}
+        # (run, batch band, k) -> steps, request-steps, drafted, accepted, k switches
+        by_shape: dict[tuple[str, str, int], ShapeCounts] = {}
         step_bands: dict[str, list[tuple[str, int]]] = defaultdict(list)  # run -> per step: batch band, request-steps
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
-            context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
-            step_rows = []
-            batch: list[tuple[int, int, int]] = []
-            batch_ids: list[str] = []
-            # the loop below runs once per request-step, holding the GIL the engine thread needs:
-            # every lookup that does not depend on the request is made once per step
-            rows_of_run, accepted_of_run = draft_rows[run_id], draft_accepted[run_id]
-            sampled_rows = len(sampled_lens) if sampled_lens is not None else 0
-            for req_id, draft_ids in drafts.items():
-                index = row_of.get(req_id)
-                if index is None or not draft_ids:
-                    continue
-                generated = sampled_lens[index] if index < sampled_rows else 0
-                if not generated and num_sampled != 0:
-                    continue
-                drafted = len(draft_ids) - invalid.get(req_id, 0) if invalid else len(draft_ids)
-                accepted = generated - num_sampled if generated > num_sampled else 0
-                ctx = int(context.get(req_id, -1))
-                batch.append((drafted, accepted, ctx))
-                batch_ids.append(req_id)
-                counts = per_request.get((run_id, req_id))
-                if counts is None:
-                    per_request[(run_id, req_id)] = [1, drafted, accepted]
-                else:
-                    counts[0] += 1
-                    counts[1] += drafted
-                    counts[2] += accepted
-                rows_of_run.append(draft_ids)
-                accepted_of_run.append(accepted)
-                if sample_all or self._rng.random() < settings.step_sample:
-                    # a tuple, not a dict per row; without token ids it holds only ints and a str,
-                    # so the garbage collector stops tracking it (no full collections from the drain)
-                    step_rows.append((req_id, drafted, accepted, ctx, draft_ids if record_tokens else None))
-            if not batch:
+            step = columns.engine_step(drafts, sampled_lens, row_of, cached, invalid, num_sampled)
+            if step is None:
                 continue
-            mark = _mark(step_no, ts, batch)
-            shape_key = (run_id, acceptance.batch_band(len(batch)), mark.k)
-            shape = by_shape.get(shape_key)
+            run = runs.get(run_id)
+            if run is None:
+                run = runs[run_id] = columns.RunColumns()
+            run.add(ts, step_no, step)
+            mark = acceptance.StepMark(step_no, ts, *columns.step_mark_values(step))
+            band = acceptance.batch_band(mark.pos0_drafted)
+            shape = by_shape.get((run_id, band, mark.k))
             if shape is None:
-                shape = by_shape[shape_key] = [0, 0, 0, 0, 0]
-            shape[0] += 1
-            shape[1] += len(batch)
-            shape[2] += mark.drafted
-            shape[3] += mark.accepted
+                shape = by_shape[(run_id, band, mark.k)] = ShapeCounts()
             switches = self.run_switches.get(run_id)
             if switches is None:
                 switches = self.run_switches[run_id] = RunSwitches()
-            shape[4] += switches.step(mark.k)
-            step_bands[run_id].append((shape_key[1], len(batch)))
-            if step_rows:
-                ts_col.extend([ts] * len(step_rows))
-                step_col.extend([step_no] * len(step_rows))
-                run_col.extend([run_id] * len(step_rows))
-                kept.extend(step_rows)
-            per_run[run_id].extend(batch)
+            shape.add(mark, switches.step(mark.k))
+            step_bands[run_id].append((band, mark.pos0_drafted))
             marks[run_id].append(mark)
-            self._maybe_step_span(rt, ts, step_no, run_id, batch, batch_ids)
+            self._maybe_step_span(rt, ts, step_no, run_id, step)
         common = rt.common(ENGINE)
-        if kept:
-            # handed to the writer as columns: no dict per request-step (see bench/, BENCHMARKS.md)
-            req_ids, drafted, accepted, ctx, draft_ids = zip(*kept)
-            flags = self.request_flags
-            greedy, structured = zip(*[flags.get(req_id, (None, None)) for req_id in req_ids])
-            columns = {
-                **common,
-                "run_id": run_col,  # rows carry their run_id
-                "ts": ts_col,
-                "step": step_col,
-                "request_id": req_ids,
-                "context_len": [c if c >= 0 else None for c in ctx],
-                "num_drafted": drafted,
-                "num_accepted": accepted,
-                "greedy": greedy,
-                "structured_output": structured,
-                "draft_token_ids": [json.dumps(list(d)) for d in draft_ids] if record_tokens else None,
-            }
-            rt.pipeline.extend_columns("verify_steps", columns, len(kept))
         band_rows: list[dict] = []
-        for run_id, batch in per_run.items():
-            arr = np.asarray(batch, dtype=np.int64)  # one array per run: the counts and the band positions share it
+        per_request: dict[tuple[str, str], tuple[int, int, int]] = {}
+        for run_id, run in runs.items():
+            arr = run.table()  # one array per run: the counts, the band positions and the rows share it
+            self._verify_rows(rt, common, run_id, run)
             band_rows += _band_positions(common, run_id, arr, step_bands[run_id])
             curve = self._curve(rt, run_id)
-            shapes = acceptance.one_token_rows(draft_rows[run_id], draft_accepted[run_id])
+            shapes = acceptance.one_token_rows(run.draft_lists, run.arrays()[1], run.arrays()[3])
             curve.add_shapes(shapes)
             if shapes["rows"]:
                 rt.pipeline.append(
@@ -206,16 +145,19 @@ class VerifyCapture(Capture):
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
             self._count(rt, ENGINE, run_id, None, arr, marks.get(run_id))
+            ids, steps_of, drafted_of, accepted_of = run.per_request()
+            for req_id, n, d, a in zip(ids, steps_of.tolist(), drafted_of.tolist(), accepted_of.tolist()):
+                per_request[(run_id, req_id)] = (n, d, a)
         if by_shape:
             now = time.time_ns()
             shape_rows = [
-                {**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": n, "request_steps": r,
-                 "drafted": d, "accepted": a, "k_switches": s}
-                for (run_id, band, k), (n, r, d, a, s) in by_shape.items()
+                {**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": c.steps,
+                 "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted, "k_switches": c.switches}
+                for (run_id, band, k), c in by_shape.items()
             ]
             rt.pipeline.extend("step_shapes", shape_rows)
-            for (run_id, band, k), (n, _, _, _, s) in by_shape.items():
-                self.run_switches[run_id].add(band, k, n, s)
+            for (run_id, band, k), c in by_shape.items():
+                self.run_switches[run_id].add(band, k, c.steps, c.switches)
             if rt.metrics is not None:
                 by_run: dict[str, list[dict]] = defaultdict(list)
                 for row in shape_rows:
@@ -227,26 +169,52 @@ class VerifyCapture(Capture):
         if per_request:
             self._drain_slices(rt, per_request)
 
+    def _verify_rows(self, rt, common: dict, run_id: str, run: "columns.RunColumns") -> None:
+        """``verify_steps``: the run's request-steps (all, or the ``SPECTRACE_STEP_SAMPLE`` share), as columns."""
+        drafted, accepted, context, _ = run.arrays()
+        n = len(drafted)
+        step_ts = np.repeat(np.asarray(run.step_ts, dtype=np.int64), run.step_rows)
+        step_no = np.repeat(np.asarray(run.step_no, dtype=np.int64), run.step_rows)
+        ids, draft_lists = run.ids, run.draft_lists
+        sample = rt.settings.step_sample
+        if sample < 1.0:
+            keep = self._sampler.random(n) < sample
+            if not keep.any():
+                return
+            ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
+            drafted, accepted, context, step_ts, step_no = (a[keep] for a in (drafted, accepted, context, step_ts, step_no))
+            n = len(ids)
+        flags = self.request_flags
+        pairs = list(map(flags.get, ids, repeat(NO_FLAGS)))
+        greedy, structured = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
+        rt.pipeline.extend_columns("verify_steps", {
+            **common,
+            "run_id": run_id,
+            "ts": step_ts,
+            "step": step_no,
+            "request_id": ids,
+            "context_len": pa.array(context, mask=context < 0, type=pa.int64()),
+            "num_drafted": drafted,
+            "num_accepted": accepted,
+            "greedy": greedy,
+            "structured_output": structured,
+            "draft_token_ids": [json.dumps(list(d)) for d in draft_lists] if rt.settings.record_tokens else None,
+        }, n)
+
     def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
-        """Counts the worker's steps; per (run, rank): (draft rows, tokens yielded) for the cross-check."""
-        per_key: dict[tuple[str, int | None], list[tuple[int, int, int]]] = {}
+        """Counts the worker's steps (as columns); per (run, rank): (draft rows, tokens yielded) for the cross-check."""
+        per_key: dict[tuple[str, int | None], list[tuple[np.ndarray, np.ndarray]]] = {}
         for ts, run_id, rank, drafts, valid_lens, row_of in steps:  # WorkerStep
-            if row_of is None:  # V2 model runner: drafts per row, aligned with the sampled rows
-                pairs = zip(drafts, valid_lens)
-            else:  # V1: request id -> draft token ids, and request id -> row
-                rows, get_row = len(valid_lens), row_of.get
-                pairs = []
-                for req_id, draft_ids in drafts.items():
-                    row = get_row(req_id)
-                    if row is not None and row < rows:
-                        pairs.append((len(draft_ids), valid_lens[row]))
-            out = [(int(drafted), generated - 1 if generated > 1 else 0, -1) for drafted, generated in pairs
-                   if drafted and generated]
-            if out:
-                per_key.setdefault((run_id, rank), []).extend(out)
-        for (run_id, rank), batch in per_key.items():
-            self._count(rt, WORKER, run_id, rank, batch)
-        return {key: (len(batch), sum(a for _, a, _ in batch) + len(batch)) for key, batch in per_key.items()}
+            counted = columns.worker_step(drafts, valid_lens, row_of)
+            if counted is not None:
+                per_key.setdefault((run_id, rank), []).append(counted)
+        yielded = {}
+        for (run_id, rank), parts in per_key.items():
+            drafted = np.concatenate([d for d, _ in parts])
+            accepted = np.concatenate([a for _, a in parts])
+            self._count(rt, WORKER, run_id, rank, np.column_stack((drafted, accepted, np.full(len(drafted), -1))))
+            yielded[(run_id, rank)] = (len(drafted), int(accepted.sum()) + len(drafted))
+        return yielded
 
     def _count(
         self, rt, source: str, run_id: str, rank: int | None, batch: list[tuple[int, int, int]], marks: list | None = None
@@ -354,9 +322,7 @@ class VerifyCapture(Capture):
                 links.append(Link(context, {"vllm.request_id": req_id}))
         return links
 
-    def _maybe_step_span(
-        self, rt, ts: int, step_no: int, run_id: str, batch: list[tuple[int, int, int]], request_ids: list[str]
-    ) -> None:
+    def _maybe_step_span(self, rt, ts: int, step_no: int, run_id: str, step: "columns.StepColumns") -> None:
         every = rt.settings.span_every_steps
         if every <= 0:
             return
@@ -364,18 +330,16 @@ class VerifyCapture(Capture):
             self._span_countdown -= 1
             return
         self._span_countdown = every - 1
-        arr = np.asarray(batch, dtype=np.int64)
-        k = int(arr[:, 0].max())
-        d_at, a_at = acceptance.position_counts(arr[:, 0], arr[:, 1], k)
+        d_at, a_at = acceptance.position_counts(step.drafted, step.accepted, int(step.drafted.max()))
         with rt.span(
             "spectrace.verify.step",
             role=ENGINE,
             run=rt.run_by_id(run_id),
             start_time=ts,
-            links=self._links(request_ids),
+            links=self._links(step.ids),
             attributes={
                 "spectrace.step": step_no,
-                "spectrace.batch_size": len(batch),
+                "spectrace.batch_size": len(step.ids),
                 "spectrace.drafted_by_position": [int(x) for x in d_at],
                 "spectrace.accepted_by_position": [int(x) for x in a_at],
             },
@@ -733,6 +697,8 @@ def _decode_shape(timing: StepTiming, k: int | None) -> int | None:
     return drafts if 1 <= drafts <= (k if k else MAX_DECODE_DRAFTS) else None
 
 
+NO_FLAGS = (None, None)
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)  # (greedy, structured output) of a request the hook never saw added
 MAX_DECODE_DRAFTS = 32  # the most drafts per request a decode-only step is taken to carry when the run's k is unknown
 
 
@@ -743,18 +709,20 @@ def _run_k(rt, run_id: str | None) -> int | None:
     return run.info.get("num_speculative_tokens") if run is not None else None
 
 
-def _mark(step_no: int, ts: int, batch: list[tuple[int, int, int]]) -> acceptance.StepMark:
-    drafted = accepted = pos0_accepted = k = 0
-    context = -1
-    for d, a, c in batch:
-        drafted += d
-        accepted += a
-        pos0_accepted += a > 0
-        if c > context:
-            context = c
-        if d > k:
-            k = d
-    return acceptance.StepMark(step_no, ts, context, drafted, accepted, len(batch), pos0_accepted, k)
+class ShapeCounts:
+    """One (run, batch band, k)'s verified steps of a flush: steps, request-steps, drafted, accepted, k switches."""
+
+    __slots__ = ("steps", "request_steps", "drafted", "accepted", "switches")
+
+    def __init__(self) -> None:
+        self.steps = self.request_steps = self.drafted = self.accepted = self.switches = 0
+
+    def add(self, mark: acceptance.StepMark, switched: bool) -> None:
+        self.steps += 1
+        self.request_steps += mark.pos0_drafted
+        self.drafted += mark.drafted
+        self.accepted += mark.accepted
+        self.switches += switched
 
 
 class RunBudget:
