@@ -1,8 +1,8 @@
 """The finding codes: one entry per code spectrace emits (code, severities, meaning, fix).
 
 Every ``Finding`` is built with one of the constants below, never a bare string;
-README.md's "Finding codes" table is generated from ``REGISTRY``
-(``python -m tools.readme_codes``) and the PromQL code lists
+docs/reference/codes.md is generated from ``REGISTRY``
+(``python -m tools.docs_reference``) and the PromQL code lists
 (``spectrace.dashboards.promql``) are read from it, so a new code, or a changed
 meaning, reaches the docs and the dashboards from here. A code is stable once
 released: dashboards, alert rules and stored findings name it.
@@ -20,7 +20,7 @@ class Code:
     code: str
     component: str  # the Finding.component of every finding with this code
     severities: tuple[str, ...]  # every severity it is emitted at, the root cause's first
-    severity_text: str  # the README's severity cell: when which severity
+    severity_text: str  # the docs' severity line: when which severity
     meaning: str
     fix: str
 
