@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test unit demo docs venv clean prometheus postgres
+.PHONY: test unit demo docs venv clean prometheus postgres tmux
 
 venv: $(STAMP)
 
@@ -37,11 +37,17 @@ postgres:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
 	  else echo "PostgreSQL missing: sudo apt-get install postgresql"; exit 1; fi; }
 
+# tmux (Debian's `tmux`) for the test of `spectrace top` in a real terminal (tests/test_top_tmux.py).
+tmux:
+	@command -v tmux >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null; \
+	  else echo "tmux missing: sudo apt-get install tmux"; exit 1; fi; }
+
 # Two workers (pytest-xdist): live tests wait on engines, servers and flushes much of the time, so two
 # share the two cores; each module runs whole in one worker (--dist loadfile; tests/conftest.py orders them).
 TEST_WORKERS ?= 2
 
-test: $(STAMP) prometheus postgres docs
+test: $(STAMP) prometheus postgres tmux docs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.
