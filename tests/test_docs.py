@@ -101,5 +101,6 @@ def test_readme_is_short_and_its_links_exist():
     assert len(readme.splitlines()) <= 150
     links = re.findall(r"\]\(((?!https?:)[^)#]+)(?:#[^)]*)?\)", readme)
     assert links and all((REPO / link).exists() for link in links), [l for l in links if not (REPO / l).exists()]
-    for command in ("make demo", "make test", "SPECTRACE=1", "spectrace doctor", "spectrace report", "spectrace query"):
+    for command in ("make demo", "make test", "SPECTRACE=1", "spectrace doctor", "spectrace report", "spectrace query",
+                    "spectrace top"):
         assert command in readme, command
