@@ -86,6 +86,15 @@ def test_codes_page_is_the_registrys():
         assert f"| [`{code}`](#{code.lower()}) | {entry.component} |" in page
 
 
+def test_causes_name_registered_codes():
+    assert len(codes.CAUSES) == 14
+    for cause in codes.CAUSES:
+        assert cause.codes and set(cause.codes) <= REGISTERED, cause
+        # every code the docs print for it is one it lists
+        assert set(re.findall(r"`([A-Z][A-Z_]+)`", cause.named_as)) == set(cause.codes), cause
+        assert cause.cause and cause.reports
+
+
 def test_codes_page_changes_with_a_changed_meaning(monkeypatch):
     tool = _docs_reference()
     page = (REPO / "docs" / "reference" / "codes.md").read_text(encoding="utf-8")

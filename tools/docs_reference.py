@@ -75,13 +75,14 @@ def codes_page() -> str:
     from spectrace.audit import codes
 
     lines = [
-        _header("spectrace/audit/codes.py (REGISTRY)"),
+        _header("spectrace/audit/codes.py (REGISTRY, CAUSES)"),
         "# Finding codes",
         "",
         f"The {len(codes.REGISTRY)} codes spectrace emits. A code is stable once released: dashboards, alert rules "
         "and stored findings name it. Consequences of a root cause are `info` findings whose `caused_by` names it, "
-        "so a misconfiguration reads as one error, not five. The field reports behind the codes: "
-        "[Diagnosis](../diagnosis.md#causes-spectrace-names).",
+        "so a misconfiguration reads as one error, not five. The failures seen in the field behind the codes: "
+        "[Causes spectrace names](#causes-spectrace-names); how the findings are judged: "
+        "[Findings and causes](../diagnosis.md).",
         "",
         "| code | component | severity | meaning |",
         "|---|---|---|---|",
@@ -98,6 +99,20 @@ def codes_page() -> str:
             f"- **meaning**: {c.meaning}",
             f"- **fix**: {c.fix or '—'}",
         ]
+        for cause in codes.CAUSES:
+            if c.code in cause.codes:
+                lines.append(f"- **seen in the field**: {cause.cause} ({cause.reports})")
+    lines += [
+        "",
+        "## Causes spectrace names",
+        "",
+        "Silent failures seen in the field, each with the codes that name it and where it was reported.",
+        "",
+        "| cause | named by | reported |",
+        "|---|---|---|",
+    ]
+    for cause in codes.CAUSES:
+        lines.append(f"| {_cell(cause.cause)} | {_cell(cause.named_as)} | {_cell(cause.reports)} |")
     lines.append("")
     return "\n".join(lines)
 
