@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_top import ACCEPTED, DRAFTED, LENGTHS, Pages, spectrace_page, vllm_page
+from test_top import ACCEPTED, DRAFTED, LENGTHS, Pages, spectrace_page, vllm_page
 
 pytestmark = pytest.mark.server
 
