@@ -21,7 +21,8 @@ from spectrace.cli.args import default_dir, duration
 
 def add_parser(sub) -> None:
     p = sub.add_parser("top", help="a live terminal view: acceptance per position, lengths, findings (q quits)",
-                       description=__doc__.splitlines()[0])
+                       description="A live terminal view of speculative decoding, from /metrics URLs or a store: "
+                                   "acceptance per draft position over a window, lengths, findings. q quits.")
     p.add_argument("urls", nargs="*", metavar="URL",
                    help="a /metrics URL (http://host:port is enough; several are summed); none: read the store at --dir")
     p.add_argument("--dir", default=None, help=f"the store to read when no URL is given (default: {default_dir()})")
