@@ -1,6 +1,7 @@
 """``spectrace diff A B``: two runs side by side, the before/after of a drafter change.
 
-A and B are each a store directory (its latest run) or a run id in the store at ``--dir``. Per draft
+A and B are each a store directory (its latest run), a run id in the store at ``--dir``, or a ``/metrics``
+URL (``http://...``: one scrape, the counters since the processes started, summed over the page). Per draft
 position, per context range (the buckets split at the run's boundaries) and per request slice: drafted,
 rate and its 95 % Wilson interval (per position a drafted token is a trial; summed over positions a
 request-step's k drafts are one, as ``SLICE_ACCEPTANCE_LOW`` counts them), the difference B - A in points,
@@ -56,6 +57,29 @@ def resolve(arg: str, default_store: str) -> tuple[str, str]:
     if not con.execute("select count(*) from runs where run_id = ?", [arg]).fetchone()[0]:
         raise UsageError(f"{arg!r} is neither a store directory nor a run in the store at {default_store}")
     return default_store, arg
+
+
+def is_url(arg: str) -> bool:
+    return arg.startswith(("http://", "https://"))
+
+
+def load_url(label: str, url: str) -> Run:
+    """A run from one scrape of ``url``: lifetime counts (spectrace's series, else vLLM's own counters)."""
+    from spectrace import top
+
+    source = top.MetricsSource([url], window_s=0)
+    frame = source.frame()
+    page = top.snapshot(zip(source.urls, source.texts))
+    info_labels = next((dict(labels) for (_, name, labels) in page if name == "spectrace_run_info"), {})
+    k = int(info_labels.get("num_speculative_tokens") or len(frame.positions) or 1)
+    run = Run(label, source.urls[0], info_labels.get("run_id") or "(scrape)",
+              {"method": info_labels.get("method"), "k": k, "draft": info_labels.get("draft_model")}, k)
+    run.positions = {p.position: (int(p.drafted), int(p.accepted)) for p in frame.positions}
+    run.slices = {(d, v): (0, int(dr), int(a)) for d, v, dr, a, _ in frame.slices}
+    run.mean_length = frame.mean_length
+    run.steps = int(sum(frame.lengths.values()))
+    run.findings = {(code, severity, role) for severity, code, role, _ in frame.findings}
+    return run
 
 
 def load(label: str, store: str, run_id: str) -> Run:
@@ -125,7 +149,8 @@ def render(a: Run, b: Run) -> str:
     out = ["spectrace diff"]
     for run in (a, b):
         info = run.info
-        out.append(f"  {run.label}  run {run.run_id} in {run.store}: {info.get('method') or '?'}, k = {info.get('k') or '?'}, "
+        where = "scraped from" if is_url(run.store) else "in"
+        out.append(f"  {run.label}  run {run.run_id} {where} {run.store}: {info.get('method') or '?'}, k = {info.get('k') or '?'}, "
                    f"draft {info.get('draft') or '?'}")
     out.append("")
     out.append("Acceptance by draft position (95 % intervals; a drafted token is a trial)")
@@ -135,7 +160,8 @@ def render(a: Run, b: Run) -> str:
         out.append(format_table(["pos", *HEAD], rows))
     else:
         out.append("  no drafts verified in either run")
-    length = lambda r: f"{r.mean_length:.3f} over {r.steps:,} request-steps" if r.mean_length else "—"  # noqa: E731
+    length = lambda r: (f"{r.mean_length:.3f}" + (f" over {r.steps:,} request-steps" if r.steps else "")  # noqa: E731
+                        if r.mean_length else "—")
     out += ["", f"Mean acceptance length: A {length(a)}, B {length(b)}"
             + (f"; B - A {b.mean_length - a.mean_length:+.3f}" if a.mean_length and b.mean_length else "")]
     ranges = sorted({*a.ranges, *b.ranges}, key=_range_key)

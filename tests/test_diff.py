@@ -116,3 +116,24 @@ def test_bad_input_is_one_line_and_exit_2(case, stores, tmp_path, capsys):
     assert main(["diff", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and expect in captured.err, captured.err
+
+
+def test_two_scrapes(capsys):
+    """A and B as /metrics URLs: one scrape each, the counters since the processes started."""
+    from test_top import Pages, spectrace_page
+
+    pages = Pages()
+    try:
+        a = pages.serve("/a/metrics", spectrace_page([400, 400, 400], [320, 10, 5], {1: 80, 2: 310, 3: 5, 4: 5},
+                                                     findings=[("TAP_MISMATCH", "error", "draft")]))
+        b = pages.serve("/b/metrics", spectrace_page([400, 400, 400], [320, 240, 160], {1: 80, 2: 80, 3: 80, 4: 160}))
+        assert main(["diff", a, b]) == 0
+    finally:
+        pages.close()
+    out = capsys.readouterr().out
+    assert f"  A  run (scrape) scraped from {a}: ?, k = 3, draft ?" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line[:2] in ("0 ", "1 ", "2 ")}
+    assert rows["0"][-3:] == ["+0.0", "pts", "overlap"] and rows["1"][:2] == ["400", "2.5%"]
+    assert rows["1"][3:5] == ["400", "60.0%"] and rows["1"][-3:] == ["+57.5", "pts", "apart"]
+    assert "Mean acceptance length: A 1.837 over 400 request-steps, B 2.800 over 400 request-steps" in out
+    assert out.endswith("Findings that differ\n  only in A  error   TAP_MISMATCH [draft]\n")
