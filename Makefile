@@ -2,13 +2,14 @@
 #   make test   create .venv, install spectrace with the CPU build of vLLM, run the whole suite (two workers)
 #   make unit   same venv, only the tests that need neither vLLM/torch nor a server (under a minute)
 #   make demo   same venv, then the config-audit demo (real vLLM on CPU, a few minutes)
+#   make docs   same venv, then the docs site with `mkdocs build --strict` (seconds; `make test` runs it too)
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test unit demo venv clean prometheus postgres
+.PHONY: test unit demo docs venv clean prometheus postgres tmux
 
 venv: $(STAMP)
 
@@ -18,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,test]'
+	$(BIN)/pip install --quiet -e '.[cpu,test,docs]'
 	-$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(STAMP)
 
@@ -36,11 +37,17 @@ postgres:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
 	  else echo "PostgreSQL missing: sudo apt-get install postgresql"; exit 1; fi; }
 
+# tmux (Debian's `tmux`) for the test of `spectrace top` in a real terminal (tests/test_top_tmux.py).
+tmux:
+	@command -v tmux >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null; \
+	  else echo "tmux missing: sudo apt-get install tmux"; exit 1; fi; }
+
 # Two workers (pytest-xdist): live tests wait on engines, servers and flushes much of the time, so two
 # share the two cores; each module runs whole in one worker (--dist loadfile; tests/conftest.py orders them).
 TEST_WORKERS ?= 2
 
-test: $(STAMP) prometheus postgres
+test: $(STAMP) prometheus postgres tmux docs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.
@@ -50,8 +57,16 @@ unit: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m spectrace.demo
 
+# The docs site (mkdocs.yml, docs/): mkdocs-material comes from the `docs` extra, which the venv's install
+# above includes (a venv made before pyproject.toml named it is reinstalled, as for any change to it).
+# --strict: a broken link, anchor or snippet, or a page outside the nav, fails. The reference pages are
+# checked by tests/test_docs.py (`python -m tools.docs_reference` regenerates them). Output in site/.
+DOCS_SITE ?= site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+
 clean:
-	rm -rf $(VENV) spectrace-data demo-data .pytest_cache
+	rm -rf $(VENV) spectrace-data demo-data .pytest_cache site
 
 # Benchmarks (bench/, results in bench/results/*.json and BENCHMARKS.md); about 10 minutes on 2 cores.
 .PHONY: bench
@@ -60,7 +75,7 @@ bench: $(STAMP)
 
 # The live core of the suite against each vLLM of the supported range, one venv per version
 # beside the main one (.venv-vllm-X.Y.Z, the same torch 2.13.0+cpu); results in
-# bench/results/test-matrix.{json,md} and the README's version table. Not part of `make test`.
+# bench/results/test-matrix.{json,md} and docs/reference/versions.md. Not part of `make test`.
 MATRIX_VERSIONS ?= 0.30.0 0.31.0 0.32.0
 MATRIX_VENVS    := $(foreach v,$(MATRIX_VERSIONS),.venv-vllm-$(v)/.spectrace-installed)
 
@@ -85,7 +100,8 @@ check-vllm-0.33: $(STAMP)
 	$(BIN)/python -m bench.check_vllm_static --version 0.33.0
 	$(BIN)/python -m tools.versions_table readme
 
-# Rewrite the README's generated version table (spectrace/tracer/support.py + bench/results).
+# Rewrite docs/reference/versions.md (spectrace/tracer/support.py + bench/results); `python -m
+# tools.docs_reference` rewrites every generated reference page.
 versions-table: $(STAMP)
 	$(BIN)/python -m tools.versions_table readme
 

@@ -1,6 +1,6 @@
 """What ``k`` pays: the speed-up at every number of speculative tokens, from one run.
 
-Pure arithmetic over the sums one run records (README, "What k pays"); the live drain,
+Pure arithmetic over the sums one run records (docs/speedup.md, "What k pays"); the live drain,
 ``spectrace report`` and the tests use it alike, and the ``speedup_by_k`` view
 (``store/views.sql``) is its SQL twin.
 

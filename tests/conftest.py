@@ -4,7 +4,7 @@ Every engine run is real vLLM 0.32 on CPU in a child process (plugins load
 per process). Engines that tests share are started once per session.
 
 Lanes: a test that needs vLLM or torch is marked ``vllm``, one that needs a server
-(Prometheus, promtool, amtool, PostgreSQL, the OTLP receiver) ``server``: a live module
+(Prometheus, promtool, amtool, PostgreSQL, the OTLP receiver; tmux) ``server``: a live module
 says so in its ``pytestmark``, and a test that requests a fixture below that needs one
 is marked here. ``pytest --unit`` (``make unit``) runs the rest, imports no module marked
 ``vllm`` or ``server`` as a whole, and fails when torch or vLLM got imported anyway.

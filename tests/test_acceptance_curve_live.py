@@ -211,7 +211,7 @@ def test_speedup_estimate_against_a_run_without_speculation(curve_runs, record_p
         report[name] = {"estimate": round(estimate, 3), "measured_cpu": round(measured, 3), "measured_wall": round(wall, 3),
                         "L": round(length, 3), "draft_ms": round(draft_ms, 2), "verify_ms": round(verify_ms, 2)}  # fmt: skip
     # The measured ratios are timings on a shared machine: recorded (pytest --junitxml, -s), never asserted
-    # (no timed tests). README states the estimate-vs-measured margins from quiet runs.
+    # (no timed tests). The docs ("Does speculation pay?") state the estimate-vs-measured margins from quiet runs.
     record_property("speedup_estimate_vs_measured", report)
     print("speed-up:", report)
     assert _speedup(con, results["self"].run_id)[1] == pytest.approx(K + 1)

@@ -1,5 +1,5 @@
 """The finding-code registry (``spectrace.audit.codes``): every code the package emits comes
-from it, and README.md's table and the PromQL code lists are generated from it (fail on drift)."""
+from it, and docs/reference/codes.md and the PromQL code lists are generated from it (fail on drift)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ REPO = ROOT.parent
 REGISTERED = set(codes.REGISTRY)
 
 
-def _readme_codes():
-    spec = importlib.util.spec_from_file_location("readme_codes", REPO / "tools" / "readme_codes.py")
+def _docs_reference():
+    spec = importlib.util.spec_from_file_location("docs_reference", REPO / "tools" / "docs_reference.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -37,7 +37,7 @@ def test_each_constant_is_its_own_code_and_well_formed():
     for entry in codes.REGISTRY.values():
         assert entry.severities and set(entry.severities) <= set(codes.SEVERITIES), entry.code
         assert entry.meaning and entry.component, entry.code
-        # the README cell names exactly the severities the code is emitted at
+        # the docs' severity line names exactly the severities the code is emitted at
         named = {s for s in codes.SEVERITIES if re.search(rf"\b{s}\b", entry.severity_text)}
         assert named == set(entry.severities), entry.code
 
@@ -75,23 +75,33 @@ def test_every_finding_is_built_in_the_audit_package():
     assert outside == []
 
 
-def test_readme_table_is_the_registrys():
-    """Fails on drift: run `python -m tools.readme_codes` and commit README.md."""
-    tool = _readme_codes()
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert tool.render(readme) == readme, "README.md's finding codes are stale: run python -m tools.readme_codes"
-    assert tool.main(["--check"]) == 0
+def test_codes_page_is_the_registrys():
+    """Fails on drift: run `python -m tools.docs_reference` and commit docs/reference/codes.md."""
+    tool = _docs_reference()
+    page = (REPO / "docs" / "reference" / "codes.md").read_text(encoding="utf-8")
+    assert tool.codes_page() == page, "docs/reference/codes.md is stale: run python -m tools.docs_reference"
     for code in REGISTERED:
-        assert f"| `{code}` |" in readme
+        entry = codes.REGISTRY[code]
+        assert f"\n## {code}\n" in page and f"- **fix**: {entry.fix or '—'}\n" in page
+        assert f"| [`{code}`](#{code.lower()}) | {entry.component} |" in page
 
 
-def test_readme_check_fails_on_a_changed_meaning(monkeypatch):
-    tool = _readme_codes()
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_causes_name_registered_codes():
+    assert len(codes.CAUSES) == 14
+    for cause in codes.CAUSES:
+        assert cause.codes and set(cause.codes) <= REGISTERED, cause
+        # every code the docs print for it is one it lists
+        assert set(re.findall(r"`([A-Z][A-Z_]+)`", cause.named_as)) == set(cause.codes), cause
+        assert cause.cause and cause.reports
+
+
+def test_codes_page_changes_with_a_changed_meaning(monkeypatch):
+    tool = _docs_reference()
+    page = (REPO / "docs" / "reference" / "codes.md").read_text(encoding="utf-8")
     entry = codes.REGISTRY["SWA_DROPPED"]
     monkeypatch.setitem(codes.REGISTRY, "SWA_DROPPED", codes.Code(**{**entry.__dict__, "meaning": "something else"}))
-    assert tool.render(readme) != readme
-    assert "| something else |" in tool.render(readme)
+    assert tool.codes_page() != page
+    assert "- **meaning**: something else\n" in tool.codes_page()
 
 
 def test_promql_and_sql_code_lists_come_from_the_registry():

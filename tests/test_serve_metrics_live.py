@@ -140,6 +140,32 @@ def baseline(zoo, scratch, cache_root):
     return texts, families
 
 
+def _top_on_the_api_port(server):
+    """`spectrace top` on the server's API port: a frame and the one page it was computed from, once
+    spectrace's counts there have caught up with vLLM's (the flush lags vLLM's counters by an interval);
+    and `spectrace top URL --once` as printed."""
+    import contextlib
+    import io
+
+    from spectrace import top
+    from spectrace.cli import main
+
+    url = f"http://127.0.0.1:{server.port}"
+
+    def caught_up():
+        source = top.MetricsSource([url], window_s=60)  # a fresh one: one scrape, lifetime counts
+        frame = source.frame()
+        page = _families(source.texts[0])
+        tokens = sum(s.value for s in page["vllm:spec_decode_num_draft_tokens"].samples if s.name.endswith("_total"))
+        return (frame, source.texts[0]) if tokens and sum(p.drafted for p in frame.positions) == tokens else None
+
+    frame, text = wait_until(caught_up, 30, "spectrace's counts on the API port to reach vLLM's")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["top", url, "--once"])
+    return {"frame": frame, "text": text, "once": out.getvalue(), "code": code}
+
+
 @pytest.fixture(scope="module")
 def traced(zoo, scratch, cache_root, metrics_dir, faulted):
     env = base_env(scratch / "serve-on-store", multiprocessing=True, cache_root=cache_root)
@@ -153,6 +179,7 @@ def traced(zoo, scratch, cache_root, metrics_dir, faulted):
         seen["first_files"] = _file_pids(metrics_dir)
         seen["first_live"] = {str(p) for p in server.pids()}
         seen["texts"], seen["families"] = _requests_and_settled_scrape(server)
+        seen["top"] = _top_on_the_api_port(server)
 
         # the engine core SIGKILLed; VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps the API server up
         [engine] = [p for p in server.pids() if b"EngineCore" in open(f"/proc/{p}/cmdline", "rb").read()]
@@ -203,6 +230,29 @@ def test_vllm_series_are_the_same_with_spectrace_on(baseline, traced):
     assert sum(v for (name, _), v in counters.items() if name == "vllm:spec_decode_num_draft_tokens") > 0
     assert _counters(traced["families"]) == counters  # same values
     assert [n for n in traced["families"] if n.startswith("spectrace")]  # and spectrace's series are there too
+
+
+def test_top_on_the_api_port_shows_vllms_own_counts(traced):
+    """`spectrace top`'s numbers on a real `vllm serve` scrape: per position, the accepted tokens are
+    vLLM's own per-position counter on the same page, vLLM's rate is that counter over vLLM's drafts, the
+    drafted tokens sum to vLLM's draft tokens; the mean length is vLLM's (1 + accepted / drafts)."""
+    frame, page = traced["top"]["frame"], _families(traced["top"]["text"])
+
+    def vllm(name):
+        return {s.labels.get("position"): s.value for s in page[name].samples if s.name.endswith("_total")}
+
+    per_pos, drafts = vllm("vllm:spec_decode_num_accepted_tokens_per_pos"), vllm("vllm:spec_decode_num_drafts")[None]
+    assert drafts > 0 and len(per_pos) == 3
+    assert [(p.position, p.accepted) for p in frame.positions] == [(int(k), v) for k, v in sorted(per_pos.items())]
+    assert [p.vllm_rate for p in frame.positions] == [v / drafts for _, v in sorted(per_pos.items())]
+    assert sum(p.drafted for p in frame.positions) == vllm("vllm:spec_decode_num_draft_tokens")[None]
+    assert frame.mean_length == pytest.approx(1 + vllm("vllm:spec_decode_num_accepted_tokens")[None] / drafts)
+    assert sum(frame.lengths.values()) == drafts  # one request-step per draft
+    assert not frame.vllm_source and frame.scope == "lifetime (one scrape)"
+    once = traced["top"]["once"]
+    assert traced["top"]["code"] == 0 and once.startswith("spectrace top  http://127.0.0.1:")
+    row0 = [line.split() for line in once.splitlines() if line.strip().startswith("0 ")][0]
+    assert row0[2] == f"{per_pos['0']:,.0f}" and f"{per_pos['0'] / drafts:.1%}" in row0[3:]
 
 
 def test_engine_core_killed_under_a_live_api_server_leaves_no_series_of_it(traced):

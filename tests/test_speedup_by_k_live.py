@@ -6,7 +6,7 @@ Drafters: ``noisy`` (the zoo target plus 3 % noise: intermediate acceptance), ``
 (another seed: near 0, where the answer is "no speculation"). A traced run of the target without speculation
 (``target-k0``) in the same store measures the steps without drafts that price step(0) (``decode_steps``). The predicted speed-ups are not checked
 against measured ones here (timings on a shared 2-core box, no timed tests): bench/speedup_by_k.py measures
-them, BENCHMARKS.md and the README state the model's accuracy.
+them, BENCHMARKS.md and the docs ("What k pays") state the model's accuracy.
 """
 
 from __future__ import annotations

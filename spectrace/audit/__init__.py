@@ -25,7 +25,7 @@ plain dicts, and the unit tests feed them hand-written ones. One module per topi
 Root causes and consequences: each root cause is one ``error`` (or ``warning``)
 finding; what follows from it is reported as ``info`` findings whose
 ``caused_by`` names the root cause's code, so a user reads one error, not five.
-Finding codes are stable and documented in README.md (generated from ``codes``).
+Finding codes are stable and documented in docs/reference/codes.md (generated from ``codes``).
 """
 
 from spectrace.audit import codes

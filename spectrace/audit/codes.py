@@ -1,8 +1,9 @@
-"""The finding codes: one entry per code spectrace emits (code, severities, meaning, fix).
+"""The finding codes: one entry per code spectrace emits (code, severities, meaning, fix), and ``CAUSES``:
+the failures seen in the field that they name, with where each was reported.
 
 Every ``Finding`` is built with one of the constants below, never a bare string;
-README.md's "Finding codes" table is generated from ``REGISTRY``
-(``python -m tools.readme_codes``) and the PromQL code lists
+docs/reference/codes.md is generated from ``REGISTRY``
+(``python -m tools.docs_reference``) and the PromQL code lists
 (``spectrace.dashboards.promql``) are read from it, so a new code, or a changed
 meaning, reaches the docs and the dashboards from here. A code is stable once
 released: dashboards, alert rules and stored findings name it.
@@ -20,7 +21,7 @@ class Code:
     code: str
     component: str  # the Finding.component of every finding with this code
     severities: tuple[str, ...]  # every severity it is emitted at, the root cause's first
-    severity_text: str  # the README's severity cell: when which severity
+    severity_text: str  # the docs' severity line: when which severity
     meaning: str
     fix: str
 
@@ -294,4 +295,107 @@ DRAFT_DTYPE_LOSSY = _code(
     "the drafter runs in a dtype it was not trained in (config.json's dtype, else its checkpoint's), lossily; "
     "vLLM builds the draft config with the target's dtype",
     "run the target in the drafter's training dtype (--dtype), so the drafter gets it too",
+)
+
+
+# -- causes seen in the field ---------------------------------------------------------------
+# Silent failures reported in vLLM's, speculators' and others' trackers, each with the codes that name it
+# (docs/reference/codes.md's "Causes spectrace names" and each code's entry are generated from these).
+
+
+@dataclass(frozen=True)
+class Cause:
+    cause: str
+    codes: tuple[str, ...]  # the registered codes that name it
+    named_as: str  # how the docs print it: the codes, with the field or dimension where it shows
+    reports: str  # where it was reported (Markdown links)
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "the seed: a DFlash drafter for Qwen3.6-27B accepted 1.1 % instead of 40 %+ — vLLM tapped the target's hidden "
+        "states one layer off, built the drafter's sliding-window layers as full attention, and transformers' "
+        "`Qwen3Config` had set `sliding_window` to `None` (`use_sliding_window` absent)",
+        (TAP_MISMATCH, LAYOUT_MISMATCH, SWA_DROPPED),
+        "`TAP_MISMATCH`, `LAYOUT_MISMATCH`, `SWA_DROPPED`",
+        "the report spectrace was built from",
+    ),
+    Cause(
+        "drafter parameters no checkpoint tensor reached (quantized MTP/drafter tensors skipped or mis-named; EAGLE3 and DFlash drafters, whose `load_weights` returns nothing to vLLM's check): they keep their `torch.empty` values, 0 % acceptance or mean length 1.00",
+        (DRAFT_WEIGHTS_UNLOADED, DRAFT_TENSORS_UNUSED,),
+        '`DRAFT_WEIGHTS_UNLOADED`, `DRAFT_TENSORS_UNUSED`',
+        '[vllm#35548](https://github.com/vllm-project/vllm/issues/35548), [#37667](https://github.com/vllm-project/vllm/issues/37667), [#47091](https://github.com/vllm-project/vllm/issues/47091), [#49552](https://github.com/vllm-project/vllm/issues/49552), [#43455](https://github.com/vllm-project/vllm/issues/43455)',
+    ),
+    Cause(
+        "the drafter's `embed_tokens` / `lm_head` kept or replaced by the target's through a weight-equality test that can differ per rank",
+        (RANK_DISAGREEMENT,),
+        '`model_weights.embed_tokens`, `.lm_head` per rank; `RANK_DISAGREEMENT`',
+        '[vllm#27737](https://github.com/vllm-project/vllm/issues/27737), [#50158](https://github.com/vllm-project/vllm/issues/50158)',
+    ),
+    Cause(
+        "a drafter that shares the target's positions (eagle, eagle3, dflash, mtp) rotating them differently: `rope_scaling` lost in conversion, base pinned to 10000, YaRN read as another schedule, NeoX vs GPT-J, `rope_theta` looked for outside `rope_parameters` (transformers 5)",
+        (ROPE_MISMATCH,),
+        '`ROPE_MISMATCH`',
+        '[speculators#574](https://github.com/vllm-project/speculators/issues/574), [TensorRT-LLM#19036](https://github.com/NVIDIA/TensorRT-LLM/issues/19036)',
+    ),
+    Cause(
+        'an independent `draft_model` drafter with another RoPE: legitimate, the first suspect when its acceptance collapses or falls with context',
+        (ROPE_DIFFERS,),
+        '`ROPE_DIFFERS` (info)',
+        '[speculators#574](https://github.com/vllm-project/speculators/issues/574)',
+    ),
+    Cause(
+        "a drafter trained in bfloat16 run in the target's float16 (vLLM builds the draft config with the target's dtype): overflow, 0 % acceptance",
+        (DRAFT_DTYPE_LOSSY,),
+        '`DRAFT_DTYPE_LOSSY`',
+        '[vllm#55250](https://github.com/vllm-project/vllm/issues/55250)',
+    ),
+    Cause(
+        'request penalties, logit bias, bad words, allowed tokens, min-p (and `generation_config.json` defaults) the drafter proposes without',
+        (SLICE_ACCEPTANCE_LOW,),
+        '`SLICE_ACCEPTANCE_LOW`',
+        '[vllm#18902](https://github.com/vllm-project/vllm/issues/18902), [vllm#19482](https://github.com/vllm-project/vllm/issues/19482), [vllm#34497](https://github.com/vllm-project/vllm/issues/34497), [sglang#33643](https://github.com/sgl-project/sglang/issues/33643)',
+    ),
+    Cause(
+        'a LoRA adapter applied to the target only; a grammar the drafter does not follow',
+        (SLICE_ACCEPTANCE_LOW,),
+        '`SLICE_ACCEPTANCE_LOW`',
+        '#24',
+    ),
+    Cause(
+        'the EAGLE-family block drop: the last matched block of every prefix-cache hit dropped so the drafter can recompute its state (large blocks on hybrid targets: hit rate near 0)',
+        (PREFIX_HITS_DROPPED,),
+        '`PREFIX_HITS_DROPPED`',
+        '[vllm#33270](https://github.com/vllm-project/vllm/issues/33270), [vllm#51769](https://github.com/vllm-project/vllm/issues/51769), [vllm#53670](https://github.com/vllm-project/vllm/issues/53670)',
+    ),
+    Cause(
+        'stale drafter KV for prefix-cache-restored tokens (cache hits accept below misses)',
+        (SLICE_ACCEPTANCE_LOW,),
+        '`SLICE_ACCEPTANCE_LOW` (dimension `prefix_cache`)',
+        '[vllm#47930](https://github.com/vllm-project/vllm/issues/47930), [vllm#41838](https://github.com/vllm-project/vllm/issues/41838)',
+    ),
+    Cause(
+        '`max_num_batched_tokens` below `max_num_seqs × (1 + k)` (plus drafting slots; chunked prefill shares it)',
+        (TOKEN_BUDGET_SHORT,),
+        '`TOKEN_BUDGET_SHORT`',
+        '[vllm#49548](https://github.com/vllm-project/vllm/issues/49548), [vllm#44815](https://github.com/vllm-project/vllm/issues/44815)',
+    ),
+    Cause(
+        'drafts proposed but trimmed by the scheduler, never verified',
+        (DRAFTS_UNVERIFIED,),
+        '`DRAFTS_UNVERIFIED`',
+        '[vllm#49548](https://github.com/vllm-project/vllm/issues/49548), [vllm#44815](https://github.com/vllm-project/vllm/issues/44815)',
+    ),
+    Cause(
+        'dynamic speculation (`num_speculative_tokens_per_batch_size`) thrashing at a schedule threshold: k flips between consecutive steps, drafts proposed at one k are trimmed at the next, serving slower while acceptance is healthy',
+        (DYNAMIC_K_THRASHING,),
+        '`DYNAMIC_K_THRASHING` (`step_shapes.k_switches`)',
+        '[vllm#49548](https://github.com/vllm-project/vllm/issues/49548), [vllm#44815](https://github.com/vllm-project/vllm/issues/44815)',
+    ),
+    Cause(
+        'a number of speculative tokens that pays clearly less than another (too many drafts for the acceptance, or for the batch: the best k falls as the batch grows)',
+        (SPECULATION_K_BETTER,),
+        '`SPECULATION_K_BETTER` (`spectrace report`, "What k pays" by batch size)',
+        '[vllm#44336](https://github.com/vllm-project/vllm/issues/44336), [vllm#48627](https://github.com/vllm-project/vllm/issues/48627), [sglang#21599](https://github.com/sgl-project/sglang/issues/21599), [llm-d#2074](https://github.com/llm-d/llm-d/issues/2074) (#26)',
+    ),
 )

@@ -4,6 +4,8 @@
 - ``doctor``: the config audit before deployment;
 - ``store``, ``lake``: housekeeping (``stats``, ``compact``; ``maintain``);
 - ``dashboards``: export and push the Grafana dashboards and alert rules;
+- ``top``: a live terminal view from ``/metrics`` URLs or the store;
+- ``diff``: two runs side by side;
 - ``args``: what they share (the parser, durations, ``--dir``, ``--since``, ``--lake``).
 
 Every error (bad SQL, a missing store, bad arguments, a file it cannot read) ends with one
@@ -23,11 +25,11 @@ from spectrace.console import EXIT_USAGE, UsageError
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``spectrace`` parser: every subcommand registered the same way, by its module's ``add_parser``."""
-    from spectrace.cli import dashboards, doctor, lake, query, report, store
+    from spectrace.cli import dashboards, diff, doctor, lake, query, report, store, top
 
     parser = Parser(prog="spectrace", description="Observability for speculative decoding in vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (query, report, doctor, dashboards, lake, store):
+    for command in (query, report, diff, doctor, dashboards, lake, store, top):
         command.add_parser(sub)
     return parser
 

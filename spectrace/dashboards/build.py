@@ -329,7 +329,7 @@ def acceptance_dashboard() -> Any:
     d = d.with_panel(
         k.timeseries_panel("Speed-up estimate", "Estimated speed-up over decoding without drafts: mean acceptance "
                            "length × the steps' time without drafts (verification fitted against scheduled tokens) / their "
-                           "time, from the worker's host clock over the last 200 steps that verified drafts (model: README). Below 1 speculation costs more than it saves "
+                           "time, from the worker's host clock over the last 200 steps that verified drafts (model: spectrace docs, \"Does speculation pay?\"). Below 1 speculation costs more than it saves "
                            f"({codes.SPECULATION_NOT_PAYING}).", "suffix: ×", span=24)
         .min(0).decimals(2)
         .thresholds(k.steps((None, "red"), (1, "green")))
@@ -342,7 +342,7 @@ def acceptance_dashboard() -> Any:
                            "it alone (fit): it read 9-43 % high on CPU and ranked a self-drafter's k = 5 first where no "
                            "speculation was best. For advice, trace one run of the target without speculation and read "
                            "spectrace report or the named query speedup_by_k (priced from measured steps: within 15 %; "
-                           "README, \"What k pays\").", "suffix: ×", span=24)
+                           "spectrace docs, \"What k pays\").", "suffix: ×", span=24)
         .min(0).decimals(2)
         .with_target(k.query(f"max by (k) ({promql.series(promql.SPEEDUP_BY_K, MATCHERS)})", "k = {{k}}"))
     )

@@ -125,8 +125,8 @@ def mean_acceptance_length(window: str, labels: Sequence[str] = (), matchers: It
     return ratio(f"{ACCEPTANCE_LENGTH}_sum", f"{ACCEPTANCE_LENGTH}_count", window, labels, matchers, fn)
 
 
-SPEEDUP_ESTIMATE = "spectrace_speculation_speedup_estimate"  # gauge, per rank (README, "Does speculation pay?")
-SPEEDUP_BY_K = "spectrace_speculation_speedup_by_k"  # gauge, per rank and k' (README, "What k pays")
+SPEEDUP_ESTIMATE = "spectrace_speculation_speedup_estimate"  # gauge, per rank (docs/speedup.md, "Does speculation pay?")
+SPEEDUP_BY_K = "spectrace_speculation_speedup_by_k"  # gauge, per rank and k' (docs/speedup.md, "What k pays")
 
 
 def paren(expr: str) -> str:

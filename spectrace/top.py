@@ -1,0 +1,454 @@
+"""``spectrace top``'s model: scrapes or the store in, one frame of numbers out, rendered with rich.
+
+Sources:
+
+- ``/metrics`` URLs (vLLM's API port, where spectrace's series and vLLM's own sit; a headless node's or an
+  offline engine's standalone endpoint): each scrape is parsed as Prometheus text and the samples of every
+  URL are summed (DP ranks, nodes). Counters are windowed: the frame holds what they gained since the
+  snapshot ``window`` seconds ago (per series, so a restarted process's reset counter counts from zero),
+  lifetime until a second scrape exists (``--once``: one scrape, lifetime, said in the header).
+- a store directory: the latest run (or ``--run``), counts with ``ts`` in the last ``window`` seconds,
+  the whole run when nothing was recorded in it (said in the header).
+
+Per draft position: drafted, accepted, rate, the conditional rate (accepted at i+1 / accepted at i) and
+vLLM's own rate (its per-position accepted counter over its number of drafts) beside spectrace's; the
+cliff is the position :func:`spectrace.acceptance.position_cliff` names, the rule of ``POSITION_CLIFF``.
+Without spectrace's series (tracing off), the positions come from vLLM's counters alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from spectrace.console import UsageError
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+MIN_WIDTH, MIN_HEIGHT = 60, 12
+
+Key = tuple[int, str, tuple[tuple[str, str], ...]]  # (source index, sample name, sorted labels)
+
+
+class TopError(UsageError):
+    """Bad input for ``spectrace top``: one line, exit 2."""
+
+
+# -- scraping ---------------------------------------------------------------------------
+
+
+def metrics_url(text: str) -> str:
+    """``http://host:port`` or ``host:port`` -> ``http://host:port/metrics``; a URL with a path is kept."""
+    url = text if "://" in text else f"http://{text}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise TopError(f"{text!r} is not an http(s) URL")
+    if parts.path in ("", "/"):
+        url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/metrics", parts.query, ""))
+    return url
+
+
+def fetch(url: str, timeout: float = 5.0) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        raise TopError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise TopError(f"cannot reach {url}: {reason}") from None
+
+
+def parse(text: str, url: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text page; a page that is not one (HTML, JSON, empty) is a TopError."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    head = text.lstrip()[:1]
+    if not head or head in "<{[":
+        raise TopError(f"{url}: not Prometheus text (the page starts with {text.lstrip()[:20]!r})")
+    try:
+        samples = [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
+                   for s in family.samples]
+    except Exception as exc:  # the parser raises ValueError, IndexError, ... on anything else
+        raise TopError(f"{url}: not Prometheus text ({type(exc).__name__}: {exc})") from None
+    if not samples:
+        raise TopError(f"{url}: no samples on the page (not Prometheus text?)")
+    return samples
+
+
+def snapshot(texts: Iterable[tuple[str, str]]) -> dict[Key, float]:
+    """(url, page) pairs -> one snapshot: every sample keyed by its source, name and labels."""
+    out: dict[Key, float] = {}
+    for index, (url, text) in enumerate(texts):
+        for name, labels, value in parse(text, url):
+            out[(index, name, tuple(sorted(labels.items())))] = value
+    return out
+
+
+def _counter(name: str) -> bool:
+    return name.endswith(("_total", "_bucket", "_count", "_sum"))
+
+
+def window(latest: dict[Key, float], base: dict[Key, float] | None) -> dict[Key, float]:
+    """Counters: what each series gained since ``base`` (a series new since, or reset, counts from zero);
+    gauges as they are now. ``base`` None: lifetime."""
+    out = {}
+    for key, value in latest.items():
+        if base is None or not _counter(key[1]):
+            out[key] = value
+            continue
+        before = base.get(key)
+        out[key] = value if before is None or value < before else value - before
+    return out
+
+
+# -- the frame ----------------------------------------------------------------------------
+
+
+@dataclass
+class Position:
+    position: int
+    drafted: float
+    accepted: float
+    vllm_rate: float | None = None
+
+    @property
+    def rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass
+class Frame:
+    sources: list[str]
+    scope: str  # "last 60s", "lifetime (one scrape)", "whole run ..."
+    positions: list[Position] = field(default_factory=list)
+    cliff: int | None = None
+    lengths: dict[int, float] = field(default_factory=dict)  # accepted + 1 -> request-steps
+    mean_length: float | None = None
+    speedup: float | None = None  # worker's estimate (last 200 steps)
+    speedup_by_k: dict[int, tuple[float, bool]] = field(default_factory=dict)  # k' -> (speed-up, extrapolated)
+    findings: list[tuple[str, str, str, str]] = field(default_factory=list)  # severity, code, role, fix
+    slices: list[tuple[str, str, float, float, float | None]] = field(default_factory=list)  # dim, value, drafted, accepted, rest rate
+    ranks: list[tuple[str, float, float]] = field(default_factory=list)  # who, drafted, accepted
+    vllm_source: bool = False  # positions from vLLM's counters (no spectrace series)
+    note: str = ""
+
+    @property
+    def break_even(self) -> float | None:
+        """The acceptance length at which speculation stops paying, at the estimate's step costs (L / speed-up)."""
+        if self.mean_length and self.speedup:
+            return self.mean_length / self.speedup
+        return None
+
+
+def _sum(values: dict[Key, float], name: str, by: str | None = None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (_, sample, labels), value in values.items():
+        if sample == name:
+            key = dict(labels).get(by, "") if by else ""
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _fix(code: str) -> str:
+    from spectrace.audit.codes import REGISTRY
+
+    entry = REGISTRY.get(code)
+    return entry.fix if entry and entry.fix else ""
+
+
+def _cliff(positions: list[Position]) -> int | None:
+    from spectrace import acceptance
+
+    if len(positions) < 2:
+        return None
+    return acceptance.position_cliff([p.drafted for p in positions], [p.accepted for p in positions])
+
+
+def frame_from_metrics(values: dict[Key, float], sources: list[str], scope: str) -> Frame:
+    """One frame from windowed samples (:func:`window`)."""
+    frame = Frame(sources=sources, scope=scope)
+    drafted = _sum(values, "spectrace_verify_drafted_tokens_total", "position")
+    accepted = _sum(values, "spectrace_verify_accepted_tokens_total", "position")
+    vllm_accepted = _sum(values, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+    vllm_drafts = _sum(values, "vllm:spec_decode_num_drafts_total").get("")
+    if drafted or accepted:
+        names = sorted({*drafted, *accepted}, key=int)
+        frame.positions = [Position(int(p), drafted.get(p, 0.0), accepted.get(p, 0.0)) for p in names]
+    elif vllm_accepted:
+        frame.vllm_source = True
+        frame.positions = [Position(int(p), vllm_drafts or 0.0, vllm_accepted[p]) for p in sorted(vllm_accepted, key=int)]
+    for p in frame.positions:
+        if vllm_drafts and str(p.position) in vllm_accepted:
+            p.vllm_rate = vllm_accepted[str(p.position)] / vllm_drafts
+    frame.cliff = _cliff(frame.positions)
+
+    buckets = _sum(values, "spectrace_verify_acceptance_length_bucket", "le")
+    previous = 0.0
+    for le in sorted((b for b in buckets if b != "+Inf"), key=float):
+        frame.lengths[int(float(le))] = buckets[le] - previous
+        previous = buckets[le]
+    count = _sum(values, "spectrace_verify_acceptance_length_count").get("")
+    total = _sum(values, "spectrace_verify_acceptance_length_sum").get("")
+    if count:
+        frame.mean_length = total / count
+    elif vllm_drafts:
+        frame.mean_length = 1 + _sum(values, "vllm:spec_decode_num_accepted_tokens_total").get("", 0.0) / vllm_drafts
+
+    estimates = [v for (_, n, _), v in values.items() if n == "spectrace_speculation_speedup_estimate" and v > 0]
+    frame.speedup = sum(estimates) / len(estimates) if estimates else None
+    by_k: dict[int, list[tuple[float, bool]]] = {}
+    for (_, n, labels), v in values.items():
+        if n == "spectrace_speculation_speedup_by_k":
+            lab = dict(labels)
+            by_k.setdefault(int(lab.get("k", 0)), []).append((v, lab.get("extrapolated") == "true"))
+    frame.speedup_by_k = {k: (sum(v for v, _ in vs) / len(vs), vs[0][1]) for k, vs in sorted(by_k.items())}
+
+    seen = set()
+    for (_, n, labels), v in values.items():
+        if n == "spectrace_config_finding" and v:
+            lab = dict(labels)
+            seen.add((lab.get("severity", ""), lab.get("code", ""), lab.get("model_role", "")))
+    frame.findings = sorted(((s, c, r, _fix(c)) for s, c, r in seen), key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
+
+    sd, sa = {}, {}
+    for (_, n, labels), v in values.items():
+        if n in ("spectrace_slice_drafted_tokens_total", "spectrace_slice_accepted_tokens_total"):
+            lab = dict(labels)
+            target = sd if "drafted" in n else sa
+            key = (lab.get("dimension", ""), lab.get("value", ""))
+            target[key] = target.get(key, 0.0) + v
+    whole_d, whole_a = sum(p.drafted for p in frame.positions), sum(p.accepted for p in frame.positions)
+    for key in sorted(sd, key=lambda k: (-sd[k], k)):
+        rest_d, rest_a = whole_d - sd[key], whole_a - sa.get(key, 0.0)
+        frame.slices.append((*key, sd[key], sa.get(key, 0.0), rest_a / rest_d if rest_d > 0 else None))
+
+    rank_d = _sum(values, "spectrace_worker_verified_drafted_tokens_total", "rank")
+    rank_a = _sum(values, "spectrace_worker_verified_accepted_tokens_total", "rank")
+    frame.ranks = [(f"rank {r}", rank_d[r], rank_a.get(r, 0.0)) for r in sorted(rank_d, key=lambda r: int(r or 0))]
+    if len(sources) > 1:
+        for index, url in enumerate(sources):
+            own = {k: v for k, v in values.items() if k[0] == index}
+            d = sum(_sum(own, "spectrace_verify_drafted_tokens_total").values())
+            a = sum(_sum(own, "spectrace_verify_accepted_tokens_total").values())
+            frame.ranks.append((url, d, a))
+    return frame
+
+
+class MetricsSource:
+    """``/metrics`` URLs, scraped and summed; snapshots kept for the window."""
+
+    def __init__(self, urls: list[str], window_s: float, timeout: float = 5.0) -> None:
+        self.urls = [metrics_url(u) for u in urls]
+        self.window_s = window_s
+        self.timeout = timeout
+        self.history: list[tuple[float, dict[Key, float]]] = []
+        self.texts: list[str] = []  # the last scrape's pages, in URL order
+
+    def frame(self) -> Frame:
+        self.texts = [fetch(url, self.timeout) for url in self.urls]
+        now = time.monotonic()
+        latest = snapshot(zip(self.urls, self.texts))
+        self.history.append((now, latest))
+        # the base: the newest snapshot at least window_s old (older ones are dropped), else the oldest there is
+        older = [h for h in self.history[:-1] if now - h[0] >= self.window_s]
+        if older:
+            base_t, base = older[-1]
+            self.history = [h for h in self.history if h[0] >= base_t]
+        elif len(self.history) > 1:
+            base_t, base = self.history[0]
+        else:
+            base_t, base = now, None
+        scope = "lifetime (one scrape)" if base is None else f"last {now - base_t:.0f}s"
+        return frame_from_metrics(window(latest, base), self.urls, scope)
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+class StoreSource:
+    """A store directory: the latest run (or ``run``), its last ``window_s`` seconds."""
+
+    def __init__(self, directory: str, window_s: float, run: str | None = None) -> None:
+        from pathlib import Path
+
+        self.directory, self.window_s, self.run = directory, window_s, run
+        if not Path(directory).is_dir():
+            raise TopError(f"no store at {directory}")
+
+    def _con(self):
+        from spectrace.store.read import StoreError, open as open_store
+
+        try:
+            return open_store(self.directory)
+        except StoreError as exc:
+            raise TopError(str(exc)) from None
+
+    def frame(self) -> Frame:
+        con = self._con()
+        run = self.run
+        if run is None:
+            row = con.execute("select run_id from runs order by started_at desc nulls last, run_id desc limit 1").fetchone()
+            if row is None:
+                raise TopError(f"no runs in the store at {self.directory}")
+            run = row[0]
+        elif not con.execute("select count(*) from runs where run_id = ?", [run]).fetchone()[0]:
+            raise TopError(f"no run {run!r} in the store at {self.directory}")
+        since = time.time_ns() - int(self.window_s * 1e9)
+        recent = con.execute("select count(*) from verify_counts where run_id = ? and ts >= make_timestamp_ns(?)",
+                             [run, since]).fetchone()[0]
+        where, args = ("and ts >= make_timestamp_ns(?)", [since]) if recent else ("", [])
+        scope = f"run {run}, last {self.window_s:.0f}s" if recent else f"run {run}, whole run (nothing in the last {self.window_s:.0f}s)"
+        frame = Frame(sources=[self.directory], scope=scope)
+        rows = con.execute(
+            f"select position, sum(drafted), sum(accepted) from verify_counts where run_id = ? and source = 'engine_core' "
+            f"{where} group by position order by position", [run, *args]).fetchall()
+        frame.positions = [Position(int(p), float(d or 0), float(a or 0)) for p, d, a in rows]
+        frame.cliff = _cliff(frame.positions)
+        lengths = con.execute(
+            f"select length, sum(count) from acceptance_lengths where run_id = ? and source = 'engine_core' {where} "
+            "group by length order by length", [run, *args]).fetchall()
+        frame.lengths = {int(length): float(n) for length, n in lengths}
+        steps = sum(frame.lengths.values())
+        if steps:
+            frame.mean_length = sum(k * n for k, n in frame.lengths.items()) / steps
+        cost = con.execute("select avg(speedup_estimate) from speculation_cost where run_id = ?", [run]).fetchone()
+        frame.speedup = float(cost[0]) if cost and cost[0] is not None else None
+        found = con.execute("select distinct severity, code, coalesce(model_role, ''), coalesce(fix, '') from findings "
+                            "where run_id = ?", [run]).fetchall()
+        frame.findings = sorted(found, key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
+        slices = con.execute("select dimension, value, drafted, accepted, rest_rate from acceptance_by_slice "
+                             "where run_id = ? order by drafted desc, dimension, value", [run]).fetchall()
+        frame.slices = [(d, str(v), float(dr or 0), float(a or 0), r) for d, v, dr, a, r in slices]
+        ranks = con.execute(
+            f"select rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? and source = 'worker' {where} "
+            "group by rank order by rank", [run, *args]).fetchall()
+        frame.ranks = [(f"rank {r}", float(d or 0), float(a or 0)) for r, d, a in ranks]
+        return frame
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1%}"
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _bar(share: float | None, width: int = 20) -> str:
+    if not share:
+        return ""
+    return "█" * max(1, round(min(share, 1.0) * width))
+
+
+def plain(frame: Frame, *, error: str | None = None, width: int = 120) -> str:
+    """The frame as plain text (no escape codes, no trailing blanks): what ``--once`` and a pipe get."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, color_system=None, force_terminal=False, width=width, legacy_windows=False).print(render(frame, error=error))
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n") + "\n"
+
+
+def render(frame: Frame, *, error: str | None = None, live: bool = False):
+    """The frame as rich renderables (one Group)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    style = box.SIMPLE_HEAD if live else box.SIMPLE
+    parts: list[Any] = []
+    head = Text()
+    head.append("spectrace top", style="bold")
+    head.append(f"  {', '.join(frame.sources)}  ·  {frame.scope}")
+    if frame.vllm_source:
+        head.append("  ·  vLLM's counters only (no spectrace series: SPECTRACE unset?)", style="yellow")
+    if live:
+        head.append("  ·  q quits", style="dim")
+    parts.append(head)
+    if error:
+        parts.append(Text(f"last scrape failed: {error}", style="red"))
+
+    if frame.positions:
+        t = Table(title="Acceptance by draft position", title_justify="left", box=style, pad_edge=False)
+        with_vllm = any(p.vllm_rate is not None for p in frame.positions)
+        for col, just in (("pos", "right"), ("drafted", "right"), ("accepted", "right"), ("rate", "right"),
+                          ("", "left"), ("of prev", "right"), *((("vLLM", "right"),) if with_vllm else ()), ("", "left")):
+            t.add_column(col, justify=just)
+        prev = None
+        for p in frame.positions:
+            then = p.accepted / prev.accepted if prev is not None and prev.accepted else None
+            mark = Text("◀ cliff", style="bold red") if p.position == frame.cliff else ""
+            t.add_row(str(p.position), _n(p.drafted), _n(p.accepted), _pct(p.rate), _bar(p.rate), _pct(then),
+                      *((_pct(p.vllm_rate),) if with_vllm else ()), mark)
+            prev = p
+        parts.append(t)
+        if frame.cliff is not None:
+            parts.append(Text(f"cliff: position {frame.cliff + 1} accepts under 5 % of what position {frame.cliff} accepted "
+                              "(the rule of POSITION_CLIFF): check the drafter's taps and drafting mode", style="red"))
+    else:
+        parts.append(Text("no drafts verified yet (no speculative decoding series on the page, or none in the window)",
+                          style="yellow"))
+
+    if frame.lengths:
+        total = sum(frame.lengths.values()) or 1.0
+        t = Table(title="Accepted length per request-step (accepted + 1)", title_justify="left", box=style, pad_edge=False)
+        for col, just in (("length", "right"), ("steps", "right"), ("share", "right"), ("", "left")):
+            t.add_column(col, justify=just)
+        for length, n in sorted(frame.lengths.items()):
+            t.add_row(str(length), _n(n), _pct(n / total), _bar(n / total))
+        parts.append(t)
+
+    line = Text()
+    if frame.mean_length is not None:
+        line.append(f"tokens per request-step {frame.mean_length:.2f}")
+    if frame.speedup is not None:
+        line.append(f"  ·  speed-up estimate {frame.speedup:.2f}x (worker, last 200 steps)")
+        if frame.break_even is not None:
+            verdict = ("pays" if frame.speedup >= 1 else "does not pay")
+            line.append(f"  ·  break-even ≈ {frame.break_even:.2f} tokens per step: speculation {verdict}",
+                        style="green" if frame.speedup >= 1 else "red")
+    if line:
+        parts.append(line)
+    if frame.speedup_by_k:
+        best = max(frame.speedup_by_k.items(), key=lambda kv: kv[1][0])
+        text = "What k pays: " + "  ".join(
+            f"k'={k} {v:.2f}x{'*' if ext else ''}" for k, (v, ext) in frame.speedup_by_k.items())
+        parts.append(Text(text + f"  (best k'={best[0]}; * extrapolated; priced by the run alone)"))
+
+    if frame.findings:
+        t = Table(title="Findings", title_justify="left", box=style, pad_edge=False)
+        for col in ("severity", "code", "model", "fix"):
+            t.add_column(col, overflow="fold")
+        for severity, code, role, fix in frame.findings:
+            t.add_row(Text(severity, style={"error": "bold red", "warning": "yellow"}.get(severity, "")), code, role, fix or "—")
+        parts.append(t)
+    slices = sorted((s for s in frame.slices if s[4] is not None and s[2]), key=lambda s: (s[3] / s[2] - s[4], -s[2]))
+    if slices:
+        t = Table(title="Request slices, worst first", title_justify="left", box=style, pad_edge=False)
+        for col, just in (("dimension", "left"), ("value", "left"), ("drafted", "right"), ("accepted", "right"),
+                          ("rate", "right"), ("the rest", "right")):
+            t.add_column(col, justify=just)
+        for dimension, value, drafted, accepted, rest in slices[:8]:
+            t.add_row(dimension, value, _n(drafted), _n(accepted), _pct(accepted / drafted if drafted else None), _pct(rest))
+        parts.append(t)
+    if frame.ranks:
+        t = Table(title="Per rank / source", title_justify="left", box=style, pad_edge=False)
+        for col, just in (("who", "left"), ("drafted", "right"), ("accepted", "right"), ("rate", "right")):
+            t.add_column(col, justify=just)
+        for who, drafted, accepted in frame.ranks:
+            t.add_row(who, _n(drafted), _n(accepted), _pct(accepted / drafted if drafted else None))
+        parts.append(t)
+    if frame.note:
+        parts.append(Text(frame.note, style="dim"))
+    return Group(*parts)
