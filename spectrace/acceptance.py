@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import chain, compress
 from typing import Any
 
 import numpy as np
@@ -247,7 +247,7 @@ def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -
     ``repeated_accepted`` (tokens in those rows; ``accepted``: accepted count per row)
     and ``by_token`` (repeated rows per id). Placeholder ids (negative: vLLM's async
     scheduling sends -1) are no drafts and are skipped; single drafts say nothing.
-    Counted per row length as one array each (``lengths``: the rows' lengths, where known).
+    Counted over one flat array of every draft id (``lengths``: the rows' lengths, where known).
     """
     out: dict[str, Any] = {"rows": 0, "repeated": 0, "repeated_drafted": 0, "repeated_accepted": 0, "by_token": {}}
     n = len(draft_rows)
@@ -256,20 +256,26 @@ def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -
     if lengths is None:
         lengths = np.fromiter(map(len, draft_rows), np.int64, n)
     accepted = np.zeros(n, np.int64) if accepted is None else np.asarray(accepted, dtype=np.int64)
-    by_token = out["by_token"]
-    for width in np.unique(lengths[lengths >= 2]).tolist():
-        at = np.flatnonzero(lengths == width)
-        block = np.array([draft_rows[i] for i in at] if len(at) < 2 else itemgetter(*at)(draft_rows), dtype=np.int64)
-        drafts = block[:, 0] >= 0
-        same = drafts & (block == block[:, :1]).all(axis=1)
-        repeated = int(same.sum())
-        out["rows"] += int(drafts.sum())
-        out["repeated"] += repeated
-        out["repeated_drafted"] += repeated * width
-        out["repeated_accepted"] += int(accepted[at][same].sum())
-        tokens, counts = np.unique(block[same, 0], return_counts=True)
-        for token, count in zip(tokens.tolist(), counts.tolist()):
-            by_token[token] = by_token.get(token, 0) + count
+    wide = lengths >= 2
+    if not wide.any():
+        return out
+    if not wide.all():
+        at = np.flatnonzero(wide)
+        draft_rows, lengths, accepted = list(compress(draft_rows, wide)), lengths[at], accepted[at]
+    # every draft id in one flat array (one C-level pass); each row's first id beside each of its ids
+    flat = np.fromiter(chain.from_iterable(draft_rows), np.int64, int(lengths.sum()))
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    first = flat[starts]
+    same_as_first = np.logical_and.reduceat(flat == np.repeat(first, lengths), starts)
+    drafts = first >= 0
+    same = drafts & same_as_first
+    repeated = int(same.sum())
+    out["rows"] = int(drafts.sum())
+    out["repeated"] = repeated
+    out["repeated_drafted"] = int(lengths[same].sum())
+    out["repeated_accepted"] = int(accepted[same].sum())
+    tokens, counts = np.unique(first[same], return_counts=True)
+    out["by_token"] = dict(zip(tokens.tolist(), counts.tolist()))
     return out
 
 

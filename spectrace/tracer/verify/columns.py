@@ -1,9 +1,11 @@
 """A flush's verification steps as columns: NumPy arrays over request-steps, no Python loop per request-step.
 
-The drain counts over these (``bincount``, comparisons, sums): per step, a few C-level passes turn the dicts
-vLLM handed the hook (request id -> draft ids, request id -> row, the sampled lengths, the cached requests'
-computed tokens) into arrays; per run, the steps' arrays are joined once. Python runs once per step and once
-per run, never once per request-step (issue #34: the drain was ~75 % of the pipeline's CPU at GPU rates).
+Per step, a few C-level passes (``list``, ``map``) append the values vLLM handed the hook (request id ->
+draft ids, request id -> row, the sampled lengths, the cached requests' computed tokens) to one run's lists;
+per run, the lists become arrays once and everything is counted over them (comparisons, ``bincount``, sums).
+Python runs once per step and once per run, never once per request-step, and NumPy once per run, not per step
+(issue #34: the drain was ~75 % of the pipeline's CPU at GPU rates; per-step arrays cost more than the loop
+they replaced at batch 16).
 
 Counting rules (vLLM's ``Scheduler.update_from_output`` / ``make_spec_decoding_stats``): a request-step
 counts when the request has a row in the step's output and drafts; with ``num_sampled_tokens_per_step`` set,
@@ -21,136 +23,169 @@ import numpy as np
 _INT = np.int64
 
 
-class StepColumns:
-    """One engine step's counted request-steps."""
-
-    __slots__ = ("ids", "draft_lists", "drafted", "accepted", "context", "lengths")
-
-    def __init__(self, ids, draft_lists, drafted, accepted, context, lengths) -> None:
-        self.ids = ids  # request ids, in the step's draft dict order
-        self.draft_lists = draft_lists  # their draft token id lists (vLLM's objects)
-        self.drafted = drafted
-        self.accepted = accepted
-        self.context = context
-        self.lengths = lengths  # drafts per row before invalidated ones are taken off
-
-
-def engine_step(drafts: dict, sampled_lens, row_of: dict, cached, invalid: dict | None, num_sampled: int) -> StepColumns | None:
-    """The request-steps of one engine step that count, or None where none does."""
-    n = len(drafts)
-    if not n:
-        return None
-    ids = list(drafts)
-    draft_lists = list(drafts.values())
-    lengths = np.fromiter(map(len, draft_lists), _INT, n)
-    rows = np.fromiter(map(row_of.get, ids, repeat(-1)), _INT, n)
-    width = len(sampled_lens) if sampled_lens is not None else 0
-    in_output = (rows >= 0) & (rows < width)
-    if width:
-        sampled = np.asarray(sampled_lens, dtype=_INT)
-        generated = np.where(in_output, sampled[np.where(in_output, rows, 0)], 0)
-    else:
-        generated = np.zeros(n, _INT)
-    keep = (rows >= 0) & (lengths > 0)
-    if num_sampled != 0:
-        keep &= generated > 0
-    if invalid:
-        drafted = lengths - np.fromiter(map(invalid.get, ids, repeat(0)), _INT, n)
-    else:
-        drafted = lengths
-    accepted = np.maximum(generated - num_sampled, 0)
-    if cached is not None:
-        computed = dict(zip(cached.req_ids, cached.num_computed_tokens))
-        context = np.fromiter(map(computed.get, ids, repeat(-1)), _INT, n)
-    else:
-        context = np.full(n, -1, _INT)
-    if not keep.all():
-        if not keep.any():
-            return None
-        ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
-        drafted, accepted, context, lengths = drafted[keep], accepted[keep], context[keep], lengths[keep]
-    return StepColumns(ids, draft_lists, drafted, accepted, context, lengths)
-
-
 class RunColumns:
-    """One run's counted request-steps of a flush, in step order, and each step's facts."""
+    """One run's engine steps of a flush: filled step by step (``add``), counted once (``count``)."""
 
-    __slots__ = ("ids", "draft_lists", "_drafted", "_accepted", "_context", "_lengths", "step_ts", "step_no",
-                 "step_rows", "_arrays")
+    __slots__ = ("ids", "draft_lists", "_lengths", "_rows", "_context", "_invalid", "_sampled", "_sizes", "_widths",
+                 "_num_sampled", "_ts", "_step_no", "has_invalid", "counted")
 
     def __init__(self) -> None:
         self.ids: list[str] = []
         self.draft_lists: list = []
-        self._drafted: list[np.ndarray] = []
-        self._accepted: list[np.ndarray] = []
-        self._context: list[np.ndarray] = []
-        self._lengths: list[np.ndarray] = []
-        self.step_ts: list[int] = []
-        self.step_no: list[int] = []
-        self.step_rows: list[int] = []  # request-steps per step
-        self._arrays = None
+        self._lengths: list[int] = []
+        self._rows: list[int] = []
+        self._context: list[int] = []
+        self._invalid: list[int] = []
+        self._sampled: list[int] = []
+        self._sizes: list[int] = []  # request ids per step
+        self._widths: list[int] = []  # sampled rows per step
+        self._num_sampled: list[int] = []
+        self._ts: list[int] = []
+        self._step_no: list[int] = []
+        self.has_invalid = False
+        self.counted: Counted | None = None
 
-    def add(self, ts: int, step_no: int, step: StepColumns) -> None:
-        self.ids += step.ids
-        self.draft_lists += step.draft_lists
-        self._drafted.append(step.drafted)
-        self._accepted.append(step.accepted)
-        self._context.append(step.context)
-        self._lengths.append(step.lengths)
-        self.step_ts.append(ts)
-        self.step_no.append(step_no)
-        self.step_rows.append(len(step.ids))
-        self._arrays = None
+    def add(self, ts: int, step_no: int, drafts: dict, sampled_lens, row_of: dict, cached, invalid: dict | None,
+            num_sampled: int) -> None:
+        n = len(drafts)
+        if not n:
+            return
+        ids = list(drafts)
+        self.ids += ids
+        values = list(drafts.values())
+        self.draft_lists += values
+        self._lengths += map(len, values)
+        self._rows += map(row_of.get, ids, repeat(-1))
+        if cached is not None:
+            computed = dict(zip(cached.req_ids, cached.num_computed_tokens))
+            self._context += map(computed.get, ids, repeat(-1))
+        else:
+            self._context += repeat(-1, n)
+        if invalid:
+            self.has_invalid = True
+            self._invalid += map(invalid.get, ids, repeat(0))
+        else:
+            self._invalid += repeat(0, n)
+        if sampled_lens:
+            self._sampled += sampled_lens
+        self._widths.append(len(sampled_lens) if sampled_lens else 0)
+        self._sizes.append(n)
+        self._num_sampled.append(num_sampled)
+        self._ts.append(ts)
+        self._step_no.append(step_no)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(drafted, accepted, context, lengths) over every request-step of the run, joined once."""
-        if self._arrays is None:
-            self._arrays = tuple(np.concatenate(parts) for parts in (self._drafted, self._accepted, self._context,
-                                                                     self._lengths))
-        return self._arrays
+    def count(self) -> "Counted | None":
+        """The run's counted request-steps and each step's totals (None: nothing counted)."""
+        if self.counted is not None or not self._sizes:
+            return self.counted
+        sizes = np.asarray(self._sizes, dtype=_INT)
+        steps = len(sizes)
+        step_of = np.repeat(np.arange(steps), sizes)
+        widths = np.asarray(self._widths, dtype=_INT)
+        offsets = np.concatenate(([0], np.cumsum(widths)[:-1]))
+        rows = np.asarray(self._rows, dtype=_INT)
+        lengths = np.asarray(self._lengths, dtype=_INT)
+        inside = (rows >= 0) & (rows < widths[step_of])
+        sampled = np.asarray(self._sampled, dtype=_INT) if self._sampled else np.zeros(1, _INT)
+        generated = np.where(inside, sampled[np.where(inside, rows + offsets[step_of], 0)], 0)
+        num_sampled = np.asarray(self._num_sampled, dtype=_INT)[step_of]
+        keep = (rows >= 0) & (lengths > 0) & ((generated > 0) | (num_sampled == 0))
+        drafted = lengths - np.asarray(self._invalid, dtype=_INT) if self.has_invalid else lengths
+        accepted = np.maximum(generated - num_sampled, 0)
+        context = np.asarray(self._context, dtype=_INT)
+        ids, draft_lists = self.ids, self.draft_lists
+        if not keep.all():
+            if not keep.any():
+                return None
+            ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
+            drafted, accepted, context, lengths, step_of = (a[keep] for a in (drafted, accepted, context, lengths, step_of))
+        self.counted = Counted(self, ids, draft_lists, drafted, accepted, context, lengths, step_of, steps)
+        return self.counted
+
+
+class Counted:
+    """One run's counted request-steps (in step order) and per-step totals, as arrays."""
+
+    __slots__ = ("ids", "draft_lists", "drafted", "accepted", "context", "lengths", "step_of", "ts", "step_no",
+                 "per_step", "ctx_max", "k", "_starts")
+
+    def __init__(self, run: RunColumns, ids, draft_lists, drafted, accepted, context, lengths, step_of, steps: int) -> None:
+        self.ids, self.draft_lists = ids, draft_lists
+        self.drafted, self.accepted, self.context, self.lengths = drafted, accepted, context, lengths
+        self.step_of = step_of
+        self.ts = np.asarray(run._ts, dtype=_INT)
+        self.step_no = np.asarray(run._step_no, dtype=_INT)
+        # per step: request-steps, drafted, accepted, position-0 accepted (steps with none counted have 0)
+        self.per_step = (np.bincount(step_of, minlength=steps), np.bincount(step_of, drafted, steps).astype(_INT),
+                         np.bincount(step_of, accepted, steps).astype(_INT),
+                         np.bincount(step_of, accepted > 0, steps).astype(_INT))
+        self.ctx_max = np.full(steps, -1, _INT)
+        np.maximum.at(self.ctx_max, step_of, context)
+        self.k = np.zeros(steps, _INT)
+        np.maximum.at(self.k, step_of, drafted)
+        self._starts = np.concatenate(([0], np.cumsum(self.per_step[0])))
+
+    def step_slice(self, step: int) -> slice:
+        """The request-steps of step ``step`` (its index in the flush's steps of this run)."""
+        return slice(int(self._starts[step]), int(self._starts[step + 1]))
 
     def table(self) -> np.ndarray:
         """(request-steps, 3): drafted, accepted, context -- the shape the counting functions take."""
-        drafted, accepted, context, _ = self.arrays()
-        return np.column_stack((drafted, accepted, context))
+        return np.column_stack((self.drafted, self.accepted, self.context))
 
     def per_request(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """Each request of the flush once (first appearance order): its request-steps, drafted and accepted."""
-        drafted, accepted, _, _ = self.arrays()
         order = dict.fromkeys(self.ids)
         index = dict(zip(order, range(len(order))))
         codes = np.fromiter(map(index.__getitem__, self.ids), _INT, len(self.ids))
         size = len(order)
-        return (list(order), np.bincount(codes, minlength=size), np.bincount(codes, drafted, size).astype(_INT),
-                np.bincount(codes, accepted, size).astype(_INT))
+        return (list(order), np.bincount(codes, minlength=size), np.bincount(codes, self.drafted, size).astype(_INT),
+                np.bincount(codes, self.accepted, size).astype(_INT))
 
 
-def step_mark_values(step: StepColumns) -> tuple[int, int, int, int, int, int]:
-    """(context, drafted, accepted, request-steps, position-0 accepted, k) of one step: ``acceptance.StepMark``."""
-    drafted, accepted = step.drafted, step.accepted
-    return (int(step.context.max()), int(drafted.sum()), int(accepted.sum()), len(step.ids),
-            int(np.count_nonzero(accepted)), max(int(drafted.max()), 0))
+class WorkerColumns:
+    """One (run, rank)'s worker steps of a flush: V1 (request id -> draft ids, request id -> row) or V2 (drafts
+    per row, aligned with the rows); accepted = tokens yielded - 1."""
 
+    __slots__ = ("_drafted", "_rows", "_valid", "_widths", "_sizes")
 
-def worker_step(drafts, valid_lens: list, row_of: dict | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """(drafted, accepted) of one worker step's request-steps that count: V1 (request id -> draft ids, request
-    id -> row) or V2 (drafts per row, aligned with the rows); accepted = tokens yielded - 1."""
-    width = len(valid_lens)
-    if not width:
-        return None
-    valid = np.asarray(valid_lens, dtype=_INT)
-    if row_of is None:  # V2: per row
-        drafted = np.asarray(drafts, dtype=_INT)[:width]
-        generated = valid[: len(drafted)]
-    else:
-        n = len(drafts)
-        if not n:
+    def __init__(self) -> None:
+        self._drafted: list[int] = []
+        self._rows: list[int] = []
+        self._valid: list[int] = []
+        self._widths: list[int] = []
+        self._sizes: list[int] = []
+
+    def add(self, drafts, valid_lens: list, row_of: dict | None) -> None:
+        width = len(valid_lens)
+        if not width:
+            return
+        if row_of is None:  # V2: row i drafted drafts[i]
+            drafted = drafts[:width] if isinstance(drafts, list) else np.asarray(drafts)[:width].tolist()
+            n = len(drafted)
+            self._drafted += drafted
+            self._rows += range(n)
+        else:
+            n = len(drafts)
+            self._drafted += map(len, drafts.values())
+            self._rows += map(row_of.get, drafts, repeat(-1))
+        self._valid += valid_lens
+        self._widths.append(width)
+        self._sizes.append(n)
+
+    def count(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(drafted, accepted) of the request-steps that count."""
+        if not self._sizes:
             return None
-        rows = np.fromiter(map(row_of.get, drafts, repeat(-1)), _INT, n)
-        drafted = np.fromiter(map(len, drafts.values()), _INT, n)
-        inside = (rows >= 0) & (rows < width)
-        drafted, generated = drafted[inside], valid[rows[inside]]
-    keep = (drafted > 0) & (generated > 0)
-    if not keep.any():
-        return None
-    return drafted[keep], np.maximum(generated[keep] - 1, 0)
+        sizes, widths = np.asarray(self._sizes, dtype=_INT), np.asarray(self._widths, dtype=_INT)
+        step_of = np.repeat(np.arange(len(sizes)), sizes)
+        offsets = np.concatenate(([0], np.cumsum(widths)[:-1]))
+        rows = np.asarray(self._rows, dtype=_INT)
+        inside = (rows >= 0) & (rows < widths[step_of])
+        valid = np.asarray(self._valid, dtype=_INT)
+        generated = np.where(inside, valid[np.where(inside, rows + offsets[step_of], 0)], 0)
+        drafted = np.asarray(self._drafted, dtype=_INT)
+        keep = inside & (drafted > 0) & (generated > 0)
+        if not keep.any():
+            return None
+        return drafted[keep], np.maximum(generated[keep] - 1, 0)

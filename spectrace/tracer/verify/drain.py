@@ -104,39 +104,26 @@ class VerifyCapture(Capture):
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
         runs: dict[str, columns.RunColumns] = {}
-        marks: dict[str, list[acceptance.StepMark]] = defaultdict(list)
-        # (run, batch band, k) -> steps, request-steps, drafted, accepted, k switches
-        by_shape: dict[tuple[str, str, int], ShapeCounts] = {}
-        step_bands: dict[str, list[tuple[str, int]]] = defaultdict(list)  # run -> per step: batch band, request-steps
         for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
-            step = columns.engine_step(drafts, sampled_lens, row_of, cached, invalid, num_sampled)
-            if step is None:
-                continue
             run = runs.get(run_id)
             if run is None:
                 run = runs[run_id] = columns.RunColumns()
-            run.add(ts, step_no, step)
-            mark = acceptance.StepMark(step_no, ts, *columns.step_mark_values(step))
-            band = acceptance.batch_band(mark.pos0_drafted)
-            shape = by_shape.get((run_id, band, mark.k))
-            if shape is None:
-                shape = by_shape[(run_id, band, mark.k)] = ShapeCounts()
-            switches = self.run_switches.get(run_id)
-            if switches is None:
-                switches = self.run_switches[run_id] = RunSwitches()
-            shape.add(mark, switches.step(mark.k))
-            step_bands[run_id].append((band, mark.pos0_drafted))
-            marks[run_id].append(mark)
-            self._maybe_step_span(rt, ts, step_no, run_id, step)
+            run.add(ts, step_no, drafts, sampled_lens, row_of, cached, invalid, num_sampled)
         common = rt.common(ENGINE)
         band_rows: list[dict] = []
+        shape_rows: list[dict] = []
         per_request: dict[tuple[str, str], tuple[int, int, int]] = {}
+        now = time.time_ns()
         for run_id, run in runs.items():
-            arr = run.table()  # one array per run: the counts, the band positions and the rows share it
-            self._verify_rows(rt, common, run_id, run)
-            band_rows += _band_positions(common, run_id, arr, step_bands[run_id])
+            counted = run.count()
+            if counted is None:
+                continue
+            marks, step_bands, by_shape = self._steps(rt, run_id, counted)
+            arr = counted.table()  # one array per run: the counts, the band positions and the rows share it
+            self._verify_rows(rt, common, run_id, counted)
+            band_rows += _band_positions(common, run_id, arr, step_bands)
             curve = self._curve(rt, run_id)
-            shapes = acceptance.one_token_rows(run.draft_lists, run.arrays()[1], run.arrays()[3])
+            shapes = acceptance.one_token_rows(counted.draft_lists, counted.accepted, counted.lengths)
             curve.add_shapes(shapes)
             if shapes["rows"]:
                 rt.pipeline.append(
@@ -144,38 +131,58 @@ class VerifyCapture(Capture):
                     {**common, "run_id": run_id, "ts": time.time_ns(), "rows": shapes["rows"], "repeated_rows": shapes["repeated"],
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
-            self._count(rt, ENGINE, run_id, None, arr, marks.get(run_id))
-            ids, steps_of, drafted_of, accepted_of = run.per_request()
+            self._count(rt, ENGINE, run_id, None, arr, marks)
+            ids, steps_of, drafted_of, accepted_of = counted.per_request()
             for req_id, n, d, a in zip(ids, steps_of.tolist(), drafted_of.tolist(), accepted_of.tolist()):
                 per_request[(run_id, req_id)] = (n, d, a)
-        if by_shape:
-            now = time.time_ns()
-            shape_rows = [
-                {**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": c.steps,
-                 "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted, "k_switches": c.switches}
-                for (run_id, band, k), c in by_shape.items()
-            ]
-            rt.pipeline.extend("step_shapes", shape_rows)
-            for (run_id, band, k), c in by_shape.items():
-                self.run_switches[run_id].add(band, k, c.steps, c.switches)
+            rows = [{**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": c.steps,
+                     "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted,
+                     "k_switches": c.switches} for (band, k), c in by_shape.items()]
+            shape_rows += rows
+            switches = self.run_switches[run_id]
+            for (band, k), c in by_shape.items():
+                switches.add(band, k, c.steps, c.switches)
             if rt.metrics is not None:
-                by_run: dict[str, list[dict]] = defaultdict(list)
-                for row in shape_rows:
-                    by_run[row["run_id"]].append(row)
-                for run_id, rows in by_run.items():
-                    rt.metrics.step_shapes(rows, rt.labels(run_id))
+                rt.metrics.step_shapes(rows, rt.labels(run_id))
+        if shape_rows:
+            rt.pipeline.extend("step_shapes", shape_rows)
         if band_rows:
             rt.pipeline.extend("band_positions", band_rows)
         if per_request:
             self._drain_slices(rt, per_request)
 
-    def _verify_rows(self, rt, common: dict, run_id: str, run: "columns.RunColumns") -> None:
+    def _steps(self, rt, run_id: str, counted: "columns.Counted"):
+        """Per step of the run that counted something: its mark (the collapse onset), its batch band and k (the
+        step shapes and k switches), a sampled span."""
+        marks: list[acceptance.StepMark] = []
+        step_bands: list[tuple[str, int]] = []
+        by_shape: dict[tuple[str, int], ShapeCounts] = {}
+        switches = self.run_switches.get(run_id)
+        if switches is None:
+            switches = self.run_switches[run_id] = RunSwitches()
+        n_at, drafted_at, accepted_at, pos0_at = (a.tolist() for a in counted.per_step)
+        for i, (ts, step_no, n, drafted, accepted, pos0, context, k) in enumerate(zip(
+                counted.ts.tolist(), counted.step_no.tolist(), n_at, drafted_at, accepted_at, pos0_at,
+                counted.ctx_max.tolist(), counted.k.tolist())):
+            if not n:
+                continue
+            mark = acceptance.StepMark(step_no, ts, context, drafted, accepted, n, pos0, k)
+            band = acceptance.batch_band(n)
+            shape = by_shape.get((band, k))
+            if shape is None:
+                shape = by_shape[(band, k)] = ShapeCounts()
+            shape.add(mark, switches.step(k))
+            step_bands.append((band, n))
+            marks.append(mark)
+            self._maybe_step_span(rt, ts, step_no, run_id, counted, i)
+        return marks, step_bands, by_shape
+
+    def _verify_rows(self, rt, common: dict, run_id: str, counted: "columns.Counted") -> None:
         """``verify_steps``: the run's request-steps (all, or the ``SPECTRACE_STEP_SAMPLE`` share), as columns."""
-        drafted, accepted, context, _ = run.arrays()
+        drafted, accepted, context = counted.drafted, counted.accepted, counted.context
         n = len(drafted)
-        step_ts = np.repeat(np.asarray(run.step_ts, dtype=np.int64), run.step_rows)
-        step_no = np.repeat(np.asarray(run.step_no, dtype=np.int64), run.step_rows)
-        ids, draft_lists = run.ids, run.draft_lists
+        step_ts, step_no = counted.ts[counted.step_of], counted.step_no[counted.step_of]
+        ids, draft_lists = counted.ids, counted.draft_lists
         sample = rt.settings.step_sample
         if sample < 1.0:
             keep = self._sampler.random(n) < sample
@@ -203,15 +210,19 @@ class VerifyCapture(Capture):
 
     def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
         """Counts the worker's steps (as columns); per (run, rank): (draft rows, tokens yielded) for the cross-check."""
-        per_key: dict[tuple[str, int | None], list[tuple[np.ndarray, np.ndarray]]] = {}
+        per_key: dict[tuple[str, int | None], columns.WorkerColumns] = {}
         for ts, run_id, rank, drafts, valid_lens, row_of in steps:  # WorkerStep
-            counted = columns.worker_step(drafts, valid_lens, row_of)
-            if counted is not None:
-                per_key.setdefault((run_id, rank), []).append(counted)
+            key = (run_id, rank)
+            worker = per_key.get(key)
+            if worker is None:
+                worker = per_key[key] = columns.WorkerColumns()
+            worker.add(drafts, valid_lens, row_of)
         yielded = {}
-        for (run_id, rank), parts in per_key.items():
-            drafted = np.concatenate([d for d, _ in parts])
-            accepted = np.concatenate([a for _, a in parts])
+        for (run_id, rank), worker in per_key.items():
+            counted = worker.count()
+            if counted is None:
+                continue
+            drafted, accepted = counted
             self._count(rt, WORKER, run_id, rank, np.column_stack((drafted, accepted, np.full(len(drafted), -1))))
             yielded[(run_id, rank)] = (len(drafted), int(accepted.sum()) + len(drafted))
         return yielded
@@ -322,7 +333,7 @@ class VerifyCapture(Capture):
                 links.append(Link(context, {"vllm.request_id": req_id}))
         return links
 
-    def _maybe_step_span(self, rt, ts: int, step_no: int, run_id: str, step: "columns.StepColumns") -> None:
+    def _maybe_step_span(self, rt, ts: int, step_no: int, run_id: str, counted: "columns.Counted", step: int) -> None:
         every = rt.settings.span_every_steps
         if every <= 0:
             return
@@ -330,16 +341,18 @@ class VerifyCapture(Capture):
             self._span_countdown -= 1
             return
         self._span_countdown = every - 1
-        d_at, a_at = acceptance.position_counts(step.drafted, step.accepted, int(step.drafted.max()))
+        rows = counted.step_slice(step)
+        drafted, accepted, ids = counted.drafted[rows], counted.accepted[rows], counted.ids[rows]
+        d_at, a_at = acceptance.position_counts(drafted, accepted, int(drafted.max()))
         with rt.span(
             "spectrace.verify.step",
             role=ENGINE,
             run=rt.run_by_id(run_id),
             start_time=ts,
-            links=self._links(step.ids),
+            links=self._links(ids),
             attributes={
                 "spectrace.step": step_no,
-                "spectrace.batch_size": len(step.ids),
+                "spectrace.batch_size": len(ids),
                 "spectrace.drafted_by_position": [int(x) for x in d_at],
                 "spectrace.accepted_by_position": [int(x) for x in a_at],
             },

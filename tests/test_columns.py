@@ -1,0 +1,137 @@
+"""Columnar counting (spectrace.tracer.verify.columns) against the counting rules written as a loop per
+request-step (vLLM's ``update_from_output`` / ``make_spec_decoding_stats``), on random steps (no vLLM)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from spectrace import acceptance
+from spectrace.tracer.verify import columns
+
+
+def reference_engine(steps):
+    """The rules as the drain wrote them before #34, one request-step at a time."""
+    out = []
+    for drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:
+        context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
+        rows = len(sampled_lens) if sampled_lens is not None else 0
+        for req_id, draft_ids in drafts.items():
+            index = row_of.get(req_id)
+            if index is None or not draft_ids:
+                continue
+            generated = sampled_lens[index] if index < rows else 0
+            if not generated and num_sampled != 0:
+                continue
+            drafted = len(draft_ids) - invalid.get(req_id, 0) if invalid else len(draft_ids)
+            accepted = generated - num_sampled if generated > num_sampled else 0
+            out.append((req_id, drafted, accepted, int(context.get(req_id, -1))))
+    return out
+
+
+def random_steps(rng: random.Random, n_steps: int):
+    steps = []
+    for _ in range(n_steps):
+        n = rng.randrange(0, 12)
+        ids = [f"r{rng.randrange(30)}" for _ in range(n)]
+        drafts = {rid: [rng.randrange(-1, 5) for _ in range(rng.choice([0, 1, 2, 3, 5]))] for rid in ids}
+        order = list(drafts)
+        rng.shuffle(order)
+        row_of = {rid: i for i, rid in enumerate(order) if rng.random() < 0.9}
+        width = rng.randrange(0, len(order) + 2)
+        sampled = [rng.randrange(0, 6) for _ in range(width)] if rng.random() < 0.95 else None
+        listed = [rid for rid in drafts if rng.random() < 0.8]
+        cached = SimpleNamespace(req_ids=listed, num_computed_tokens=[rng.randrange(1, 9000) for _ in listed]) \
+            if rng.random() < 0.9 else None
+        invalid = {rid: rng.randrange(0, 2) for rid in drafts if rng.random() < 0.3} if rng.random() < 0.3 else None
+        steps.append((drafts, sampled, row_of, cached, invalid, rng.choice([1, 1, 1, 0])))
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_engine_columns_count_as_the_loop_does(seed):
+    rng = random.Random(seed)
+    steps = random_steps(rng, rng.randrange(1, 40))
+    run = columns.RunColumns()
+    for i, step in enumerate(steps):
+        run.add(1000 + i, i, *step)
+    counted = run.count()
+    expected = reference_engine(steps)
+    if not expected:
+        assert counted is None
+        return
+    got = list(zip(counted.ids, counted.drafted.tolist(), counted.accepted.tolist(), counted.context.tolist()))
+    assert got == expected
+    # per step: request-steps, drafted, accepted, position-0 accepted, the longest context, k
+    per_step = {}
+    for i, step in enumerate(steps):
+        rows = reference_engine([step])
+        if rows:
+            per_step[i] = (len(rows), sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[2] > 0 for r in rows),
+                           max(r[3] for r in rows), max(max(r[1] for r in rows), 0))
+    n, d, a, p0 = (x.tolist() for x in counted.per_step)
+    step_no = counted.step_no.tolist()  # the steps recorded (a step without drafts is none)
+    assert {step_no[j]: (n[j], d[j], a[j], p0[j], int(counted.ctx_max[j]), int(counted.k[j]))
+            for j in range(len(step_no)) if n[j]} == per_step
+    # per request, in first-appearance order
+    ids, s, dr, ac = counted.per_request()
+    totals = {}
+    for rid, drafted, accepted, _ in expected:
+        t = totals.setdefault(rid, [0, 0, 0])
+        t[0] += 1
+        t[1] += drafted
+        t[2] += accepted
+    assert dict(zip(ids, zip(s.tolist(), dr.tolist(), ac.tolist()))) == {k: tuple(v) for k, v in totals.items()}
+    assert ids == list(totals)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_worker_columns_count_as_the_loop_does(seed):
+    rng = random.Random(seed)
+    worker = columns.WorkerColumns()
+    expected = []
+    for _ in range(rng.randrange(1, 30)):
+        if rng.random() < 0.5:  # V1
+            ids = [f"r{i}" for i in range(rng.randrange(0, 8))]
+            drafts = {rid: [7] * rng.randrange(0, 4) for rid in ids}
+            valid = [rng.randrange(0, 5) for _ in range(rng.randrange(0, len(ids) + 2))]
+            row_of = {rid: i for i, rid in enumerate(ids) if rng.random() < 0.9}
+            pairs = [(len(d), valid[row_of[rid]]) for rid, d in drafts.items() if rid in row_of and row_of[rid] < len(valid)]
+        else:  # V2: drafts per row
+            drafts = np.array([rng.randrange(0, 4) for _ in range(rng.randrange(0, 8))])
+            valid = [rng.randrange(0, 5) for _ in range(rng.randrange(0, 9))]
+            row_of = None
+            pairs = list(zip(drafts.tolist(), valid))
+        worker.add(drafts, valid, row_of)
+        if valid:
+            expected += [(d, max(g - 1, 0)) for d, g in pairs if d and g]
+    counted = worker.count()
+    if not expected:
+        assert counted is None
+        return
+    assert list(zip(counted[0].tolist(), counted[1].tolist())) == expected
+
+
+def reference_one_token_rows(draft_rows, accepted):
+    out = {"rows": 0, "repeated": 0, "repeated_drafted": 0, "repeated_accepted": 0, "by_token": {}}
+    for draft, a in zip(draft_rows, accepted):
+        if len(draft) < 2 or draft[0] < 0:
+            continue
+        out["rows"] += 1
+        if draft.count(draft[0]) == len(draft):
+            out["repeated"] += 1
+            out["repeated_drafted"] += len(draft)
+            out["repeated_accepted"] += a
+            out["by_token"][draft[0]] = out["by_token"].get(draft[0], 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_one_token_rows_as_the_loop_counts(seed):
+    rng = random.Random(seed)
+    rows = [[rng.choice([-1, 0, 0, 3, 9]) for _ in range(rng.choice([0, 1, 2, 3, 3, 7]))] for _ in range(300)]
+    accepted = [rng.randrange(0, 4) for _ in rows]
+    assert acceptance.one_token_rows(rows, accepted) == reference_one_token_rows(rows, accepted)
