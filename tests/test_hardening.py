@@ -9,6 +9,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import spectrace.store
 from spectrace.store import compaction
@@ -138,6 +139,72 @@ def test_an_unreachable_lake_never_echoes_its_password(tmp_path, caplog, capsys)
     for text in (sink.last_error or "", out.out, out.err, logged, str(sink.stats())):
         assert "hunter2" not in text
     assert "password=***" in out.err  # the error still names the catalog it could not reach
+
+
+def test_redaction_masks_libpq_passwords_whole_and_every_form_of_a_known_secret(caplog):
+    from spectrace import redact as redaction
+
+    # shapes alone (a secret the process was never given): a libpq value runs to the next blank
+    for password in ("ab;Kx9zz", "ab&Kx9zz", "ab,Kx9zz"):
+        assert redact(f"host=db password={password} port=5432") == "host=db password=*** port=5432"
+        assert "Kx9zz" not in redact(f'Unable to connect to Postgres at "dbname=x password={password} connect_timeout=5"')
+    assert redact("at /work/postgresql:/sp:pw9secret@db:1/spectrace") == "at /work/postgresql:/sp:***@db:1/spectrace"
+    # a secret the process knows of is masked in whatever form a library prints it
+    redaction.remember("postgresql://sp:p%40ss;word@db/spectrace", "host=db password='it\\'s a secret'")  # libpq: \\' in quotes
+    redaction.remember_token("glsb_not_a_known_shape")
+    try:
+        printed = ("file /cwd/postgresql:/sp:p@ss;word@db/spectrace, p%40ss;word, it's a secret, "
+                   "Authorization: glsb_not_a_known_shape")
+        assert not any(s in redact(printed) for s in ("p@ss;word", "p%40ss;word", "it's a secret", "glsb_not"))
+        caplog.set_level(logging.INFO)
+        logging.getLogger("vllm.spectrace").info("spectrace: lake %s failed: %s", "db", "p@ss;word")
+        assert caplog.records[-1].getMessage() == "spectrace: lake db failed: ***"
+    finally:
+        redaction.forget()
+
+
+def test_no_lake_command_echoes_a_password_past_its_separators(capsys):
+    from spectrace.cli import main
+
+    def libpq(password):
+        return f"postgres:dbname=spectrace host=127.0.0.1 port=1 user=sp password={password} connect_timeout=2"
+
+    def uri(password):
+        return f"postgresql://sp:{password.replace('&', '%26')}@127.0.0.1:1/spectrace?connect_timeout=2"
+
+    for argv in (["query", "select 1", "--lake", libpq("ab;Kx9zz")], ["lake", "maintain", "--catalog", libpq("ab&Kx9zz")],
+                 ["report", "--lake", libpq("ab,Kx9zz")], ["query", "select 1", "--lake", uri("ab;Kx9zz")],
+                 ["lake", "maintain", "--catalog", uri("ab&Kx9zz")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Kx9zz" not in err and "cannot attach the lake" in err, (argv, err)
+        assert "Cannot open" not in err  # the URI went to libpq, not to DuckDB as a file path
+
+
+def test_a_one_slash_catalog_uri_is_refused_in_one_line_and_nothing_is_created(tmp_path):
+    import subprocess
+    import sys
+
+    for argv in (["query", "select 1", "--lake"], ["lake", "maintain", "--catalog"], ["report", "--lake"]):
+        done = subprocess.run([sys.executable, "-m", "spectrace.cli", *argv, "postgresql:/sp:pw9secret@127.0.0.1:1/db"],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2, done
+        assert done.stderr.count("\n") == 1 and "not a PostgreSQL URI" in done.stderr and "pw9secret" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # DuckDB never opened it as a file path
+
+
+def test_dashboards_push_never_echoes_the_urls_password_when_grafana_is_unreachable():
+    import subprocess
+    import sys
+
+    pytest.importorskip("grafana_client")
+    from spectrace.testing.prometheus import free_port
+
+    url = f"http://admin:pw9secret@127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "-m", "spectrace.cli", "dashboards", "push", "--url", url, "--timeout", "5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "pw9secret" not in done.stdout + done.stderr, done
+    assert done.stderr.count("\n") == 1 and "cannot reach Grafana at http://admin:***@127.0.0.1" in done.stderr
 
 
 # -- doctor: a config.json is input from anyone ----------------------------------------
