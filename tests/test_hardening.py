@@ -340,6 +340,7 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
     con = spectrace.store.open(store_root, locked=True)
     assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 4
     assert con.execute("explain select * from runs").fetchall()
+    assert con.execute("explain /* a */ analyze select count(*) from verify_counts").fetchall()  # reads: allowed
     refused = {
         f"select * from read_csv('{secret}')": "disabled by configuration",
         f"copy (select 1) to '{store_root}/verify_counts/run=good/x-1-1-000001.parquet'": "only SELECT",
@@ -347,6 +348,12 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
         "set enable_external_access = true": "only SELECT",
         "install httpfs": "only SELECT",
         "select 1; drop view runs": "only SELECT",
+        # EXPLAIN ANALYZE runs what it explains: the statement under it is checked, comments and options skipped
+        f"explain analyze copy (select 'good' as run_id, 10**9 as drafted) to '{store_root}/verify_counts/run=good/"
+        "x-1-2-000001.parquet'": "not EXPLAIN COPY",
+        f"EXPLAIN /* */ ANALYZE /* */ COPY runs TO '{store_root}/runs/run=good/x-1-3-000001.parquet'": "not EXPLAIN COPY",
+        f"explain (analyze, format json) copy runs to '{store_root}/x.csv'": "not EXPLAIN COPY",
+        "explain analyze create table t as select 1": "not EXPLAIN CREATE",
         f"select * from read_parquet('{store_root}/../secret.csv')": "disabled by configuration",
     }
     import duckdb
@@ -356,8 +363,9 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
             con.execute(sql)
         assert said in str(info.value), (sql, info.value)
     assert con.execute("select count(*) from runs").fetchone()[0] == 1  # the views are all still there
-    assert not list(store_root.glob("verify_counts/run=good/x-*"))
-    for sql in (f"select * from read_csv('{secret}')", f"copy runs to '{store_root}/x.csv'"):
+    assert not list(store_root.glob("*/run=good/x-*")) and not (store_root / "x.csv").exists()
+    for sql in (f"select * from read_csv('{secret}')", f"copy runs to '{store_root}/x.csv'",
+                f"explain analyze copy runs to '{store_root}/runs/run=good/x-1-4-000001.parquet'"):
         assert main(["query", "--locked", "--dir", str(store_root), sql]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("spectrace: error: ") and "hunter2" not in err
