@@ -97,6 +97,41 @@ def test_store_compact_never_merges_a_file_of_another_schema(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["gone-1-1000-000001.parquet", "gone-1-1001-000002.parquet"]
 
 
+def test_a_file_with_the_right_names_and_other_types_is_skipped_by_every_reader_and_by_compaction(tmp_path):
+    import subprocess
+    import sys
+
+    writer = _store(tmp_path, n_flushes=2)
+    writer.extend("verify_counts", [{"run_id": "other", "source": "engine_core", "position": 0, "drafted": 4, "accepted": 2,
+                                     "ts": time.time_ns()}])
+    writer.flush()
+    writer.close()
+    folder = tmp_path / "verify_counts" / "run=good"
+    name = max(p.name for p in folder.glob("testhost-*.parquet"))  # planted in the writer's own group: its merge crashed
+    host_pid, t, seq = name.removesuffix(".parquet").rsplit("-", 2)
+    planted = folder / f"{host_pid}-{int(t) + 1}-{int(seq) + 1:06d}.parquet"
+    pq.write_table(pa.table({"run_id": ["good"], "source": ["engine_core"], "drafted": ["lots"]}), planted)
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "spectrace.cli", *argv, "--dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = cli("query", "--format", "json", "select sum(drafted) as d, sum(accepted) as a from verify_counts")
+    assert done.returncode == 0 and _json.loads(done.stdout) == [{"d": 64, "a": 32}], done
+    assert done.stderr.count(str(planted)) == 1 and "drafted string, not int64" in done.stderr
+    done = cli("report")
+    assert done.returncode == 0 and "Acceptance by position" in done.stdout, done
+    done = cli("store", "compact", "--idle", "0", "--no-wait")  # the writer's host is not this one: gone when idle
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done
+    assert done.stderr.count(str(planted)) == 1 and "column types drafted string" in done.stderr
+    summary = dict(line.rsplit(None, 1) for line in done.stdout.splitlines()[2:])
+    assert summary["files skipped"] == "1" and summary["files merged"] == "2", done.stdout  # runs and run=other merged
+    assert planted.exists() and len(list(folder.glob("*.parquet"))) == 3 and not list(folder.glob("*.part.parquet"))
+    assert list((tmp_path / "verify_counts" / "run=other").glob("*.hour.parquet"))
+    stats = _json.loads(cli("store", "stats", "--format", "json").stdout)
+    assert {row["table"]: row["skipped"] for row in stats}["verify_counts"] == 1
+
+
 # -- secrets -----------------------------------------------------------------------
 
 from spectrace.redact import redact  # noqa: E402

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spectrace.store import compaction
+from spectrace.store import schema as segment_schema
 from spectrace.store.files import owner as store_owner
 from spectrace.records import TABLES, columns
 
@@ -193,7 +194,8 @@ def _unreadable(table: str, path: str) -> str | None:
     """Why ``path`` cannot be one of ``table``'s segments (from its Parquet footer), or None.
 
     A zero-byte, truncated or non-Parquet file, one this user cannot read, or one of another
-    schema (a column no version of spectrace's ``table`` has) is left out of every query."""
+    schema (a column no version of spectrace's ``table`` has, or one of another type:
+    ``spectrace.store.schema``) is left out of every query."""
     try:
         schema = pq.read_schema(path)
     except PermissionError:
@@ -201,11 +203,7 @@ def _unreadable(table: str, path: str) -> str | None:
     except (OSError, pa.ArrowException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"not a Parquet file ({first[:120]})"
-    known = {name for name, _ in columns(table)}
-    foreign = [name for name in schema.names if name not in known]
-    if foreign:
-        return f"not a {table} segment (columns {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})"
-    return None
+    return segment_schema.mismatch(table, schema)
 
 
 class Store:
