@@ -343,6 +343,11 @@ class Compactor:
                 continue
             # never merge a file of another schema (names or types) into spectrace's: its group stays as it is
             why = next(((s, w) for s, t in zip(inputs, tables) if (w := schema.mismatch(folder.parent.name, t.schema))), None)
+            if why is None:
+                try:  # every input in spectrace's own types (older or hand-written segments of other widths)
+                    tables = [schema.conform(folder.parent.name, t) for t in tables]
+                except pa.ArrowException as exc:
+                    why = next(iter(inputs)), f"cannot be merged ({str(exc).splitlines()[0][:200]})"
             if why is not None:
                 result.skipped[str(why[0].path)] = why[1]
                 continue
