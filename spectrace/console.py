@@ -1,4 +1,5 @@
-"""What every ``spectrace`` subcommand shares: the one-line user error and the table format.
+"""What every ``spectrace`` subcommand shares: the one-line user error, the table format and the one
+number formatter (``number``, ``ratio``, ``json_number``: a NULL or a non-finite value never crashes a command).
 
 A leaf module (imports nothing of spectrace), so ``cli`` and the subcommands it
 registers (``doctor``, ``dashboards``, ``report``) never import each other.
@@ -6,6 +7,7 @@ registers (``doctor``, ``dashboards``, ``report``) never import each other.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 EXIT_USAGE = 2
@@ -29,3 +31,41 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, max_w
     rule = "  ".join("-" * w for w in widths)
     body = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join([line, rule, *body])
+
+
+def number(value: Any, spec: str = "", *, missing: str = "-") -> str:
+    """``value`` formatted with ``spec`` (``".1%"``, ``".2f"``) for a person to read, whatever it is: ``missing``
+    for NULL (None), ``nan`` / ``inf`` / ``-inf`` for a value that is not a finite number, the value as text for
+    one that is not a number at all. Never raises."""
+    if value is None:
+        return missing
+    try:
+        as_float = float(value)  # int, float, Decimal, NumPy scalars
+    except (TypeError, ValueError, OverflowError):
+        return str(value)
+    if math.isnan(as_float):
+        return "nan"
+    if math.isinf(as_float):
+        return "inf" if as_float > 0 else "-inf"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return format(as_float, spec)
+
+
+def ratio(numerator: Any, denominator: Any, spec: str = ".1%", *, missing: str = "-") -> str:
+    """``numerator / denominator`` through ``number``; ``missing`` when either is NULL or the denominator is 0."""
+    if numerator is None or denominator is None:
+        return missing
+    try:
+        return number(numerator / denominator, spec, missing=missing)
+    except (ZeroDivisionError, TypeError, ArithmeticError):
+        return missing
+
+
+def json_number(value: Any) -> Any:
+    """``value`` for a JSON document: a float that is not finite becomes null (JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+

@@ -242,6 +242,39 @@ def test_dashboards_push_never_echoes_the_urls_password_when_grafana_is_unreacha
     assert done.stderr.count("\n") == 1 and "cannot reach Grafana at http://admin:***@127.0.0.1" in done.stderr
 
 
+# -- numbers: NULL, non-finite and out-of-range values never crash a command -------------------
+
+
+def test_null_and_non_finite_numbers_and_out_of_range_durations_are_said_not_crashed(tmp_path):
+    import subprocess
+    import sys
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=60)
+    writer.append("runs", {"run_id": "r", "method": "eagle3", "num_speculative_tokens": 3, "started_at": time.time_ns()})
+    writer.extend("verify_counts", [{"run_id": "r", "source": "engine_core", "position": p, "drafted": d, "accepted": a,
+                                     "ts": time.time_ns()} for p, d, a in ((0, 10, 5), (1, 10, 2), (2, 0, 0))])
+    writer.close()
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "spectrace.cli", *argv, "--dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = cli("report")  # position 2 drafted nothing: its rate is NULL
+    assert done.returncode == 0 and done.stderr == "", done
+    rates = [line.split() for line in done.stdout.split("Acceptance by position")[1].splitlines()[3:6]]
+    assert rates == [["0", "10", "5", "50.0%"], ["1", "10", "2", "20.0%"], ["2", "0", "0", "-"]]
+    done = cli("query", "--format", "json", "select position, rate, 'nan'::double as nan, 1e308 * 10 as inf, "
+                                            "['-inf'::double, 1.5] as list from acceptance_by_position order by position")
+    assert done.returncode == 0, done
+    assert _json.loads(done.stdout)[2] == {"position": 2, "rate": None, "nan": None, "inf": None, "list": [None, 1.5]}
+    assert "NaN" not in done.stdout and "Infinity" not in done.stdout  # what strict JSON parsers refuse
+    for argv in (("query", "--since", "20000w", "select 1"), ("store", "compact", "--idle", "99999999999w")):
+        done = cli(*argv)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done
+        assert "out of range: longer than the time since 1970" in done.stderr and "Binder" not in done.stderr
+    assert cli("query", "--since", "2000w", "select count(*) from verify_counts").returncode == 0
+
+
 # -- doctor: a config.json is input from anyone ----------------------------------------
 
 import json as _json  # noqa: E402
