@@ -1,5 +1,6 @@
 """What every ``spectrace`` subcommand shares: the one-line user error, the table format and the one
-number formatter (``number``, ``ratio``, ``json_number``: a NULL or a non-finite value never crashes a command).
+number formatter (``number``, ``ratio``, ``json_number``: a NULL or a non-finite value never crashes a command),
+and output bounded by what is useful (``bounded``, ``listed``: a list from a config is cut with a count).
 
 A leaf module (imports nothing of spectrace), so ``cli`` and the subcommands it
 registers (``doctor``, ``dashboards``, ``report``) never import each other.
@@ -69,3 +70,40 @@ def json_number(value: Any) -> Any:
         return None
     return value
 
+
+EVIDENCE_ITEMS = 256  # more than any real model's layers: a longer list in evidence is someone's config, cut
+LISTED_ITEMS = 16  # in a sentence
+
+
+def bounded(value: Any, limit: int = EVIDENCE_ITEMS) -> Any:
+    """``value`` with every list or tuple in it (nested ones too) longer than ``limit`` cut to its first ``limit``
+    items and one more that says how many there were (``"... 1899744 more (1900000 in all)"``). What needs no cut
+    is returned as it is (the same object)."""
+    if isinstance(value, dict):
+        items = {key: bounded(item, limit) for key, item in value.items()}
+        return value if all(items[key] is item for key, item in value.items()) else items
+    if isinstance(value, (list, tuple)):
+        kept = [bounded(item, limit) for item in value[:limit]]
+        if len(value) <= limit and all(new is old for new, old in zip(kept, value)):
+            return value
+        if len(value) > limit:
+            kept.append(f"... {len(value) - limit} more ({len(value)} in all)")
+        return type(value)(kept) if isinstance(value, tuple) else kept
+    return value
+
+
+def listed(values: Any, limit: int = LISTED_ITEMS) -> str:
+    """A list for a sentence: ``[2, 18, 33]``, or its first ``limit`` items and how many more there are."""
+    if values is None:
+        return "-"
+    values = list(values)
+    shown = ", ".join(str(v) for v in values[:limit])
+    return f"[{shown}, ... {len(values) - limit} more ({len(values)} in all)]" if len(values) > limit else f"[{shown}]"
+
+
+MESSAGE_CHARS = 2000  # a finding's message past this is someone's config echoed: cut, with its length
+
+
+def clipped(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` up to ``limit`` characters, and how long it was when it is longer."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters in all)"

@@ -275,6 +275,21 @@ def test_null_and_non_finite_numbers_and_out_of_range_durations_are_said_not_cra
     assert cli("query", "--since", "2000w", "select count(*) from verify_counts").returncode == 0
 
 
+def test_a_million_entry_list_in_a_config_is_cut_with_a_count_in_every_finding():
+    from spectrace.audit import audit_taps
+
+    declared = [1] * 1_900_000
+    _, findings = audit_taps(draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": declared}}, target_layers=36,
+                             tapped_ids=[2, 18, 33], input_taps=len(declared))
+    assert {f.code for f in findings} == {"TAP_COUNT_MISMATCH", "TAP_MISMATCH"}
+    for finding in findings:
+        row = finding.as_row()
+        assert len(row["message"]) < 500 and len(row["evidence"]) < 5000, finding.code
+        assert _json.loads(row["evidence"])["declared_ids"][-1] == "... 1899744 more (1900000 in all)"
+    assert "= [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ... 1899984 more (1900000 in all)]" in findings[1].message
+    assert len(declared) == 1_900_000  # the caller's list is left whole
+
+
 # -- doctor: a config.json is input from anyone ----------------------------------------
 
 import json as _json  # noqa: E402
