@@ -194,6 +194,11 @@ def test_redaction_masks_libpq_passwords_whole_and_every_form_of_a_known_secret(
         caplog.set_level(logging.INFO)
         logging.getLogger("vllm.spectrace").info("spectrace: lake %s failed: %s", "db", "p@ss;word")
         assert caplog.records[-1].getMessage() == "spectrace: lake db failed: ***"
+        try:
+            raise RuntimeError("cannot open /cwd/postgresql:/sp:p@ss;word@db")
+        except RuntimeError as exc:
+            logging.getLogger("spectrace.store").warning("spectrace: hook raised %s", exc, exc_info=exc)
+        assert "p@ss;word" not in caplog.text and "RuntimeError: cannot open /cwd/postgresql:/sp:***@db" in caplog.text
     finally:
         redaction.forget()
 
