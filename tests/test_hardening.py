@@ -284,7 +284,7 @@ def test_a_million_entry_list_in_a_config_is_cut_with_a_count_in_every_finding()
     from spectrace.audit import audit_taps
 
     declared = [1] * 1_900_000
-    _, findings = audit_taps(draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": declared}}, target_layers=36,
+    tap, findings = audit_taps(draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": declared}}, target_layers=36,
                              tapped_ids=[2, 18, 33], input_taps=len(declared))
     assert {f.code for f in findings} == {"TAP_COUNT_MISMATCH", "TAP_MISMATCH"}
     for finding in findings:
@@ -293,6 +293,8 @@ def test_a_million_entry_list_in_a_config_is_cut_with_a_count_in_every_finding()
         assert _json.loads(row["evidence"])["declared_ids"][-1] == "... 1899744 more (1900000 in all)"
     assert "= [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ... 1899984 more (1900000 in all)]" in findings[1].message
     assert len(declared) == 1_900_000  # the caller's list is left whole
+    row = tap.as_row()  # the live run's hidden_state_taps row
+    assert _json.loads(row["declared_ids"])[-1] == "... 1899744 more (1900000 in all)" and len(row["declared_ids"]) < 2000
 
 
 # -- doctor: a config.json is input from anyone ----------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 from spectrace.audit import codes
 from spectrace.audit.config_dicts import _get
 from spectrace.audit.findings import Finding
-from spectrace.console import listed
+from spectrace.console import bounded, listed
 
 
 # -- hidden-state taps -----------------------------------------------------------------
@@ -48,11 +48,12 @@ class TapAudit:
     status: str  # ok | defaulted | mismatch | out_of_range | count_mismatch | unknown
 
     def as_row(self) -> dict[str, Any]:
+        """The hidden_state_taps row; id lists as evidence is (a config's million ids cut with a count)."""
         return {
             "declared_field": self.declared_field,
-            "declared_ids": json.dumps(self.declared_ids),
-            "expected_ids": json.dumps(self.expected_ids),
-            "tapped_ids": json.dumps(self.tapped_ids),
+            "declared_ids": json.dumps(bounded(self.declared_ids)),
+            "expected_ids": json.dumps(bounded(self.expected_ids)),
+            "tapped_ids": json.dumps(bounded(self.tapped_ids)),
             "input_taps": self.input_taps,
             "status": self.status,
         }
