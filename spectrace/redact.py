@@ -4,7 +4,7 @@ errors, records, span attributes, CLI output.
 Two layers, both in ``redact(text)``:
 
 - **Secrets the process knows of.** ``remember(text)`` parses a connection string or URL it
-  is given (``remember_token`` keeps a bare token) (a lake catalog in libpq ``key=value`` or URI form, a Grafana URL, a token) and
+  is given (a lake catalog in libpq ``key=value`` or URI form, a Grafana URL; ``remember_token``: a bare token) and
   keeps its passwords and tokens; ``redact`` then replaces each of them wherever it appears,
   in whatever form a library prints it (DuckDB echoing a catalog as a file path, libpq
   quoting it, a URL with the password percent-encoded or decoded). The lake's ``connect``, the
@@ -63,7 +63,7 @@ def _forms(secret: str) -> set[str]:
 
 def secrets_in(text: str) -> set[str]:
     """The passwords and tokens a connection string, URL or credential holds (libpq ``key=value``,
-    URIs with ``user:password@`` or ``?password=``, a bare token)."""
+    URIs with ``user:password@`` or ``?password=``; ``remember_token`` takes a bare token)."""
     found: set[str] = set()
     text = (text or "").strip()
     if not text:
