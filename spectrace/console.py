@@ -1,4 +1,6 @@
-"""What every ``spectrace`` subcommand shares: the one-line user error and the table format.
+"""What every ``spectrace`` subcommand shares: the one-line user error, the table format and the one
+number formatter (``number``, ``ratio``, ``json_number``: a NULL or a non-finite value never crashes a command),
+and output bounded by what is useful (``bounded``, ``listed``: a list from a config is cut with a count).
 
 A leaf module (imports nothing of spectrace), so ``cli`` and the subcommands it
 registers (``doctor``, ``dashboards``, ``report``) never import each other.
@@ -6,6 +8,7 @@ registers (``doctor``, ``dashboards``, ``report``) never import each other.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 EXIT_USAGE = 2
@@ -29,3 +32,78 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, max_w
     rule = "  ".join("-" * w for w in widths)
     body = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join([line, rule, *body])
+
+
+def number(value: Any, spec: str = "", *, missing: str = "-") -> str:
+    """``value`` formatted with ``spec`` (``".1%"``, ``".2f"``) for a person to read, whatever it is: ``missing``
+    for NULL (None), ``nan`` / ``inf`` / ``-inf`` for a value that is not a finite number, the value as text for
+    one that is not a number at all. Never raises."""
+    if value is None:
+        return missing
+    try:
+        as_float = float(value)  # int, float, Decimal, NumPy scalars
+    except (TypeError, ValueError, OverflowError):
+        return str(value)
+    if math.isnan(as_float):
+        return "nan"
+    if math.isinf(as_float):
+        return "inf" if as_float > 0 else "-inf"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return format(as_float, spec)
+
+
+def ratio(numerator: Any, denominator: Any, spec: str = ".1%", *, missing: str = "-") -> str:
+    """``numerator / denominator`` through ``number``; ``missing`` when either is NULL or the denominator is 0."""
+    if numerator is None or denominator is None:
+        return missing
+    try:
+        return number(numerator / denominator, spec, missing=missing)
+    except (ZeroDivisionError, TypeError, ArithmeticError):
+        return missing
+
+
+def json_number(value: Any) -> Any:
+    """``value`` for a JSON document: a float that is not finite becomes null (JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+EVIDENCE_ITEMS = 256  # more than any real model's layers: a longer list in evidence is someone's config, cut
+LISTED_ITEMS = 16  # in a sentence
+
+
+def bounded(value: Any, limit: int = EVIDENCE_ITEMS) -> Any:
+    """``value`` with every list or tuple in it (nested ones too) longer than ``limit`` cut to its first ``limit``
+    items and one more that says how many there were (``"... 1899744 more (1900000 in all)"``). What needs no cut
+    is returned as it is (the same object)."""
+    if isinstance(value, dict):
+        items = {key: bounded(item, limit) for key, item in value.items()}
+        return value if all(items[key] is item for key, item in value.items()) else items
+    if isinstance(value, (list, tuple)):
+        kept = [bounded(item, limit) for item in value[:limit]]
+        if len(value) <= limit and all(new is old for new, old in zip(kept, value)):
+            return value
+        if len(value) > limit:
+            kept.append(f"... {len(value) - limit} more ({len(value)} in all)")
+        return type(value)(kept) if isinstance(value, tuple) else kept
+    return value
+
+
+def listed(values: Any, limit: int = LISTED_ITEMS) -> str:
+    """A list for a sentence: ``[2, 18, 33]``, or its first ``limit`` items and how many more there are."""
+    if values is None:
+        return "-"
+    values = list(values)
+    shown = ", ".join(str(v) for v in values[:limit])
+    return f"[{shown}, ... {len(values) - limit} more ({len(values)} in all)]" if len(values) > limit else f"[{shown}]"
+
+
+MESSAGE_CHARS = 2000  # a finding's message past this is someone's config echoed: cut, with its length
+
+
+def clipped(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """``text`` up to ``limit`` characters, and how long it was when it is longer."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters in all)"

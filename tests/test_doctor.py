@@ -468,6 +468,32 @@ def test_bad_input_exits_2_with_one_line(capsys, models, bad_dirs, case):
     assert err.startswith("spectrace: error: ") and needle in err
 
 
+# -- numbers and lists from anyone's config.json ------------------------------------------------
+
+
+def test_a_huge_rope_factor_and_a_huge_tap_list_are_findings_and_bounded_output(capsys, models, tmp_path):
+    def model(name, config):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config, separators=(",", ":")))
+        return str(tmp_path / name)
+
+    # a RoPE factor of 1e308 stretches the context past any integer (OverflowError in the context audit)
+    yarn = model("yarn-1e308", {**QWEN3_06B, "rope_scaling": {"rope_type": "yarn", "factor": 1e308,
+                                                             "original_max_position_embeddings": 4096}})
+    rc, out, err = run(capsys, "--target", models["qwen3-8b"], "--draft", yarn, "--max-model-len", "2048")
+    assert rc == 1 and "Error:" not in err and "(--debug" not in err, err
+    assert "ROPE_DIFFERS" in out and "drafter 1e+308" in out
+    # 5000 declared tap ids: the text and the messages show 16 of them, the JSON evidence 256, and the count
+    many = model("eagle3-5000", {**EAGLE3, "eagle_aux_hidden_state_layer_ids": list(range(5000))})
+    rc, out, err = run(capsys, "--target", models["qwen3-8b"], "--draft", many, "--method", "eagle3")
+    assert rc == 1 and len(out) < 20_000, len(out)
+    assert f"= {list(range(16))}"[:-1] + ", ... 4984 more (5000 in all)]" in out
+    assert "asks for hidden state(s) [37, 38, " in out and "... 4947 more (4963 in all)]" in out  # TAP_OUT_OF_RANGE
+    rc, report = run_json(capsys, "--target", models["qwen3-8b"], "--draft", many, "--method", "eagle3")
+    declared = finding(report, "TAP_OUT_OF_RANGE")["evidence"]["declared_ids"]
+    assert declared == [*range(256), "... 4744 more (5000 in all)"] and report["taps"]["declared_ids"] == declared
+
+
 # -- the installed command, as a user runs it -----------------------------------------------
 
 

@@ -9,6 +9,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import spectrace.store
 from spectrace.store import compaction
@@ -96,6 +97,41 @@ def test_store_compact_never_merges_a_file_of_another_schema(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["gone-1-1000-000001.parquet", "gone-1-1001-000002.parquet"]
 
 
+def test_a_file_with_the_right_names_and_other_types_is_skipped_by_every_reader_and_by_compaction(tmp_path):
+    import subprocess
+    import sys
+
+    writer = _store(tmp_path, n_flushes=2)
+    writer.extend("verify_counts", [{"run_id": "other", "source": "engine_core", "position": 0, "drafted": 4, "accepted": 2,
+                                     "ts": time.time_ns()}])
+    writer.flush()
+    writer.close()
+    folder = tmp_path / "verify_counts" / "run=good"
+    name = max(p.name for p in folder.glob("testhost-*.parquet"))  # planted in the writer's own group: its merge crashed
+    host_pid, t, seq = name.removesuffix(".parquet").rsplit("-", 2)
+    planted = folder / f"{host_pid}-{int(t) + 1}-{int(seq) + 1:06d}.parquet"
+    pq.write_table(pa.table({"run_id": ["good"], "source": ["engine_core"], "drafted": ["lots"]}), planted)
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "spectrace.cli", *argv, "--dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = cli("query", "--format", "json", "select sum(drafted) as d, sum(accepted) as a from verify_counts")
+    assert done.returncode == 0 and _json.loads(done.stdout) == [{"d": 64, "a": 32}], done
+    assert done.stderr.count(str(planted)) == 1 and "drafted string, not int64" in done.stderr
+    done = cli("report")
+    assert done.returncode == 0 and "Acceptance by position" in done.stdout, done
+    done = cli("store", "compact", "--idle", "0", "--no-wait")  # the writer's host is not this one: gone when idle
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done
+    assert done.stderr.count(str(planted)) == 1 and "column types drafted string" in done.stderr
+    summary = dict(line.rsplit(None, 1) for line in done.stdout.splitlines()[2:])
+    assert summary["files skipped"] == "1" and summary["files merged"] == "2", done.stdout  # runs and run=other merged
+    assert planted.exists() and len(list(folder.glob("*.parquet"))) == 3 and not list(folder.glob("*.part.parquet"))
+    assert list((tmp_path / "verify_counts" / "run=other").glob("*.hour.parquet"))
+    stats = _json.loads(cli("store", "stats", "--format", "json").stdout)
+    assert {row["table"]: row["skipped"] for row in stats}["verify_counts"] == 1
+
+
 # -- secrets -----------------------------------------------------------------------
 
 from spectrace.redact import redact  # noqa: E402
@@ -138,6 +174,127 @@ def test_an_unreachable_lake_never_echoes_its_password(tmp_path, caplog, capsys)
     for text in (sink.last_error or "", out.out, out.err, logged, str(sink.stats())):
         assert "hunter2" not in text
     assert "password=***" in out.err  # the error still names the catalog it could not reach
+
+
+def test_redaction_masks_libpq_passwords_whole_and_every_form_of_a_known_secret(caplog):
+    from spectrace import redact as redaction
+
+    # shapes alone (a secret the process was never given): a libpq value runs to the next blank
+    for password in ("ab;Kx9zz", "ab&Kx9zz", "ab,Kx9zz"):
+        assert redact(f"host=db password={password} port=5432") == "host=db password=*** port=5432"
+        assert "Kx9zz" not in redact(f'Unable to connect to Postgres at "dbname=x password={password} connect_timeout=5"')
+    assert redact("at /work/postgresql:/sp:pw9secret@db:1/spectrace") == "at /work/postgresql:/sp:***@db:1/spectrace"
+    # a secret the process knows of is masked in whatever form a library prints it
+    redaction.remember("postgresql://sp:p%40ss;word@db/spectrace", "host=db password='it\\'s a secret'")  # libpq: \\' in quotes
+    redaction.remember_token("glsb_not_a_known_shape")
+    try:
+        printed = ("file /cwd/postgresql:/sp:p@ss;word@db/spectrace, p%40ss;word, it's a secret, "
+                   "Authorization: glsb_not_a_known_shape")
+        assert not any(s in redact(printed) for s in ("p@ss;word", "p%40ss;word", "it's a secret", "glsb_not"))
+        caplog.set_level(logging.INFO)
+        logging.getLogger("vllm.spectrace").info("spectrace: lake %s failed: %s", "db", "p@ss;word")
+        assert caplog.records[-1].getMessage() == "spectrace: lake db failed: ***"
+        try:
+            raise RuntimeError("cannot open /cwd/postgresql:/sp:p@ss;word@db")
+        except RuntimeError as exc:
+            logging.getLogger("spectrace.store").warning("spectrace: hook raised %s", exc, exc_info=exc)
+        assert "p@ss;word" not in caplog.text and "RuntimeError: cannot open /cwd/postgresql:/sp:***@db" in caplog.text
+    finally:
+        redaction.forget()
+
+
+def test_no_lake_command_echoes_a_password_past_its_separators(capsys):
+    from spectrace.cli import main
+
+    def libpq(password):
+        return f"postgres:dbname=spectrace host=127.0.0.1 port=1 user=sp password={password} connect_timeout=2"
+
+    def uri(password):
+        return f"postgresql://sp:{password.replace('&', '%26')}@127.0.0.1:1/spectrace?connect_timeout=2"
+
+    for argv in (["query", "select 1", "--lake", libpq("ab;Kx9zz")], ["lake", "maintain", "--catalog", libpq("ab&Kx9zz")],
+                 ["report", "--lake", libpq("ab,Kx9zz")], ["query", "select 1", "--lake", uri("ab;Kx9zz")],
+                 ["lake", "maintain", "--catalog", uri("ab&Kx9zz")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Kx9zz" not in err and "cannot attach the lake" in err, (argv, err)
+        assert "Cannot open" not in err  # the URI went to libpq, not to DuckDB as a file path
+
+
+def test_a_one_slash_catalog_uri_is_refused_in_one_line_and_nothing_is_created(tmp_path):
+    import subprocess
+    import sys
+
+    for argv in (["query", "select 1", "--lake"], ["lake", "maintain", "--catalog"], ["report", "--lake"]):
+        done = subprocess.run([sys.executable, "-m", "spectrace.cli", *argv, "postgresql:/sp:pw9secret@127.0.0.1:1/db"],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2, done
+        assert done.stderr.count("\n") == 1 and "not a PostgreSQL URI" in done.stderr and "pw9secret" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # DuckDB never opened it as a file path
+
+
+def test_dashboards_push_never_echoes_the_urls_password_when_grafana_is_unreachable():
+    import subprocess
+    import sys
+
+    pytest.importorskip("grafana_client")
+    from spectrace.testing.prometheus import free_port
+
+    url = f"http://admin:pw9secret@127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "-m", "spectrace.cli", "dashboards", "push", "--url", url, "--timeout", "5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "pw9secret" not in done.stdout + done.stderr, done
+    assert done.stderr.count("\n") == 1 and "cannot reach Grafana at http://admin:***@127.0.0.1" in done.stderr
+
+
+# -- numbers: NULL, non-finite and out-of-range values never crash a command -------------------
+
+
+def test_null_and_non_finite_numbers_and_out_of_range_durations_are_said_not_crashed(tmp_path):
+    import subprocess
+    import sys
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=60)
+    writer.append("runs", {"run_id": "r", "method": "eagle3", "num_speculative_tokens": 3, "started_at": time.time_ns()})
+    writer.extend("verify_counts", [{"run_id": "r", "source": "engine_core", "position": p, "drafted": d, "accepted": a,
+                                     "ts": time.time_ns()} for p, d, a in ((0, 10, 5), (1, 10, 2), (2, 0, 0))])
+    writer.close()
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "spectrace.cli", *argv, "--dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = cli("report")  # position 2 drafted nothing: its rate is NULL
+    assert done.returncode == 0 and done.stderr == "", done
+    rates = [line.split() for line in done.stdout.split("Acceptance by position")[1].splitlines()[3:6]]
+    assert rates == [["0", "10", "5", "50.0%"], ["1", "10", "2", "20.0%"], ["2", "0", "0", "-"]]
+    done = cli("query", "--format", "json", "select position, rate, 'nan'::double as nan, 1e308 * 10 as inf, "
+                                            "['-inf'::double, 1.5] as list from acceptance_by_position order by position")
+    assert done.returncode == 0, done
+    assert _json.loads(done.stdout)[2] == {"position": 2, "rate": None, "nan": None, "inf": None, "list": [None, 1.5]}
+    assert "NaN" not in done.stdout and "Infinity" not in done.stdout  # what strict JSON parsers refuse
+    for argv in (("query", "--since", "20000w", "select 1"), ("store", "compact", "--idle", "99999999999w")):
+        done = cli(*argv)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done
+        assert "out of range: longer than the time since 1970" in done.stderr and "Binder" not in done.stderr
+    assert cli("query", "--since", "2000w", "select count(*) from verify_counts").returncode == 0
+
+
+def test_a_million_entry_list_in_a_config_is_cut_with_a_count_in_every_finding():
+    from spectrace.audit import audit_taps
+
+    declared = [1] * 1_900_000
+    tap, findings = audit_taps(draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": declared}}, target_layers=36,
+                             tapped_ids=[2, 18, 33], input_taps=len(declared))
+    assert {f.code for f in findings} == {"TAP_COUNT_MISMATCH", "TAP_MISMATCH"}
+    for finding in findings:
+        row = finding.as_row()
+        assert len(row["message"]) < 500 and len(row["evidence"]) < 5000, finding.code
+        assert _json.loads(row["evidence"])["declared_ids"][-1] == "... 1899744 more (1900000 in all)"
+    assert "= [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ... 1899984 more (1900000 in all)]" in findings[1].message
+    assert len(declared) == 1_900_000  # the caller's list is left whole
+    row = tap.as_row()  # the live run's hidden_state_taps row
+    assert _json.loads(row["declared_ids"])[-1] == "... 1899744 more (1900000 in all)" and len(row["declared_ids"]) < 2000
 
 
 # -- doctor: a config.json is input from anyone ----------------------------------------
@@ -273,6 +430,7 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
     con = spectrace.store.open(store_root, locked=True)
     assert con.execute("select sum(drafted) from verify_counts").fetchone()[0] == 4
     assert con.execute("explain select * from runs").fetchall()
+    assert con.execute("explain /* a */ analyze select count(*) from verify_counts").fetchall()  # reads: allowed
     refused = {
         f"select * from read_csv('{secret}')": "disabled by configuration",
         f"copy (select 1) to '{store_root}/verify_counts/run=good/x-1-1-000001.parquet'": "only SELECT",
@@ -280,6 +438,12 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
         "set enable_external_access = true": "only SELECT",
         "install httpfs": "only SELECT",
         "select 1; drop view runs": "only SELECT",
+        # EXPLAIN ANALYZE runs what it explains: the statement under it is checked, comments and options skipped
+        f"explain analyze copy (select 'good' as run_id, 10**9 as drafted) to '{store_root}/verify_counts/run=good/"
+        "x-1-2-000001.parquet'": "not EXPLAIN COPY",
+        f"EXPLAIN /* */ ANALYZE /* */ COPY runs TO '{store_root}/runs/run=good/x-1-3-000001.parquet'": "not EXPLAIN COPY",
+        f"explain (analyze, format json) copy runs to '{store_root}/x.csv'": "not EXPLAIN COPY",
+        "explain analyze create table t as select 1": "not EXPLAIN CREATE",
         f"select * from read_parquet('{store_root}/../secret.csv')": "disabled by configuration",
     }
     import duckdb
@@ -289,8 +453,9 @@ def test_a_locked_store_reads_the_store_and_nothing_else(tmp_path, capsys):
             con.execute(sql)
         assert said in str(info.value), (sql, info.value)
     assert con.execute("select count(*) from runs").fetchone()[0] == 1  # the views are all still there
-    assert not list(store_root.glob("verify_counts/run=good/x-*"))
-    for sql in (f"select * from read_csv('{secret}')", f"copy runs to '{store_root}/x.csv'"):
+    assert not list(store_root.glob("*/run=good/x-*")) and not (store_root / "x.csv").exists()
+    for sql in (f"select * from read_csv('{secret}')", f"copy runs to '{store_root}/x.csv'",
+                f"explain analyze copy runs to '{store_root}/runs/run=good/x-1-4-000001.parquet'"):
         assert main(["query", "--locked", "--dir", str(store_root), sql]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("spectrace: error: ") and "hunter2" not in err

@@ -23,10 +23,11 @@ pytestmark = pytest.mark.server  # PostgreSQL
 DAY_NS = 86_400 * 10**9
 
 
-def writer_for(postgres, tmp_path, host: str, *, exporters: str = "lake", max_rows: int = 200_000) -> Pipeline:
+def writer_for(postgres, tmp_path, host: str, *, exporters: str = "lake", max_rows: int = 200_000,
+               catalog: str | None = None) -> Pipeline:
     settings = Settings.from_env({
         "SPECTRACE_EXPORTER": exporters,
-        "SPECTRACE_LAKE": postgres.catalog,
+        "SPECTRACE_LAKE": catalog or postgres.catalog,
         "SPECTRACE_LAKE_DATA": str(tmp_path / "lake-data"),
         "SPECTRACE_HOST": host,
         "SPECTRACE_DIR": str(tmp_path / f"store-{host}"),
@@ -83,6 +84,24 @@ def test_two_hosts_one_lake_without_parquet(postgres, tmp_path, capsys):
     # only the lake is configured: no segment anywhere
     assert not list(tmp_path.glob("store-*/**/*.parquet"))
     assert a.sink("lake").stats()["commits"] == 4 and a.dropped == 0
+
+
+def test_a_catalog_in_uri_form_is_the_same_lake_and_its_password_is_never_printed(postgres, tmp_path, capsys, caplog):
+    # trust authentication: the password is sent and ignored, so every command below really uses it
+    uri = f"postgresql://{postgres.user}:pw9;sec%26ret@127.0.0.1:{postgres.port}/{postgres.database}?application_name=sp"
+    writer = writer_for(postgres, tmp_path, "replica-a", catalog=uri)
+    counts(writer, "run-a", [10, 10, 0], [9, 8, 0])  # position 2 drafted nothing: a NULL rate in the report
+    writer.append("runs", {"run_id": "run-a", "host": "replica-a", "started_at": time.time_ns(), "method": "eagle3"})
+    writer.close()
+    assert writer.sink("lake").stats()["commits"] == 1
+    assert query(uri, "select sum(drafted) as d from verify_counts", capsys) == [{"d": 20}]
+    assert query(postgres.catalog, "select sum(drafted) as d from verify_counts", capsys) == [{"d": 20}]  # one lake
+    assert main(["report", "--lake", uri]) == 0
+    assert "position" in capsys.readouterr().out
+    assert main(["lake", "maintain", "--catalog", f"ducklake:{uri}"]) == 0
+    out = capsys.readouterr()
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert not any(secret in out.out + out.err + logged for secret in ("pw9;sec", "sec&ret", "sec%26ret"))
 
 
 def test_lake_beside_the_store_gets_the_same_rows(postgres, tmp_path):

@@ -146,6 +146,7 @@ def healthy(zoo, scratch, cache_root, catalog):
 
         seen["lake_counts"] = wait_until(both_ranks_in_lake, 60, "both ranks' counts in the lake")
     seen["logs"] = [node.log() for node in nodes.nodes]  # after shutdown
+    seen["node1_metrics"] = nodes.node1_metrics
     seen["seconds"] = round(time.time() - nodes.started, 1)
     seen["stores"] = nodes.stores
     return seen
@@ -181,6 +182,9 @@ def test_headless_nodes_series_are_scraped_from_that_node(healthy):
     [sample] = healthy["node1_series"]  # only node 1's worker verified there: rank 1, rank 0's run
     run_id = healthy["lake_counts"][0][0]
     assert (sample.labels["rank"], sample.labels.get("run_id"), sample.value) == ("1", run_id, drafted)
+    # the node's own log says where its series are (the launcher's line, before vLLM resolves the model)
+    where = f"spectrace: Prometheus metrics of this headless node on http://127.0.0.1:{healthy['node1_metrics']}/metrics"
+    assert healthy["logs"][1].count(where) == 1 and where not in healthy["logs"][0]
     # no hook error at shutdown (the launcher removes the metrics folder before its workers' last write)
     assert "hook" not in " ".join(line for line in healthy["logs"][1].splitlines() if "raised" in line)
 

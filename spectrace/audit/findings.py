@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spectrace.console import bounded, clipped
+
 
 @dataclass
 class Finding:
@@ -17,6 +19,11 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     fix: str = ""
     caused_by: str | None = None
+
+    def __post_init__(self) -> None:
+        # output bounded by what is useful: a config's million-entry list is cut with a count, wherever it lands
+        self.evidence = bounded(self.evidence)
+        self.message = clipped(self.message)
 
     def as_row(self) -> dict[str, Any]:
         row = asdict(self)

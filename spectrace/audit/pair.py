@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from spectrace.audit import codes
@@ -29,17 +30,25 @@ def architecture_method(draft: dict[str, Any] | None) -> str | None:
 
 
 def effective_context(config: dict[str, Any] | None) -> int | None:
+    """The context the config's RoPE scaling stretches ``max_position_embeddings`` to, or None when the
+    config does not say (or says a number that is not one: a factor of 1e308 is no context length)."""
     base = _get(config, "max_position_embeddings", None)
-    if not isinstance(base, int):
+    if not _count(base):
         return None
     scaling = _get(config, "rope_scaling", None) or _get(config, "rope_parameters", None)
     if isinstance(scaling, dict):
         kind = scaling.get("rope_type") or scaling.get("type")
         factor = scaling.get("factor")
-        if kind not in (None, "default") and isinstance(factor, (int, float)) and factor > 1:
-            original = scaling.get("original_max_position_embeddings") or base
-            return int(original * factor)
+        if kind not in (None, "default") and isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+            original = scaling.get("original_max_position_embeddings")
+            stretched = (original if _count(original) else base) * factor
+            return int(stretched) if math.isfinite(stretched) and stretched < 2**63 else None
     return base
+
+
+def _count(value: Any) -> bool:
+    """A positive whole number (not a bool, a float or a string)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def audit_pair(

@@ -14,6 +14,8 @@ there, and only named (info) as the first suspect should acceptance collapse or 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,7 +59,14 @@ class Rope:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number from a config (an int too large for a float, NaN or Infinity is none)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _flat_parameters(params: Any) -> dict[str, Any] | None:

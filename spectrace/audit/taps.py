@@ -9,6 +9,7 @@ from typing import Any
 from spectrace.audit import codes
 from spectrace.audit.config_dicts import _get
 from spectrace.audit.findings import Finding
+from spectrace.console import bounded, listed
 
 
 # -- hidden-state taps -----------------------------------------------------------------
@@ -47,11 +48,12 @@ class TapAudit:
     status: str  # ok | defaulted | mismatch | out_of_range | count_mismatch | unknown
 
     def as_row(self) -> dict[str, Any]:
+        """The hidden_state_taps row; id lists as evidence is (a config's million ids cut with a count)."""
         return {
             "declared_field": self.declared_field,
-            "declared_ids": json.dumps(self.declared_ids),
-            "expected_ids": json.dumps(self.expected_ids),
-            "tapped_ids": json.dumps(self.tapped_ids),
+            "declared_ids": json.dumps(bounded(self.declared_ids)),
+            "expected_ids": json.dumps(bounded(self.expected_ids)),
+            "tapped_ids": json.dumps(bounded(self.tapped_ids)),
             "input_taps": self.input_taps,
             "status": self.status,
         }
@@ -104,7 +106,7 @@ def audit_taps(
                     severity="error",
                     component="taps",
                     model_role="draft",
-                    message=f"{field_name} = {declared} asks for hidden state(s) {outside}, but the target has "
+                    message=f"{field_name} = {listed(declared)} asks for hidden state(s) {listed(outside)}, but the target has "
                     f"{target_layers} layers (valid vLLM ids 0..{target_layers})",
                     evidence=evidence,
                     fix="use a drafter trained for this target, or correct the declared layer ids",
@@ -118,7 +120,7 @@ def audit_taps(
                 severity="error",
                 component="taps",
                 model_role="draft",
-                message=f"vLLM taps {len(tapped)} target layer(s) {tapped}, but the drafter's input projection "
+                message=f"vLLM taps {len(tapped)} target layer(s) {listed(tapped)}, but the drafter's input projection "
                 f"takes {input_taps}",
                 evidence=evidence,
                 fix="declare the drafter's layer ids in a field this vLLM reads (see evidence.declared_field)",
@@ -132,7 +134,7 @@ def audit_taps(
                 severity="warning",
                 component="taps",
                 model_role="draft",
-                message=f"the drafter declares no hidden-state layer ids; vLLM uses its default taps {tapped} "
+                message=f"the drafter declares no hidden-state layer ids; vLLM uses its default taps {listed(tapped)} "
                 "(right for some checkpoints, wrong for others)",
                 evidence=evidence,
                 fix="declare the ids the drafter was trained on (eagle_aux_hidden_state_layer_ids, or "
@@ -150,9 +152,9 @@ def audit_taps(
                 severity="info" if caused else "error",
                 component="taps",
                 model_role="draft",
-                message=f"the drafter was trained on hidden states {expected} ({field_name} = {declared}"
+                message=f"the drafter was trained on hidden states {listed(expected)} ({field_name} = {listed(declared)}"
                 + (f", +{offset} for the reference convention" if offset else "")
-                + f"), but vLLM taps {tapped}"
+                + f"), but vLLM taps {listed(tapped)}"
                 + (": same count, so nothing fails and drafts are silently rejected" if same_count else ""),
                 evidence=evidence,
                 fix="declare the ids in a field this vLLM reads for this model runner "

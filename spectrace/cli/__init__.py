@@ -21,6 +21,10 @@ from typing import Sequence
 
 from spectrace.cli.args import Parser
 from spectrace.console import EXIT_USAGE, UsageError
+from spectrace.redact import redact, remember, remember_token
+
+SECRET_VARIABLES = ("SPECTRACE_LAKE",)  # connection strings and URLs
+TOKEN_VARIABLES = ("GRAFANA_TOKEN", "PGPASSWORD")  # a secret whole
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv  # anywhere on the line: the traceback instead of the one line
     if debug:
         argv.remove("--debug")
+    # every secret this command was given (a catalog, a URL with a password, a token): no line it prints echoes it
+    import os
+
+    remember(*argv, *(os.environ.get(name) for name in SECRET_VARIABLES))
+    for name in TOKEN_VARIABLES:
+        remember_token(os.environ.get(name))
     parser = build_parser()
     try:
         try:
@@ -66,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # every subcommand: one line on stderr, exit 2, never a traceback
         if debug:
             raise
-        print(f"spectrace: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"spectrace: error: {redact(_one_line(exc))}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -18,7 +18,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def duration(text: str) -> float:
-    """A command-line duration (:func:`spectrace.settings.duration`'s grammar, the settings' own), >= 0."""
+    """A command-line duration (:func:`spectrace.settings.duration`'s grammar, the settings' own), >= 0 and no
+    longer than the time since 1970 (a time that long ago is a timestamp no store or catalog holds)."""
+    import time
+
     from spectrace.settings import duration as seconds
 
     try:
@@ -27,6 +30,8 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    if value * 1e9 > time.time_ns():
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range: longer than the time since 1970")
     return value
 
 
@@ -42,7 +47,9 @@ def since_ns(text: str | None) -> int | None:
         return None
     try:
         seconds = duration(text)
-    except argparse.ArgumentTypeError:
+    except argparse.ArgumentTypeError as exc:
+        if "out of range" in str(exc):
+            raise UsageError(f"--since {exc}") from None
         seconds = 0.0
     if seconds <= 0:
         raise UsageError(f"--since {text!r} is not a duration (e.g. 30m, 1h, 7d)")

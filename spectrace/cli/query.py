@@ -9,11 +9,13 @@ import sys
 from typing import Any
 
 from spectrace.cli.args import CATALOG, LAKE_HELP, default_dir, open_source
-from spectrace.console import UsageError, format_table
+from spectrace.console import UsageError, format_table, json_number
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)) or value is None:
+    if isinstance(value, float):
+        return json_number(value)  # NaN and Infinity are null: JSON has neither
+    if isinstance(value, (str, int, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
@@ -51,7 +53,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise UsageError(f"query failed: {message}") from None
     out = sys.stdout
     if args.format == "json":
-        json.dump([dict(zip(columns, map(_jsonable, row))) for row in rows], out, indent=1)
+        json.dump([dict(zip(columns, map(_jsonable, row))) for row in rows], out, indent=1, allow_nan=False)
         out.write("\n")
     elif args.format == "csv":
         writer = csv.writer(out, lineterminator="\n")

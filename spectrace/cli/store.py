@@ -95,7 +95,7 @@ def compact(root: Path, *, host: str, idle_s: float, wait: bool) -> dict:
 
     dead = {writer for writer in newest if gone(writer)}
     compactor = compaction.Compactor(root, lambda seg: seg.writer in dead, closed=lambda hour, now_ns: True)
-    result = compactor.cycle()
+    result = compactor.cycle()  # a file it cannot read or merge is named on stderr once (the compaction log line)
     deleted = 0
     if wait and result.files_written:
         time.sleep(2 * compaction.READY_S + 0.5)
@@ -104,6 +104,7 @@ def compact(root: Path, *, host: str, idle_s: float, wait: bool) -> dict:
         "writers gone": len(dead), "writers running": len(newest) - len(dead),
         "files written": result.files_written, "files merged": result.files_merged,
         "files deleted": result.files_deleted + deleted,
+        "files skipped": len(result.skipped),  # not segments of their table, or unreadable: left as they are
     }
 
 

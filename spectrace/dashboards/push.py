@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urljoin, urlparse
 
-from spectrace.redact import redact
+from spectrace.redact import redact, remember, remember_token
 from spectrace.dashboards import alerts, build
 
 
@@ -68,7 +68,7 @@ class _Grafana:
             from grafana_client import GrafanaApi
         except ImportError:
             raise PushError("spectrace dashboards push needs grafana-client: pip install 'spectrace[dashboards]'") from None
-        self.url = url.rstrip("/")
+        self.url = redact(url.rstrip("/"))  # what messages and results name: never the URL's password
         self.timeout = timeout
         self.api = GrafanaApi.from_url(url, credential=credential, timeout=timeout)
 
@@ -143,6 +143,11 @@ def push(
     ``credential``: a service-account token, or (user, password); None uses
     ``user:password@`` from the URL.
     """
+    remember(url)  # no message names the URL's password or the token, whoever formats it
+    if isinstance(credential, str):
+        remember_token(credential)
+    elif isinstance(credential, tuple) and len(credential) == 2:
+        remember_token(credential[1])
     check_url(url)
     try:
         documents = list(build.dashboards().values())

@@ -24,6 +24,7 @@ from spectrace.audit import MODEL_FREE_METHODS, codes
 from spectrace.audit.dtype import declared_dtype, dtype_name
 from spectrace.audit.rope import rope_of
 from spectrace.audit.weights import audit_weights
+from spectrace.console import bounded
 from spectrace.doctor import sandbox
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
@@ -229,7 +230,7 @@ class Report:
                 for f in self.findings
             ],
             "layout": self.layout,
-            "taps": self.taps,
+            "taps": bounded(self.taps),  # a config's million declared ids cut with a count, as in evidence
             "models": self.models,
             "seconds": round(self.seconds, 3),
         }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectrace.console import format_table
+from spectrace.console import format_table, listed
 from spectrace.doctor.diagnose import Report
 
 
@@ -105,7 +105,7 @@ def _taps_lines(report: Report) -> list[str]:
     taps = report.taps or {}
 
     def ids(value: Any) -> str:
-        return "-" if value is None else "[" + ", ".join(str(i) for i in value) + "]"
+        return listed(value)  # "-" for none; a config's million ids cut with a count
 
     declared = (
         f"{taps['declared_field']} = {ids(taps['declared_ids'])}" if taps.get("declared_field") else "nothing (no layer ids)"

@@ -14,12 +14,13 @@ nothing is downloaded at run time.
 from __future__ import annotations
 
 import importlib.util
+import re
 import time
 from pathlib import Path
 
 import duckdb
 
-from spectrace.redact import redact
+from spectrace.redact import redact, remember
 from spectrace.records import TABLES, columns
 
 ALIAS = "lake"  # the catalog's name inside a DuckDB connection: lake.<table>
@@ -56,18 +57,35 @@ def load_extensions(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"LOAD {name}")
 
 
-def catalog_uri(catalog: str) -> str:
-    """``ducklake:postgres:<libpq string>`` from ``SPECTRACE_LAKE`` (with or without ``ducklake:``).
+_POSTGRES_URI = re.compile(r"(?i)^(?:postgres:)?(postgres(?:ql)?):(/+)")
 
-    A key=value libpq string without ``connect_timeout`` gets one, so an unreachable
-    catalog host fails in seconds instead of hanging the flush thread.
+
+def catalog_uri(catalog: str) -> str:
+    """``ducklake:postgres:<libpq string or URI>`` from ``SPECTRACE_LAKE`` (with or without ``ducklake:``).
+
+    The catalog's secrets are remembered first (``spectrace.redact``): no message echoes them.
+    A PostgreSQL URI (``postgresql://user:pw@host/db``, as PostgreSQL users write it) is handed
+    to libpq (``ducklake:postgres:postgresql://...``), never read by DuckDB as a file path; the
+    one-slash form is refused. A catalog without ``connect_timeout`` gets one, so an
+    unreachable catalog host fails in seconds instead of hanging the flush thread.
     """
+    remember(catalog)
     uri = catalog.strip()
     if not uri:
         raise LakeError("no lake catalog: set SPECTRACE_LAKE (e.g. 'postgres:dbname=spectrace host=db')")
-    if not uri.startswith("ducklake:"):
-        uri = "ducklake:" + uri
-    if uri.startswith("ducklake:postgres:") and "://" not in uri and "connect_timeout" not in uri:
+    body = uri.removeprefix("ducklake:")
+    if match := _POSTGRES_URI.match(body):
+        if match.group(2) == "/":  # what DuckDB normalises "//" to in a file path: no host, no user
+            raise LakeError(
+                f"the lake catalog {redact(catalog)!r} is not a PostgreSQL URI: write postgresql://user@host/db "
+                "or a libpq string ('postgres:dbname=... host=...')"
+            )
+        uri = "ducklake:postgres:" + body[match.start(1):]
+        if "connect_timeout" not in uri:
+            uri += ("&" if "?" in uri else "?") + f"connect_timeout={CONNECT_TIMEOUT_S}"
+        return uri
+    uri = "ducklake:" + body
+    if uri.startswith("ducklake:postgres:") and "connect_timeout" not in uri:
         uri += f" connect_timeout={CONNECT_TIMEOUT_S}"
     return uri
 

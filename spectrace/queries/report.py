@@ -9,7 +9,7 @@ from typing import Any
 from spectrace import audit
 from spectrace.acceptance import band_order
 from spectrace.audit import codes
-from spectrace.console import format_table
+from spectrace.console import format_table, number, ratio
 from spectrace.speedup import best, by_band, from_store
 
 
@@ -101,7 +101,7 @@ def _requests(con, run_id: str) -> list[str]:
     ).fetchall()
     if rows:
         lines.append("Acceptance by request slice (where the run's requests differ)")
-        table = [(d, v, n, drafted, accepted, "-" if rate is None else f"{rate:.1%}") for d, v, n, drafted, accepted, rate in rows]
+        table = [(d, v, n, drafted, accepted, number(rate, ".1%")) for d, v, n, drafted, accepted, rate in rows]
         lines.append(_indent(format_table(["dimension", "value", "requests", "drafted", "accepted", "rate"], table)))
     hits = con.execute("select requests, requests_hit, prompt_tokens, cached_tokens from prefix_cache_hits where run_id = ?",
                        [run_id]).fetchone()
@@ -111,7 +111,7 @@ def _requests(con, run_id: str) -> list[str]:
     budget = con.execute("select sum(proposed), sum(verified) from draft_budget where run_id = ?", [run_id]).fetchone()
     if budget and budget[0]:
         proposed, verified = budget
-        lines.append(f"  drafts: {proposed} proposed, {verified} verified ({(proposed - verified) / proposed:.1%} not, "
+        lines.append(f"  drafts: {proposed} proposed, {verified} verified ({ratio(proposed - verified, proposed)} not, "
                      "each finished request's last proposal included)")
     if lines and not rows:
         lines.insert(0, "Requests")
@@ -265,13 +265,13 @@ def _acceptance(con, run_id: str, plot: str | None, by_k: tuple[list[dict], dict
     if not rows:
         return ["Acceptance: no verification step recorded"]
     lines = ["Acceptance by position (accepted / drafted at that position)"]
-    lines.append(_indent(format_table(["position", "drafted", "accepted", "rate"], [(p, d, a, f"{r:.1%}") for p, d, a, r in rows])))
+    lines.append(_indent(format_table(["position", "drafted", "accepted", "rate"], [(p, d, a, number(r, ".1%")) for p, d, a, r in rows])))
     lengths = con.execute(
         "select sum(length * count) / sum(count), sum(count) from acceptance_lengths where run_id = ? and source = 'engine_core'",
         [run_id],
     ).fetchone()
     if lengths and lengths[1]:
-        lines.append(f"  mean acceptance length {lengths[0]:.2f} tokens per step over {int(lengths[1])} request-steps")
+        lines.append(f"  mean acceptance length {number(lengths[0], '.2f')} tokens per step over {int(lengths[1])} request-steps")
     boundaries = con.execute(
         "select distinct tokens, model_role, field from context_boundaries where run_id = ? order by tokens", [run_id]
     ).fetchall()
@@ -317,7 +317,7 @@ def _acceptance(con, run_id: str, plot: str | None, by_k: tuple[list[dict], dict
 
 
 def _rate(drafted: int, accepted: int) -> str:
-    return f"{accepted / drafted:.1%}" if drafted else "-"
+    return ratio(accepted, drafted)
 
 
 def context_heatmap(con, run_id: str) -> tuple[dict[tuple[str, int], tuple[int, int]], list[tuple[str, int]]]:
@@ -348,7 +348,7 @@ def _shapes(con, run_id: str) -> list[str]:
     if not row or not row[0]:
         return []
     rows, repeated, accepted, drafted = row
-    return [f"  one-token draft rows: {repeated} of {rows} ({repeated / rows:.1%})"
+    return [f"  one-token draft rows: {repeated} of {rows} ({ratio(repeated, rows)})"
             + (f", {accepted} of their {drafted} tokens accepted" if repeated else "")]
 
 
@@ -362,8 +362,8 @@ def _cost(con, run_id: str) -> list[str]:
         return []
     lines = ["Does speculation pay? (worker host clock, steps that verified drafts; model: README)"]
     table = [
-        ("" if rank is None else rank, steps, f"{step:.2f}", f"{draft:.2f}", f"{verify:.2f}", f"{no_draft:.2f}",
-         "-" if length is None else f"{length:.2f}", "-" if est is None else f"{est:.2f}x")
+        ("" if rank is None else rank, steps, number(step, ".2f"), number(draft, ".2f"), number(verify, ".2f"),
+         number(no_draft, ".2f"), number(length, ".2f"), "-" if est is None else number(est, ".2f") + "x")
         for rank, steps, step, draft, verify, no_draft, length, est in rows
     ]  # fmt: skip
     headers = ["rank", "steps", "step ms", "draft ms", "verify ms", "no-draft ms", "mean length", "speed-up"]
@@ -383,15 +383,16 @@ def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
               else "step times fitted from this run alone: no run of this target without drafts in the store")
     lines = [f"What k pays (this run's per-position counts; {priced}; model and limits: README)"]
     if rows[0].get("chunk_share"):
-        lines.append(f"  prefill chunks: {rows[0]['chunk_share']:.0%} of the run's worker time, held fixed at every k")
+        lines.append(f"  prefill chunks: {number(rows[0]['chunk_share'], '.0%')} of the run's worker time, held fixed at every k")
     table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
-              f"{r['expected_length']:.2f}", f"{r['step_ms']:.2f}", "-" if r["speedup"] is None else f"{r['speedup']:.2f}x")
+              number(r["expected_length"], ".2f"), number(r["step_ms"], ".2f"),
+              "-" if r["speedup"] is None else number(r["speedup"], ".2f") + "x")
              for r in rows]  # fmt: skip
     lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
     if pick is not None:
         close = [r["k"] for r in rows if r is not pick and not r["extrapolated"] and r["speedup"] is not None
                  and r["speedup"] >= pick["speedup"] * (1 - TIE)]
-        lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({pick['speedup']:.2f}x)"
+        lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({number(pick['speedup'], '.2f')}x)"
                      + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, not advice" if close else ""))
     if len(bands) > 1:
         ks = sorted({r["k"] for band_rows in bands.values() for r in band_rows})
@@ -401,7 +402,7 @@ def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
             speedups = {r["k"]: r["speedup"] for r in band_rows}
             top = best(band_rows)
             table.append((band, band_rows[0]["step_source"],
-                          *["-" if speedups.get(k) is None else f"{speedups[k]:.2f}x" for k in ks],
+                          *["-" if speedups.get(k) is None else number(speedups[k], ".2f") + "x" for k in ks],
                           "-" if top is None else ("none" if top["k"] == 0 else top["k"])))
         lines.append(_indent(_indent(format_table(["batch", "priced", *[f"k={k}" for k in ks], "best"], table))))
     return lines
@@ -423,7 +424,7 @@ def _step_shapes(con, run_id: str) -> list[str]:
              _indent(format_table(["batch", "k", "steps", "switched", "request-steps", "acceptance"], table))]
     if all(r[6] is not None for r in rows):  # stores written before switches were counted hold NULL
         steps, switched = sum(r[2] for r in rows), sum(r[6] for r in rows)
-        lines.append(f"  k switched in {switched} of {steps} verified steps ({switched / steps:.1%})")
+        lines.append(f"  k switched in {switched} of {steps} verified steps ({ratio(switched, steps)})")
     return lines
 
 
@@ -435,11 +436,12 @@ def _timeline(episodes: list[tuple]) -> list[str]:
         ev = json.loads(evidence) if isinstance(evidence, str) else (evidence or {})
         if code == codes.ACCEPTANCE_COLLAPSE:
             began = f"began at step {ev['onset_step']}, context {ev['onset_context_len']}" if "onset_step" in ev else "onset unknown"
-            lines.append(f"  {ts} collapsed ({began}): position 0 {ev.get('position_0_rate', 0):.1%}, "
-                         f"overall {ev.get('overall_rate', 0):.1%}")  # fmt: skip
+            lines.append(f"  {ts} collapsed ({began}): position 0 {number(ev.get('position_0_rate'), '.1%')}, "
+                         f"overall {number(ev.get('overall_rate'), '.1%')}")  # fmt: skip
         else:
             at = f" at step {ev['recovered_step']}, context {ev['recovered_context_len']}" if "recovered_step" in ev else ""
-            lines.append(f"  {ts} recovered{at}: position 0 {ev.get('position_0_rate', 0):.1%}, overall {ev.get('overall_rate', 0):.1%}")
+            lines.append(f"  {ts} recovered{at}: position 0 {number(ev.get('position_0_rate'), '.1%')}, "
+                         f"overall {number(ev.get('overall_rate'), '.1%')}")
     if episodes and episodes[-1][1] == codes.ACCEPTANCE_COLLAPSE:
         lines.append("  (not recovered)")
     return lines

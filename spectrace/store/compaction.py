@@ -44,8 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spectrace.records import columns
-from spectrace.store import files
+from spectrace.store import files, schema
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -342,10 +341,15 @@ class Compactor:
             except (OSError, pa.ArrowException) as exc:  # a corrupt or unreadable file: its group stays raw
                 result.skipped[str(inputs[0].path.parent)] = f"a file of {writer} cannot be read ({exc})"[:300]
                 continue
-            known = {name for name, _ in columns(folder.parent.name)}
-            foreign = next((s for s, t in zip(inputs, tables) if not set(t.column_names) <= known), None)
-            if foreign is not None:  # never merge a file of another schema into spectrace's
-                result.skipped[str(foreign.path)] = f"not a {folder.parent.name} segment (foreign columns)"
+            # never merge a file of another schema (names or types) into spectrace's: its group stays as it is
+            why = next(((s, w) for s, t in zip(inputs, tables) if (w := schema.mismatch(folder.parent.name, t.schema))), None)
+            if why is None:
+                try:  # every input in spectrace's own types (older or hand-written segments of other widths)
+                    tables = [schema.conform(folder.parent.name, t) for t in tables]
+                except pa.ArrowException as exc:
+                    why = next(iter(inputs)), f"cannot be merged ({str(exc).splitlines()[0][:200]})"
+            if why is not None:
+                result.skipped[str(why[0].path)] = why[1]
                 continue
             lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)
             made = self.clock()

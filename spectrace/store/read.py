@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spectrace.store import compaction
+from spectrace.store import schema as segment_schema
 from spectrace.store.files import owner as store_owner
 from spectrace.records import TABLES, columns
 
@@ -53,8 +54,8 @@ def lock(con: duckdb.DuckDBPyConnection, root: Path) -> None:
     installed or loaded from outside, no ``ATTACH``, no setting changed afterwards.
 
     DuckDB's own switches (``allowed_directories``, ``enable_external_access=false``,
-    ``lock_configuration``); writing (``COPY ... TO`` inside the store) is refused by
-    :meth:`Store.execute`, which runs only SELECT statements on a locked store."""
+    ``lock_configuration``); writing (``COPY ... TO`` inside the store, also under ``EXPLAIN
+    ANALYZE``) is refused by :func:`check_locked`, which lets a locked store run only SELECT."""
     con.execute(f"SET allowed_directories = [{_sql_str(str(root) + os.sep)}]")
     for setting in ("autoinstall_known_extensions", "autoload_known_extensions", "enable_external_access"):
         con.execute(f"SET {setting} = false")
@@ -62,15 +63,45 @@ def lock(con: duckdb.DuckDBPyConnection, root: Path) -> None:
 
 
 def check_locked(sql: str) -> None:
-    """Raise :class:`LockedQueryError` unless every statement of ``sql`` only reads."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise LockedQueryError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
-    for statement in statements:
+    """Raise :class:`LockedQueryError` unless every statement of ``sql`` only reads: a SELECT, or an
+    EXPLAIN (ANALYZE included: it runs what it explains) of exactly one SELECT.
+
+    DuckDB's own parser decides, at every level: ``extract_statements`` gives each statement's
+    type, and an EXPLAIN's is checked again on what follows its ``EXPLAIN [ANALYZE] [(options)]``
+    (found with DuckDB's tokenizer, comments skipped), so ``EXPLAIN ANALYZE COPY ... TO`` is a COPY.
+    Anything that does not parse as that is refused."""
+    for statement in _statements(sql):
         kind = statement.type.name
+        if kind == "EXPLAIN":
+            inner = [s.type.name for s in _statements(_explained(statement.query))]
+            if inner != ["SELECT"]:
+                kind = f"EXPLAIN {' '.join(inner) or 'of nothing'}"
         if kind not in LOCKED_STATEMENTS:
             raise LockedQueryError(f"a locked store runs only SELECT statements, not {kind}")
+
+
+def _statements(sql: str) -> list:
+    try:
+        return duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise LockedQueryError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
+
+
+def _explained(sql: str) -> str:
+    """The statement an ``EXPLAIN [ANALYZE] [(option, ...)] <statement>`` explains (``sql`` is one EXPLAIN)."""
+    tokens = [offset for offset, _ in duckdb.tokenize(sql)]  # comments are not tokens
+    words = [re.match(r"\w+|\S", sql[start:]).group(0) for start in tokens]
+    i = 1  # past EXPLAIN
+    if i < len(words) and words[i].lower() == "analyze":
+        i += 1
+    if i < len(words) and words[i] == "(":
+        depth = 0
+        while i < len(words):
+            depth += {"(": 1, ")": -1}.get(words[i], 0)
+            i += 1
+            if depth <= 0:
+                break
+    return sql[tokens[i]:] if i < len(tokens) else ""
 
 
 def _sql_str(value: str) -> str:
@@ -163,7 +194,8 @@ def _unreadable(table: str, path: str) -> str | None:
     """Why ``path`` cannot be one of ``table``'s segments (from its Parquet footer), or None.
 
     A zero-byte, truncated or non-Parquet file, one this user cannot read, or one of another
-    schema (a column no version of spectrace's ``table`` has) is left out of every query."""
+    schema (a column no version of spectrace's ``table`` has, or one of another type:
+    ``spectrace.store.schema``) is left out of every query."""
     try:
         schema = pq.read_schema(path)
     except PermissionError:
@@ -171,11 +203,7 @@ def _unreadable(table: str, path: str) -> str | None:
     except (OSError, pa.ArrowException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"not a Parquet file ({first[:120]})"
-    known = {name for name, _ in columns(table)}
-    foreign = [name for name in schema.names if name not in known]
-    if foreign:
-        return f"not a {table} segment (columns {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})"
-    return None
+    return segment_schema.mismatch(table, schema)
 
 
 class Store:
