@@ -43,21 +43,14 @@ import numpy as np
 import pyarrow as pa
 
 from spectrace.records import SCHEMA_VERSION, columns as table_columns
+from spectrace.store.schema import ARROW
 from spectrace.settings import Settings
 
 log = logging.getLogger("vllm.spectrace")
 
 # -- rows to Arrow ------------------------------------------------------------
 
-_ARROW = {
-    "VARCHAR": pa.string(),
-    "JSON": pa.string(),
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "TIMESTAMP_NS": pa.timestamp("ns"),
-}
+_ARROW = ARROW  # one map from the records' DuckDB types to Arrow (spectrace.store.schema)
 
 # The tables a flush builds are kept by the store until its next compaction cycle. Kept in
 # Arrow's default pool (mimalloc in the pyarrow wheels), they made every later write up to

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from spectrace.records import columns
 
-# the Arrow type of each DuckDB type name in spectrace.records, as the pipeline writes it (``pipeline._ARROW``)
+# the Arrow type of each DuckDB type name in spectrace.records, the one map the pipeline writes with too
 ARROW = {
     "VARCHAR": pa.string(),
     "JSON": pa.string(),

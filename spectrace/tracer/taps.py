@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace import audit
+from spectrace.console import EVIDENCE_ITEMS
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
 from spectrace.vllm_objects.configs import model_runner
@@ -32,9 +33,12 @@ def record_taps(rt, worker: Any, role: str, rank: int | None, span: Any = None) 
         rank=rank,
         attributes={
             "spectrace.taps.declared_field": tap.declared_field or "",
-            "spectrace.taps.declared_ids": tap.declared_ids or [],
-            "spectrace.taps.expected_ids": tap.expected_ids or [],
-            "spectrace.taps.tapped_ids": tap.tapped_ids or [],
+            # at most EVIDENCE_ITEMS ids each (a list from someone's config can be millions long), and how many in all
+            **{f"spectrace.taps.{name}": list((ids or [])[:EVIDENCE_ITEMS]) for name, ids in (
+                ("declared_ids", tap.declared_ids), ("expected_ids", tap.expected_ids), ("tapped_ids", tap.tapped_ids))},
+            **{f"spectrace.taps.{name}_count": len(ids) for name, ids in (
+                ("declared_ids", tap.declared_ids), ("expected_ids", tap.expected_ids), ("tapped_ids", tap.tapped_ids))
+               if ids is not None and len(ids) > EVIDENCE_ITEMS},
             "spectrace.taps.status": tap.status,
         },
     ) as taps_span:
