@@ -271,6 +271,16 @@ class Shipper:
                         MAX_RESTARTS, self.lost_records)
         self.started += 1
         self._configs_sent.clear()  # a new pipeline process knows no run's config yet
+        if "prometheus" in self.settings.exporters:
+            # the server's exposition directory, resolved here (made by the first traced process, or inherited) and
+            # handed on in the environment: the pipeline process writes this engine's file where the API server's
+            # collector (or this engine's standalone endpoint) reads, and the processes vLLM starts later find it
+            from spectrace.sinks.exposition import server_dir
+
+            try:
+                server_dir(self.settings.metrics_dir)
+            except Exception as exc:
+                self.rt.count_error("shipper.metrics_dir", exc)
         if self.proc is not None:
             for pipe in (self.proc.stdin, self.proc.stdout):
                 try:
