@@ -28,7 +28,7 @@ log = logging.getLogger("vllm.spectrace")
 
 # The sinks SPECTRACE_EXPORTER may name (the embedded store, OTLP, the Prometheus series, the fleet lake).
 EXPORTERS = ("duckdb", "otlp", "prometheus", "lake")
-PIPELINES = ("thread", "process")  # SPECTRACE_PIPELINE
+PIPELINES = ("auto", "thread", "process")  # SPECTRACE_PIPELINE
 
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -215,9 +215,11 @@ class Settings:
     host: str = field(default_factory=socket.gethostname)  # every row's `host` (SPECTRACE_HOST)
     lake: str | None = None  # DuckLake catalog, e.g. "postgres:dbname=spectrace host=db" (SPECTRACE_LAKE)
     lake_data: str | None = None  # where the lake's data files go (SPECTRACE_LAKE_DATA)
-    # SPECTRACE_PIPELINE: "thread" (counting, judging and the sinks on a flush thread of the traced process) or
-    # "process" (the traced process keeps its hooks and a shipper; a pipeline process does the rest)
-    pipeline: str = "thread"
+    # SPECTRACE_PIPELINE: "thread" (counting, judging and the sinks on a flush thread of the traced process),
+    # "process" (the traced process keeps its hooks and a shipper; a pipeline process does the rest), or "auto":
+    # "process" where vLLM runs on an accelerator, "thread" on vLLM's CPU platform and without vLLM (resolved by
+    # the runtime: ``spectrace.tracer.runtime.pipeline_shape``)
+    pipeline: str = "auto"
     ship_interval_s: float = 0.1  # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -331,10 +333,11 @@ VARIABLES: tuple[Variable, ...] = (
              "seconds between background flushes: how fresh the store and the Prometheus series are. Each flush has a "
              "fixed cost (a Parquet file per table, the exposition render): at 1 s the flush thread used 12.6–15.2 ms "
              "of CPU a second at batch 64, at 2 s 7.8 (`bench/profile_flush.py`; Benchmarks)"),
-    Variable("SPECTRACE_PIPELINE", "pipeline", "`thread`, `process`",
+    Variable("SPECTRACE_PIPELINE", "pipeline", "`auto`, `thread`, `process`",
              "where counting, judging and the sinks run: `thread`, a flush thread in each traced process; `process`, one "
-             "pipeline process per traced process, so that the engine's process keeps only the hooks and a shipper (for "
-             "GPU engines: Benchmarks, \"At GPU rates\")"),
+             "pipeline process per traced process, so that the engine's process keeps only the hooks and a shipper "
+             "(GPU engines: at batch 256 the flush thread cost the engine 13-25 %, the shipper under 1 % of a core; "
+             "Benchmarks); `auto`: `process` where vLLM runs on an accelerator, `thread` on its CPU platform"),
     Variable("SPECTRACE_SHIP_INTERVAL", "ship_interval_s", "a duration, 0.01 s to 60 s",
              "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process"),
     Variable("SPECTRACE_MAX_BUFFER_ROWS", "max_buffer_rows", "integer >= 1",

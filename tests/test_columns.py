@@ -135,3 +135,22 @@ def test_one_token_rows_as_the_loop_counts(seed):
     rows = [[rng.choice([-1, 0, 0, 3, 9]) for _ in range(rng.choice([0, 1, 2, 3, 3, 7]))] for _ in range(300)]
     accepted = [rng.randrange(0, 4) for _ in rows]
     assert acceptance.one_token_rows(rows, accepted) == reference_one_token_rows(rows, accepted)
+
+
+def test_auto_pipeline_is_a_process_on_an_accelerator_only(monkeypatch):
+    """SPECTRACE_PIPELINE=auto: the rule (the platform object is vLLM's ``current_platform``; stood in for here)."""
+    import sys
+    from types import ModuleType
+
+    from spectrace.tracer.runtime import pipeline_shape
+
+    monkeypatch.delitem(sys.modules, "vllm.platforms", raising=False)
+    assert pipeline_shape("auto") == "thread"  # no vLLM in this process
+    platforms = ModuleType("vllm.platforms")
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    for is_cpu, shape in ((True, "thread"), (False, "process")):
+        platforms.current_platform = SimpleNamespace(is_cpu=lambda is_cpu=is_cpu: is_cpu)
+        assert pipeline_shape("auto") == shape
+        assert pipeline_shape("thread") == "thread" and pipeline_shape("process") == "process"
+    platforms.current_platform = SimpleNamespace()  # a platform that cannot be told
+    assert pipeline_shape("auto") == "thread"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -59,6 +60,21 @@ from spectrace.tracer import support
 log = logging.getLogger("vllm.spectrace")
 
 _propagator = TraceContextTextMapPropagator()
+
+
+def pipeline_shape(setting: str) -> str:
+    """``SPECTRACE_PIPELINE`` resolved: ``auto`` is ``process`` where vLLM runs on an accelerator (a GPU engine's
+    rates: the flush would cost it 13-25 %, BENCHMARKS "At GPU rates") and ``thread`` on vLLM's CPU platform (its
+    rates cost the engine under 1 %, and a process less per traced process) or where vLLM is not loaded."""
+    if setting != "auto":
+        return setting
+    platforms = sys.modules.get("vllm.platforms")
+    if platforms is None:
+        return "thread"
+    try:
+        return "thread" if platforms.current_platform.is_cpu() else "process"
+    except Exception:  # a platform that cannot be told: the shape that needs nothing else
+        return "thread"
 
 
 def new_run_id() -> str:
@@ -116,6 +132,9 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, make_capture: Any = None) -> None:
+        shape = pipeline_shape(settings.pipeline)
+        if shape != settings.pipeline:
+            settings = dataclasses.replace(settings, pipeline=shape)
         self.settings = settings
         self.make_capture = make_capture
         self.pid = identity.pid()  # whose records these are (a pipeline process writes under its engine's pid)
@@ -142,7 +161,7 @@ class Runtime:
         self.weight_loads: dict[str, Any] = {}
         # The flush, in this order: the verification capture's drain (its rows, counts and
         # findings), the hook error counts, then the metric counters; then every sink.
-        if settings.pipeline == "process":  # hooks and a shipper here; everything else in a pipeline process
+        if self.shipping:  # hooks and a shipper here; everything else in a pipeline process
             from spectrace.tracer.shipper import ShippingPipeline
 
             self.pipeline = ShippingPipeline(settings, self)
