@@ -176,6 +176,8 @@ class AckSink:
 
 
 def main() -> int:
+    # Ctrl-C reaches the whole process group: the engine ends this process (EOF) after its last message
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # stdout carries the acknowledgements only: anything printed goes to the engine's stderr
     acks = os.dup(1)
     os.set_blocking(acks, False)

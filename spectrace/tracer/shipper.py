@@ -540,27 +540,46 @@ class Shipper:
             self._ack_lock.release()
 
     def close(self) -> None:
-        """A last message, then EOF; wait (bounded) for the pipeline process's last flush and exit."""
+        """A last message, then EOF; wait (bounded) for the pipeline process's last flush and exit.
+
+        Bounded: a pipeline process that stops reading (hung) would block the last write, so a watchdog kills it
+        after :data:`EXIT_WAIT_S` (the write then fails, its records counted as lost); once EOF is delivered the
+        engine waits for its last flush at most :data:`EXIT_WAIT_S` more, and leaves it to finish on its own."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self._thread = None
-        self.ship(final=True)
         proc = self.proc
-        if proc is None:
-            return
+        watchdog = threading.Timer(EXIT_WAIT_S, self._kill, args=(proc,))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            log.warning("spectrace: the pipeline process (pid %d) is still writing after %.0f s; it finishes on its own",
+            self._stop.set()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout=EXIT_WAIT_S)
+            self._thread = None
+            self.ship(final=True)
+            proc = self.proc
+            if proc is None:
+                return
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+            watchdog.cancel()  # EOF is delivered: from here it only writes what it has, on its own
+            try:
+                proc.wait(timeout=EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("spectrace: the pipeline process (pid %d) is still writing after %.0f s; it finishes on "
+                            "its own", proc.pid, EXIT_WAIT_S)
+        finally:
+            watchdog.cancel()
+
+    @staticmethod
+    def _kill(proc) -> None:
+        if proc is not None and proc.poll() is None:
+            log.warning("spectrace: the pipeline process (pid %d) took no records for %.0f s at exit; stopped",
                         proc.pid, EXIT_WAIT_S)
+            proc.kill()
 
     def stats(self) -> dict[str, Any]:
         return {
