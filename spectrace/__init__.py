@@ -6,7 +6,3 @@ are only imported by the plugin when ``SPECTRACE=1``.
 
 __version__ = "0.1.0"
 
-from spectrace.redact import install_logging_filter as _install_logging_filter
-
-_install_logging_filter()  # every line spectrace logs goes through the one redaction (spectrace.redact)
-

@@ -98,6 +98,7 @@ def remember_token(token: object) -> None:
 
 def _keep(secrets: set[str]) -> None:
     global _pattern
+    install_logging_filter()  # a process that knows a secret logs nothing that holds it
     new = {form for secret in secrets for form in _forms(secret)}
     with _lock:
         if new - _known:
@@ -154,7 +155,9 @@ LOGGERS = ("vllm.spectrace", "spectrace", "spectrace.store")
 
 
 def install_logging_filter() -> None:
-    """Attach ``RedactingFilter`` to spectrace's loggers, once."""
+    """Attach ``RedactingFilter`` to spectrace's loggers, once: where tracing starts (the runtime), in the
+    ``spectrace`` command, and wherever a secret is remembered (never at import: with tracing off the plugin
+    imports nothing but itself and the settings)."""
     for name in LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, RedactingFilter) for f in logger.filters):

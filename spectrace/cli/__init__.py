@@ -21,7 +21,7 @@ from typing import Sequence
 
 from spectrace.cli.args import Parser
 from spectrace.console import EXIT_USAGE, UsageError
-from spectrace.redact import redact, remember, remember_token
+from spectrace.redact import install_logging_filter, redact, remember, remember_token
 
 SECRET_VARIABLES = ("SPECTRACE_LAKE",)  # connection strings and URLs
 TOKEN_VARIABLES = ("GRAFANA_TOKEN", "PGPASSWORD")  # a secret whole
@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every secret this command was given (a catalog, a URL with a password, a token): no line it prints echoes it
     import os
 
+    install_logging_filter()
     remember(*argv, *(os.environ.get(name) for name in SECRET_VARIABLES))
     for name in TOKEN_VARIABLES:
         remember_token(os.environ.get(name))

@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import spectrace
-from spectrace import identity
+from spectrace import identity, redact
 from spectrace import sinks as sink_registry
 from spectrace.sinks.spans import SpanRows
 from spectrace.vllm_objects.configs import run_info
@@ -132,6 +132,7 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings, make_capture: Any = None) -> None:
+        redact.install_logging_filter()  # every line spectrace logs goes through the one redaction
         shape = pipeline_shape(settings.pipeline)
         if shape != settings.pipeline:
             settings = dataclasses.replace(settings, pipeline=shape)
