@@ -1,0 +1,75 @@
+"""SPECTRACE_PIPELINE=process without vLLM: rows, spans and per-step records the engine side buffers reach a real
+store written by a real pipeline process under the engine's pid; flushes are acknowledged with the pipeline's
+stats; a killed pipeline process's unwritten messages are counted as dropped by the next one. (The same shape on
+real vLLM runs: tests/test_pipeline_process_live.py.)"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+import spectrace.store
+from spectrace.settings import Settings
+from spectrace.tracer import runtime
+from spectrace.tracer.verify import EngineStep, VerifyCapture
+
+RUN = "run-shipped"
+
+
+def _start(tmp_path, **settings):
+    s = Settings(enabled=True, dir=tmp_path / "store", metrics_dir=tmp_path / "metrics", exporters=("duckdb",),
+                 pipeline="process", span_every_steps=0, **settings)
+    rt = runtime.start(s, hooks=[], make_capture=VerifyCapture)
+    rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
+    rt.enter_role("engine_core")
+    return rt
+
+
+def _steps(rt, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        drafts = {"a": [1, 2, 3], "b": [4, 5, 6]}
+        rt.verify.engine_steps.append(EngineStep(
+            time.time_ns(), i, RUN, drafts, [3, 1], {"a": 0, "b": 1},
+            SimpleNamespace(req_ids=["a", "b"], num_computed_tokens=[10 + i, 20 + i]), None, 1))
+
+
+def test_records_reach_the_store_under_the_engines_pid(tmp_path):
+    rt = _start(tmp_path)
+    try:
+        _steps(rt, 5)
+        rt.flush()
+        stats = rt.pipeline.stats()
+        assert stats["duckdb"]["segments_written"] > 0 and stats["dropped"] == 0
+        assert stats["shipper"]["pid"] != os.getpid() and stats["shipper"]["lost_records"] == 0
+    finally:
+        runtime.stop()
+    con = spectrace.store.open(tmp_path / "store")
+    rows = con.execute("select position, drafted, accepted from acceptance_by_position where run_id = ? order by 1",
+                       [RUN]).fetchall()
+    assert rows == [(0, 10, 5), (1, 10, 5), (2, 10, 0)]  # "a" accepts 2 of its 3 drafts each step, "b" none
+    pids = {r[0] for r in con.execute("select distinct pid from verify_steps union select distinct pid from spans").fetchall()}
+    assert pids == {os.getpid()}
+    assert con.execute("select count(*) from verify_steps where run_id = ?", [RUN]).fetchone()[0] == 10
+
+
+def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
+    rt = _start(tmp_path)
+    try:
+        _steps(rt, 3)
+        rt.flush()
+        first = rt.pipeline.shipper.proc
+        _steps(rt, 4, start=3)
+        rt.pipeline.shipper.ship()  # shipped, not yet written when the process dies
+        first.kill()
+        first.wait()
+        _steps(rt, 2, start=7)
+        rt.flush()
+        stats = rt.pipeline.stats()
+        assert stats["shipper"]["started"] == 2 and rt.pipeline.shipper.proc.pid != first.pid
+        assert stats["shipper"]["lost_records"] == 4 and stats["dropped"] == 4
+    finally:
+        runtime.stop()
+    con = spectrace.store.open(tmp_path / "store")
+    steps = {r[0] for r in con.execute("select distinct step from verify_steps").fetchall()}
+    assert steps == {0, 1, 2, 7, 8}  # the four lost steps, and only those, are missing
