@@ -391,7 +391,7 @@ class Shipper:
         for request_id in list(pending):
             note = pending[request_id]
             stats = note.prefill_stats
-            if stats is not None and not stats.num_prompt_tokens and now - since[request_id] < STALE_REQUEST_S:
+            if stats is not None and not getattr(stats, "num_prompt_tokens", 1) and now - since[request_id] < STALE_REQUEST_S:
                 continue  # not scheduled yet
             del pending[request_id], since[request_id]
             try:
