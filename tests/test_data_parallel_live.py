@@ -32,11 +32,18 @@ def dp2(zoo, scratch, cache_root):
             server.complete(prompt)
 
         def both_engines_counted():
+            # each process flushes on its own clock: wait until every core's and worker's last steps are in (the
+            # first moment all four rows exist can hold a core's flush without its worker's latest one)
             rows = spectrace.store.open(store).execute(
                 "select run_id, source, sum(drafted) from verify_counts group by all order by all").fetchall()
-            return rows if len({r[0] for r in rows}) == 2 and len(rows) == 4 else None
+            if len({r[0] for r in rows}) != 2 or len(rows) != 4:
+                return None
+            sums = {}
+            for run_id, _, drafted in rows:
+                sums.setdefault(run_id, set()).add(drafted)
+            return rows if all(len(s) == 1 for s in sums.values()) else None
 
-        counts = wait_until(both_engines_counted, 60, "both engines' counts")
+        counts = wait_until(both_engines_counted, 60, "both engines' counts, core and worker alike")
     finally:
         server.stop()
     return spectrace.store.open(store), counts

@@ -81,7 +81,8 @@ def test_rows_are_the_engines_and_the_pipeline_is_another_process(process_runs):
 
 
 def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, untraced_methods):
-    """SPECTRACE_INJECT_FAULT=pipeline_process: the first pipeline process SIGKILLs itself at its third message."""
+    """SPECTRACE_INJECT_FAULT=pipeline_process: the first pipeline process SIGKILLs itself on a message with engine
+    steps (its third or later)."""
     store = scratch / "pipeline-killed-store"
     result = run_engines(
         _specs(zoo, "self", repeat=3), store=store, cache_root=cache_root, log_file=scratch / "pipeline-killed.log",
