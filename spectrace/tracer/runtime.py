@@ -479,7 +479,9 @@ class Runtime:
                 exc_info=exc,
             )
 
-    def _flush_error_counts(self) -> None:
+    def take_error_deltas(self) -> dict[str, int]:
+        """Hook errors counted since the last call, per hook (the flush's ``internal_errors`` rows, or the shipper's
+        message to a pipeline process: one of the two takes them)."""
         with self._lock:
             deltas = {
                 hook: count - self._errors_written.get(hook, 0)
@@ -487,7 +489,10 @@ class Runtime:
                 if count != self._errors_written.get(hook, 0)
             }
             self._errors_written.update(self.errors)
-        for hook, delta in deltas.items():
+        return deltas
+
+    def _flush_error_counts(self) -> None:
+        for hook, delta in self.take_error_deltas().items():
             self.pipeline.append(
                 "internal_errors",
                 {**self.common("process"), "ts": time.time_ns(), "hook": hook, "error": "", "count": delta},

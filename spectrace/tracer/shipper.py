@@ -184,6 +184,7 @@ class ShippingPipeline(Pipeline):
 
     def __init__(self, settings, rt) -> None:
         super().__init__(flush_interval_s=settings.ship_interval_s, max_buffer_rows=settings.max_buffer_rows)
+        self.dropped_taken = 0  # of ``dropped``, what the shipper already handed on
         self.shipper = Shipper(rt, settings, self)
 
     def take(self) -> tuple[dict, dict, int]:
@@ -194,8 +195,6 @@ class ShippingPipeline(Pipeline):
             self._buffered = 0
             dropped, self.dropped_taken = self.dropped - self.dropped_taken, self.dropped
         return dict(rows), dict(columns), dropped
-
-    dropped_taken = 0
 
     def flush(self) -> int:
         """Ship everything now and wait until the pipeline process has written it (bounded)."""
@@ -255,7 +254,6 @@ class Shipper:
         self._pending: dict[str, Any] = {}  # request id -> its note, until its prefill is known
         self._pending_since: dict[str, float] = {}
         self._configs_sent: set = set()
-        self._errors_sent: dict[str, int] = {}
         self._closed = False
         self._unacked: deque = deque()  # (seq, records) shipped and not yet written by the pipeline process
         self.remote_stats: dict[str, Any] = {}  # the pipeline process's Pipeline.stats() at its last acknowledged flush
@@ -362,7 +360,7 @@ class Shipper:
             records += sum(n for sets in columns.values() for _, n in sets)
         if dropped:
             message["dropped"] = dropped
-        errors = self._error_deltas()
+        errors = self.rt.take_error_deltas()
         if errors:
             message["errors"] = errors
         for key, queue in (("spans", self.spans), ("metric_calls", self.metric_calls), ("commands", self.commands)):
@@ -401,14 +399,6 @@ class Shipper:
                 continue
             out.append((ReadRequest(note.run_id, request_id, params), flags.get(request_id), traces.get(request_id)))
         return out
-
-    def _error_deltas(self) -> dict[str, int]:
-        rt = self.rt
-        with rt._lock:
-            deltas = {hook: n - self._errors_sent.get(hook, 0) for hook, n in rt.errors.items()
-                      if n != self._errors_sent.get(hook, 0)}
-            self._errors_sent.update(rt.errors)
-        return deltas
 
     def _state(self) -> dict[str, Any]:
         exposition = sys.modules.get("spectrace.sinks.exposition")  # loaded where vLLM's labels were read

@@ -23,6 +23,18 @@ import numpy as np
 _INT = np.int64
 
 
+def _look_up(rows: np.ndarray, sizes: list[int], widths: list[int], values: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Several steps' rows at once: ``rows`` (each step's ``sizes`` entries, one row index each, -1: none) into the
+    steps' ``values`` joined in step order (each step's ``widths`` long). Returns the step of each entry, whether
+    its row exists in its step, and the value there (0 where not)."""
+    sizes_a, widths_a = np.asarray(sizes, dtype=_INT), np.asarray(widths, dtype=_INT)
+    step_of = np.repeat(np.arange(len(sizes_a)), sizes_a)
+    offsets = np.concatenate(([0], np.cumsum(widths_a)[:-1]))
+    inside = (rows >= 0) & (rows < widths_a[step_of])
+    joined = np.asarray(values, dtype=_INT) if values else np.zeros(1, _INT)
+    return step_of, inside, np.where(inside, joined[np.where(inside, rows + offsets[step_of], 0)], 0)
+
+
 class RunColumns:
     """One run's engine steps of a flush: filled step by step (``add``), counted once (``count``)."""
 
@@ -78,16 +90,10 @@ class RunColumns:
         """The run's counted request-steps and each step's totals (None: nothing counted)."""
         if self.counted is not None or not self._sizes:
             return self.counted
-        sizes = np.asarray(self._sizes, dtype=_INT)
-        steps = len(sizes)
-        step_of = np.repeat(np.arange(steps), sizes)
-        widths = np.asarray(self._widths, dtype=_INT)
-        offsets = np.concatenate(([0], np.cumsum(widths)[:-1]))
+        steps = len(self._sizes)
         rows = np.asarray(self._rows, dtype=_INT)
         lengths = np.asarray(self._lengths, dtype=_INT)
-        inside = (rows >= 0) & (rows < widths[step_of])
-        sampled = np.asarray(self._sampled, dtype=_INT) if self._sampled else np.zeros(1, _INT)
-        generated = np.where(inside, sampled[np.where(inside, rows + offsets[step_of], 0)], 0)
+        step_of, _, generated = _look_up(rows, self._sizes, self._widths, self._sampled)
         num_sampled = np.asarray(self._num_sampled, dtype=_INT)[step_of]
         keep = (rows >= 0) & (lengths > 0) & ((generated > 0) | (num_sampled == 0))
         drafted = lengths - np.asarray(self._invalid, dtype=_INT) if self.has_invalid else lengths
@@ -177,13 +183,7 @@ class WorkerColumns:
         """(drafted, accepted) of the request-steps that count."""
         if not self._sizes:
             return None
-        sizes, widths = np.asarray(self._sizes, dtype=_INT), np.asarray(self._widths, dtype=_INT)
-        step_of = np.repeat(np.arange(len(sizes)), sizes)
-        offsets = np.concatenate(([0], np.cumsum(widths)[:-1]))
-        rows = np.asarray(self._rows, dtype=_INT)
-        inside = (rows >= 0) & (rows < widths[step_of])
-        valid = np.asarray(self._valid, dtype=_INT)
-        generated = np.where(inside, valid[np.where(inside, rows + offsets[step_of], 0)], 0)
+        _, inside, generated = _look_up(np.asarray(self._rows, dtype=_INT), self._sizes, self._widths, self._valid)
         drafted = np.asarray(self._drafted, dtype=_INT)
         keep = inside & (drafted > 0) & (generated > 0)
         if not keep.any():
