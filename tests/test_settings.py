@@ -33,6 +33,9 @@ REFUSED = [
     ("SPECTRACE_HOST", "a\\b", "host"),
     ("SPECTRACE_HOST", "a\0b", "host"),
     ("SPECTRACE_EXPORTER", "nosuch", "exporters"),
+    ("SPECTRACE_PIPELINE", "fork", "pipeline"),
+    ("SPECTRACE_SHIP_INTERVAL", "0", "ship_interval_s"),
+    ("SPECTRACE_SHIP_INTERVAL", "2m", "ship_interval_s"),
 ]
 
 
