@@ -40,10 +40,9 @@ def audit_causality(
         else f"layers {causal} causal, the others not"
     )
     return [
-        Finding(
-            code=codes.CAUSAL_INFERRED,
+        codes.finding(
+            codes.CAUSAL_INFERRED,
             severity="warning",
-            component="layout",
             model_role=role,
             message=f"the DFlash drafter declares no causality (is_causal, dflash_config.causal); vLLM chose {text}, "
             "from layer_types (sliding layers causal, full layers not)",
@@ -53,6 +52,5 @@ def audit_causality(
                 "resolved_layer_types": _get(resolved, "layer_types", None),
                 "vllm_rule": "vllm.model_executor.models.qwen3_dflash._dflash_layer_causal",
             },
-            fix='declare how the drafter was trained: "dflash_config": {"causal": true|false} (or "is_causal")',
         )
     ]

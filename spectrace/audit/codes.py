@@ -12,6 +12,9 @@ released: dashboards, alert rules and stored findings name it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from spectrace.audit.findings import Finding
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -25,6 +28,33 @@ class Code:
     meaning: str
     fix: str
 
+    def finding(
+        self,
+        severity: str | None = None,
+        *,
+        model_role: str | None,
+        message: str,
+        evidence: dict[str, Any] | None = None,
+        fix: str | None = None,
+        caused_by: str | None = None,
+    ) -> Finding:
+        """A finding with this code: its component from here; its severity one this code declares (the root
+        cause's when not given); its fix this code's unless the caller names a more concrete one (the value to
+        set, the flag to pass), or ``""`` for a consequence whose root's fix is the fix."""
+        severity = self.severities[0] if severity is None else severity
+        if severity not in self.severities:
+            raise ValueError(f"{self.code} is not emitted at severity {severity!r} (declared: {self.severities})")
+        return Finding(
+            code=self.code,
+            severity=severity,
+            component=self.component,
+            model_role=model_role,
+            message=message,
+            evidence=evidence if evidence is not None else {},
+            fix=self.fix if fix is None else fix,
+            caused_by=caused_by,
+        )
+
 
 REGISTRY: dict[str, Code] = {}
 
@@ -33,6 +63,11 @@ def _code(code: str, component: str, severities: tuple[str, ...], severity_text:
     assert code not in REGISTRY and set(severities) <= set(SEVERITIES), code
     REGISTRY[code] = Code(code, component, severities, severity_text, meaning, fix)
     return code
+
+
+def finding(code: str, severity: str | None = None, **fields: Any) -> Finding:
+    """``REGISTRY[code].finding(...)``: every finding spectrace emits is built here."""
+    return REGISTRY[code].finding(severity, **fields)
 
 
 def codes(*, component: str | None = None, severity: str | None = None) -> tuple[str, ...]:
@@ -168,7 +203,8 @@ RANK_DISAGREEMENT = _code(
     "error",
     "two tensor-parallel ranks of one engine built a different layout or window, tap different layers, or verified "
     "different counts (from the store: `spectrace report`)",
-    "check per-rank config overrides and the vLLM build on each device",
+    "every rank must build and verify the same model: check per-rank config overrides and the vLLM build on each "
+    "device, and report to vLLM if the configs are identical",
 )
 # -- the acceptance curve
 CONTEXT_CLIFF = _code(

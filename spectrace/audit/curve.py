@@ -62,10 +62,9 @@ def context_boundaries(
 def context_cliff_finding(boundary: ContextBoundary, cliff: Any, roots: set[str], rates_by_range: dict[str, Any]) -> Finding:
     """``CONTEXT_CLIFF`` at ``boundary`` (``cliff``: an ``acceptance.Cliff``)."""
     caused = next((code for code in boundary.explained_by if code in roots), None)
-    return Finding(
-        code=codes.CONTEXT_CLIFF,
+    return codes.finding(
+        codes.CONTEXT_CLIFF,
         severity="warning" if caused else "error",
-        component="verification",
         model_role=boundary.model_role,
         message=f"acceptance falls from {cliff.before_rate:.1%} below context {boundary.tokens} to {cliff.after_rate:.1%} "
         f"past it; {boundary.tokens} is the {boundary.model_role}'s {boundary.field}"
@@ -76,8 +75,6 @@ def context_cliff_finding(boundary: ContextBoundary, cliff: Any, roots: set[str]
             "after": {"drafted": cliff.after_drafted, "accepted": cliff.after_accepted, "rate": round(cliff.after_rate, 4)},
             "rates_by_context": rates_by_range,
         },
-        fix="give the drafter the target's context (its max_position_embeddings, rope scaling and window), "
-        "or cap --max-model-len at the boundary",
         caused_by=caused,
     )
 
@@ -91,10 +88,9 @@ def position_cliff_finding(position: int, drafted_at: list[int], accepted_at: li
         if method in ("eagle", "eagle3", "mtp")
         else "the drafter's later positions do not follow the target"
     )
-    return Finding(
-        code=codes.POSITION_CLIFF,
+    return codes.finding(
+        codes.POSITION_CLIFF,
         severity="error",
-        component="verification",
         model_role="draft",
         message=f"position {position} accepts {rates[position]:.1%} of its drafts, position {position + 1} almost none of "
         f"what position {position} accepted ({accepted_at[position + 1]} of {accepted_at[position]}); {hint}",
@@ -123,10 +119,9 @@ def dummy_drafts_finding(
         if gated
         else "; the drafter emits placeholders, not predictions"
     )
-    return Finding(
-        code=codes.DUMMY_DRAFTS,
+    return codes.finding(
+        codes.DUMMY_DRAFTS,
         severity="warning" if caused else "error",
-        component="verification",
         model_role="draft",
         message=f"{repeated / rows:.1%} of draft rows ({repeated} of {rows}) are one token id repeated "
         f"(most often {token}: {count} rows) and the target rejects them{reason}",
@@ -141,17 +136,15 @@ def dummy_drafts_finding(
 
 
 def not_paying_finding(evidence: dict[str, Any]) -> Finding:
-    return Finding(
-        code=codes.SPECULATION_NOT_PAYING,
+    return codes.finding(
+        codes.SPECULATION_NOT_PAYING,
         severity="warning",
-        component="verification",
         model_role="draft",
         message=f"speculation costs more than it saves: estimated speed-up {evidence['speedup_estimate']:.2f}x over "
         f"{evidence['window_steps']} steps (mean acceptance length {evidence['mean_acceptance_length']:.2f}, "
         f"drafting {evidence['draft_ms_per_step']:.2f} ms and verifying {evidence['verify_ms_per_step']:.2f} ms per step, "
         f"{evidence.get('no_draft_ms_per_step', 0):.2f} ms without drafts)",
         evidence=evidence,
-        fix="turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
     )
 
 
@@ -198,10 +191,9 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
         fix = (f"the best k differs by batch size ({', '.join(f'{b}: {k}' for b, k in bands.items())}): set "
                f"num_speculative_tokens={max(bands.values())} and num_speculative_tokens_per_batch_size="
                f"{[tuple(x) for x in schedule]}, or {fix}")
-    return Finding(
-        code=codes.SPECULATION_K_BETTER,
+    return codes.finding(
+        codes.SPECULATION_K_BETTER,
         severity="warning",
-        component="verification",
         model_role="draft",
         message=f"{best} pays {gain:.0%} more than k = {in_force['k']} in force: predicted speed-up {top['speedup']:.2f}x "
         f"against {in_force['speedup']:.2f}x (expected length {top['expected_length']:.2f} vs {in_force['expected_length']:.2f}, "
@@ -228,10 +220,9 @@ def collapse_finding(event: Any, suspects: Iterable[str] = ()) -> Finding:
         else f" at step {ev['recovered_step']} (context {ev['recovered_context_len']})" if "recovered_step" in ev
         else ""
     )
-    return Finding(
-        code=codes.ACCEPTANCE_COLLAPSE if collapse else codes.ACCEPTANCE_RECOVERED,
+    return codes.finding(
+        codes.ACCEPTANCE_COLLAPSE if collapse else codes.ACCEPTANCE_RECOVERED,
         severity="error" if collapse else "info",
-        component="verification",
         model_role="draft",
         message=(
             f"acceptance {'collapsed' if collapse else 'recovered'}: position 0 {ev['position_0_rate']:.1%}, "

@@ -68,10 +68,9 @@ def audit_dtype(
     severity, why = LOSSY[(trained, runs)]
     follows_target = target_runs_in is not None and dtype_name(target_runs_in) == runs
     return [
-        Finding(
-            code=codes.DRAFT_DTYPE_LOSSY,
+        codes.finding(
+            codes.DRAFT_DTYPE_LOSSY,
             severity=severity,
-            component="dtype",
             model_role=role,
             message=f"the drafter was trained in {trained} but vLLM runs it in {runs}"
             + (" (the target's dtype: vLLM builds the draft config with it)" if follows_target else "")

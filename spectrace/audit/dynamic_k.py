@@ -101,10 +101,9 @@ def thrashing_finding(
         message += (f"; {codes.TOKEN_BUDGET_SHORT} holds too (max_num_batched_tokens {short.evidence['max_num_batched_tokens']} "
                     f"fits {short.evidence['full_draft_requests']} requests at k {short.evidence['num_speculative_tokens']}): "
                     "a step at the largest k can schedule fewer requests than are running, and a smaller batch picks another k")
-    return Finding(
-        code=codes.DYNAMIC_K_THRASHING,
+    return codes.finding(
+        codes.DYNAMIC_K_THRASHING,
         severity="warning",
-        component="scheduler",
         model_role="draft",
         message=message,
         evidence=evidence,

@@ -123,25 +123,24 @@ def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Fi
         # the window resolution dropped runs anyway (a draft_model drafter gets the target's
         # window): what runs is what config.json meant, a consequence of SWA_DROPPED, not an error
         findings.append(
-            Finding(
-                code=codes.LAYOUT_MISMATCH,
+            codes.finding(
+                codes.LAYOUT_MISMATCH,
                 severity="info",
-                component="layout",
                 model_role=role,
                 message=f"{role}: {len(vs_resolved)} layer(s) run the window config.json declared, not their resolved "
                 "config (vLLM applied a window from elsewhere, e.g. the target's for a draft_model drafter): "
                 + _layers_text(vs_resolved, "resolved"),
                 evidence={"layers": [asdict(p) for p in vs_resolved]},
+                fix="",
                 caused_by=codes.SWA_DROPPED,
             )
         )
         vs_resolved = []
     if vs_resolved:
         findings.append(
-            Finding(
-                code=codes.LAYOUT_MISMATCH,
+            codes.finding(
+                codes.LAYOUT_MISMATCH,
                 severity="error",
-                component="layout",
                 model_role=role,
                 message=f"{role}: {len(vs_resolved)} layer(s) run differently from their resolved config: "
                 + _layers_text(vs_resolved, "resolved"),
@@ -152,10 +151,9 @@ def audit_layout(role: str, plans: list[LayerPlan], causes: set[str]) -> list[Fi
     if vs_declared:
         caused = codes.SWA_DROPPED if codes.SWA_DROPPED in causes else None
         findings.append(
-            Finding(
-                code=codes.LAYOUT_MISMATCH,
+            codes.finding(
+                codes.LAYOUT_MISMATCH,
                 severity="info" if caused else "error",
-                component="layout",
                 model_role=role,
                 message=f"{role}: {len(vs_declared)} layer(s) run differently from config.json: "
                 + _layers_text(vs_declared, "declared"),

@@ -25,10 +25,9 @@ def explain_load_error(error: str, draft_findings: list[Finding]) -> Finding:
     if caused:
         root = next(f for f in draft_findings if f.code == caused)
         explanation = f" This follows from {caused}: {root.message}"
-    return Finding(
-        code=codes.LOAD_FAILED,
+    return codes.finding(
+        codes.LOAD_FAILED,
         severity="info" if caused else "error",
-        component="load",
         model_role="draft",
         message=f"vLLM refused to build the model: {error.rstrip('.')}.{explanation}",
         evidence={"error": error},
@@ -78,10 +77,9 @@ def _runner_load_failed(error: str, needs: str) -> Finding:
         )
     else:
         fix = "serve the pair on vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)"
-    return Finding(
-        code=codes.LOAD_FAILED,
+    return codes.finding(
+        codes.LOAD_FAILED,
         severity="error",
-        component="load",
         model_role="draft",
         message=f"vLLM refused to build the model: {error.rstrip('.')}. This pair needs the {needs.upper()} model runner; "
         f"the {other.upper()} runner refuses it.",

@@ -67,10 +67,9 @@ def audit_pair(
     implied = architecture_method(draft)
     mismatch = None
     if implied is not None and method is not None and implied != method and not (implied == "eagle" and method == "eagle3"):
-        mismatch = Finding(
-            code=codes.METHOD_MISMATCH,
+        mismatch = codes.finding(
+            codes.METHOD_MISMATCH,
             severity="error",
-            component="method",
             model_role="draft",
             message=f"drafter architecture {architecture(draft)} is a {implied} drafter, but vLLM runs it as "
             f"method {method!r}" + (" (inferred from the path)" if not method_given else ""),
@@ -80,10 +79,9 @@ def audit_pair(
         findings.append(mismatch)
     if not method_given and draft_path:
         findings.append(
-            Finding(
-                code=codes.METHOD_INFERRED,
+            codes.finding(
+                codes.METHOD_INFERRED,
                 severity="info" if mismatch else "warning",
-                component="method",
                 model_role="draft",
                 message=f"no method was given; vLLM inferred {method!r} from the draft path {draft_path!r}",
                 evidence={"method": method, "draft_path": draft_path},
@@ -107,14 +105,12 @@ def _audit_vocab(method: str | None, target: dict[str, Any] | None, draft: dict[
     if dv == tv:
         return []
     return [
-        Finding(
-            code=codes.VOCAB_MISMATCH,
+        codes.finding(
+            codes.VOCAB_MISMATCH,
             severity="error",
-            component="vocab",
             model_role="draft",
             message=f"draft vocabulary ({dv}) and target vocabulary ({tv}) cannot line up for method {method!r}",
             evidence={"target_vocab_size": tv, "draft_vocab_size": dv, "draft_reduced_vocab": draft_vocab},
-            fix="use a drafter trained for this target's tokenizer",
         )
     ]
 
@@ -127,10 +123,9 @@ def _audit_context(method, target, draft, target_max_model_len) -> list[Finding]
     if draft_ctx is None or target_ctx is None or draft_ctx >= target_ctx:
         return []
     return [
-        Finding(
-            code=codes.DRAFT_CONTEXT_SHORT,
+        codes.finding(
+            codes.DRAFT_CONTEXT_SHORT,
             severity="warning",
-            component="context",
             model_role="draft",
             message=f"the drafter's effective context ({draft_ctx}) is shorter than the target's ({target_ctx}); "
             "drafts beyond it come from positions the drafter never saw",
@@ -140,6 +135,5 @@ def _audit_context(method, target, draft, target_max_model_len) -> list[Finding]
                 "target_context": target_ctx,
                 "target_rope_scaling": _get(target, "rope_scaling", None),
             },
-            fix="give the drafter the target's rope scaling (e.g. the same YaRN factor) or cap --max-model-len",
         )
     ]

@@ -54,15 +54,12 @@ def rank_disagreements(
         else:
             evidence["values"] = {str(r): by_rank[r] for r in ranks}
         findings.append(
-            Finding(
-                code=codes.RANK_DISAGREEMENT,
+            codes.finding(
+                codes.RANK_DISAGREEMENT,
                 severity="error",
-                component="ranks",
                 model_role=None,
                 message=f"rank(s) {differ} differ from rank {ranks[0]} in {what}",
                 evidence=evidence,
-                fix="every rank must build and verify the same model: check per-rank config overrides, "
-                "the vLLM build on each device, and report to vLLM if the configs are identical",
             )
         )
     return findings
@@ -70,13 +67,11 @@ def rank_disagreements(
 
 def disagreement_finding(engine: tuple[int, int] | list[int], worker: tuple[int, int] | list[int], rank: int | None, run_id: str) -> Finding:
     """``VERIFY_DISAGREEMENT``: the engine core's (drafted, accepted) totals of a run differ from a worker rank's."""
-    return Finding(
-        code=codes.VERIFY_DISAGREEMENT,
+    return codes.finding(
+        codes.VERIFY_DISAGREEMENT,
         severity="error",
-        component="verification",
         model_role="draft",
         message=f"engine core counted {engine[0]} drafted / {engine[1]} accepted, "
         f"worker rank {rank} verified {worker[0]} / {worker[1]}",
         evidence={"engine_core": engine, "worker": worker, "rank": rank, "run_id": run_id},
-        fix="the numbers vLLM reports are not what the device verified; report to vLLM",
     )

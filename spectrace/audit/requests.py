@@ -68,10 +68,9 @@ def slice_finding(gap: Any, defaults: dict[str, Any] | None = None) -> Finding:
     evidence = gap.as_dict()
     evidence["from_generation_config"] = from_defaults
     evidence["rule"] = "spectrace.slices.slice_gap"
-    return Finding(
-        code=codes.SLICE_ACCEPTANCE_LOW,
+    return codes.finding(
+        codes.SLICE_ACCEPTANCE_LOW,
         severity="warning",
-        component="verification",
         model_role="draft",
         message=f"requests with {gap.dimension}={gap.value} accept {gap.rate:.1%} of their drafts ({gap.accepted} of "
         f"{gap.drafted}, {gap.requests} requests; 95 % {gap.interval[0]:.1%}-{gap.interval[1]:.1%}), the rest of the run "
@@ -108,10 +107,9 @@ def token_budget_findings(
         return []
     per_request = 1 + k + slots
     fits = max_num_batched_tokens // per_request
-    return [Finding(
-        code=codes.TOKEN_BUDGET_SHORT,
+    return [codes.finding(
+        codes.TOKEN_BUDGET_SHORT,
         severity="warning",
-        component="scheduler",
         model_role=None,
         message=f"max_num_batched_tokens {max_num_batched_tokens} is below max_num_seqs {max_num_seqs} x (1 + k {k}"
         + (f" + {slots} drafting slot{'s' if slots > 1 else ''}" if slots else "") + f") = {needed}: "
@@ -149,10 +147,9 @@ def unverified_finding(evidence: dict[str, Any], budget: list[Finding]) -> Findi
     """``DRAFTS_UNVERIFIED``; ``budget``: the run's ``TOKEN_BUDGET_SHORT`` findings (its cause when present)."""
     cause = budget[0] if budget else None
     evidence = {**evidence, "token_budget": cause.evidence if cause is not None else None}
-    return Finding(
-        code=codes.DRAFTS_UNVERIFIED,
+    return codes.finding(
+        codes.DRAFTS_UNVERIFIED,
         severity="warning",
-        component="scheduler",
         model_role="draft",
         message=f"{evidence['share']:.1%} of the drafting work never reached verification: {evidence['proposed']} draft "
         f"tokens proposed, {evidence['verified']} verified ({evidence['finished_allowance']} allowed for the last "
@@ -189,10 +186,9 @@ def dropped_hits(cached_tokens: int, requests_hit: int, block_size: int | None, 
 
 
 def dropped_hits_finding(evidence: dict[str, Any], method: str | None) -> Finding:
-    return Finding(
-        code=codes.PREFIX_HITS_DROPPED,
+    return codes.finding(
+        codes.PREFIX_HITS_DROPPED,
         severity="warning",
-        component="scheduler",
         model_role="draft",
         message=f"the {method or 'EAGLE-family'} drafter costs the prefix cache at least {evidence['share_of_hits_lost']:.0%} "
         f"of its hits: vLLM drops the last matched block ({evidence['block_size']} tokens) of every hit so the drafter can "

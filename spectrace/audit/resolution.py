@@ -114,10 +114,9 @@ def audit_config(
         if _get(declared, "layer_types", None) is None and _get(resolved, "layer_types", None) is not None:
             reasons.append("layer_types was not declared, so transformers derived it: every layer full attention")
         findings.append(
-            Finding(
-                code=codes.SWA_DROPPED,
+            codes.finding(
+                codes.SWA_DROPPED,
                 severity="error",
-                component="config",
                 model_role=role,
                 message=(
                     f"{role} declares sliding-window attention (window {window}) but no layer gets a window "
@@ -128,22 +127,16 @@ def audit_config(
                     "declared_dflash_config": _dflash(declared) or None,
                     "resolved": {k: _get(resolved, k, None) for k in ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers")},
                 },
-                fix=(
-                    'add "use_sliding_window": true and an explicit "layer_types" list to config.json, '
-                    'or give the window as "dflash_config": {"swa_window_size": N}'
-                ),
             )
         )
     if _get(declared, "layer_types", None) is None and _get(resolved, "layer_types", None) is not None and (intent or root):
         findings.append(
-            Finding(
-                code=codes.LAYER_TYPES_DEFAULTED,
+            codes.finding(
+                codes.LAYER_TYPES_DEFAULTED,
                 severity="info" if root else "warning",
-                component="config",
                 model_role=role,
                 message=f"{role} declares no layer_types; transformers derived {_summarise(_get(resolved, 'layer_types'))}",
                 evidence={"resolved_layer_types": _get(resolved, "layer_types"), "max_window_layers": _get(resolved, "max_window_layers", None)},
-                fix='declare "layer_types" explicitly in config.json',
                 caused_by=root,
             )
         )
@@ -159,10 +152,9 @@ def audit_config(
         caused = root if root and diff.field in ("sliding_window", "layer_types", "use_sliding_window") else None
         code = codes.FIELD_DROPPED if diff.status == "dropped" else codes.FIELD_CHANGED
         findings.append(
-            Finding(
-                code=code,
+            codes.finding(
+                code,
                 severity="info" if caused else "warning",
-                component="config",
                 model_role=role,
                 message=f"{role} {diff.field}: declared {json.dumps(diff.declared, default=str)}, "
                 f"resolved {json.dumps(diff.resolved, default=str)}",

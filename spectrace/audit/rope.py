@@ -198,10 +198,9 @@ def audit_rope(method: str | None, target: Rope | None, draft: Rope | None, *, w
     shown = "; ".join(f"{k}: target {target.compared()[k]!r}, drafter {draft.compared()[k]!r}" for k in differs)
     if method in SHARED_POSITION_METHODS:
         return [
-            Finding(
-                code=codes.ROPE_MISMATCH,
+            codes.finding(
+                codes.ROPE_MISMATCH,
                 severity="error",
-                component="rope",
                 model_role="draft",
                 message=f"the {method} drafter rotates the target's positions differently from the target ({shown}; "
                 f"read from the {where}): its drafts degrade with context or are rejected from the start",
@@ -211,10 +210,9 @@ def audit_rope(method: str | None, target: Rope | None, draft: Rope | None, *, w
         ]
     if method == "draft_model":
         return [
-            Finding(
-                code=codes.ROPE_DIFFERS,
+            codes.finding(
+                codes.ROPE_DIFFERS,
                 severity="info",
-                component="rope",
                 model_role="draft",
                 message=f"the independent drafter's RoPE differs from the target's ({shown}; read from the {where}); "
                 "legitimate for a draft_model drafter, but the first suspect if acceptance collapses or falls with context",

@@ -101,24 +101,21 @@ def audit_taps(
         if outside:
             status = "out_of_range"
             findings.append(
-                Finding(
-                    code=codes.TAP_OUT_OF_RANGE,
+                codes.finding(
+                    codes.TAP_OUT_OF_RANGE,
                     severity="error",
-                    component="taps",
                     model_role="draft",
                     message=f"{field_name} = {listed(declared)} asks for hidden state(s) {listed(outside)}, but the target has "
                     f"{target_layers} layers (valid vLLM ids 0..{target_layers})",
                     evidence=evidence,
-                    fix="use a drafter trained for this target, or correct the declared layer ids",
                 )
             )
     if tapped is not None and input_taps is not None and len(tapped) != input_taps:
         status = "count_mismatch" if status == "ok" else status
         findings.append(
-            Finding(
-                code=codes.TAP_COUNT_MISMATCH,
+            codes.finding(
+                codes.TAP_COUNT_MISMATCH,
                 severity="error",
-                component="taps",
                 model_role="draft",
                 message=f"vLLM taps {len(tapped)} target layer(s) {listed(tapped)}, but the drafter's input projection "
                 f"takes {input_taps}",
@@ -129,16 +126,13 @@ def audit_taps(
     if expected is None:
         status = "defaulted" if status == "ok" else status
         findings.append(
-            Finding(
-                code=codes.TAP_DEFAULTED,
+            codes.finding(
+                codes.TAP_DEFAULTED,
                 severity="warning",
-                component="taps",
                 model_role="draft",
                 message=f"the drafter declares no hidden-state layer ids; vLLM uses its default taps {listed(tapped)} "
                 "(right for some checkpoints, wrong for others)",
                 evidence=evidence,
-                fix="declare the ids the drafter was trained on (eagle_aux_hidden_state_layer_ids, or "
-                "dflash_config.target_layer_ids for DFlash)",
             )
         )
     elif tapped is not None and tapped != expected and status not in ("out_of_range",):
@@ -147,10 +141,9 @@ def audit_taps(
         same_count = len(tapped) == len(expected)
         caused = codes.TAP_COUNT_MISMATCH if not same_count and status == "count_mismatch" else None
         findings.append(
-            Finding(
-                code=codes.TAP_MISMATCH,
+            codes.finding(
+                codes.TAP_MISMATCH,
                 severity="info" if caused else "error",
-                component="taps",
                 model_role="draft",
                 message=f"the drafter was trained on hidden states {listed(expected)} ({field_name} = {listed(declared)}"
                 + (f", +{offset} for the reference convention" if offset else "")

@@ -90,10 +90,9 @@ def audit_weights(
     if missing:
         suspects = {p: [t for t in unused if _leaf(t)[1] == p.rsplit(".", 1)[-1]][:3] for p in missing[:SHOWN]}
         findings.append(
-            Finding(
-                code=codes.DRAFT_WEIGHTS_UNLOADED,
+            codes.finding(
+                codes.DRAFT_WEIGHTS_UNLOADED,
                 severity="error",
-                component="weights",
                 model_role=role,
                 message=f"{len(missing)} of the drafter's {len(parameters)} parameters received no checkpoint tensor and "
                 f"run with their initial values (uninitialised memory): {', '.join(missing[:5])}"
@@ -107,10 +106,9 @@ def audit_weights(
         )
     if unused:
         findings.append(
-            Finding(
-                code=codes.DRAFT_TENSORS_UNUSED,
+            codes.finding(
+                codes.DRAFT_TENSORS_UNUSED,
                 severity="info" if missing else "warning",
-                component="weights",
                 model_role=role,
                 message=f"{len(unused)} of the drafter checkpoint's {len(tensors)} tensors match no parameter vLLM "
                 f"loaded: {', '.join(unused[:5])}" + (" …" if len(unused) > 5 else ""),
