@@ -1,5 +1,7 @@
 """What k pays (spectrace.speedup): the expected length at every k' and the step cost model, on sums."""
 
+from pathlib import Path
+
 import pytest
 
 from spectrace import acceptance
@@ -213,7 +215,7 @@ def test_report_names_a_better_k_from_the_store(tmp_path):
 
 
 def test_the_baseline_views_bands_are_the_drains(tmp_path):
-    """speedup_baseline names batch sizes with a CASE of its own: the same bands as acceptance.batch_band."""
+    """speedup_baseline names batch sizes with the CASE rendered from spectrace.bands: the drain's bands."""
     import spectrace.store
     from spectrace.testing import store_pipeline
 
@@ -246,3 +248,25 @@ def test_report_calls_speedups_within_two_percent_of_the_best_a_tie():
     assert line == "  best: k = 4 (1.02x); k' = 0, 1, 2, 3 within 2 % of it: a tie, not advice", line
     clear = speedup_by_k([2, 1, 0, 0], 10, fit, extra=0, baseline=_replace(base, draft_ns=10 * 8e6))
     assert next(line for line in _by_k(clear, {}) if line.startswith("  best: ")) == "  best: no speculation (1.00x)"
+
+
+def test_band_sql_is_rendered_from_the_one_definition():
+    """The SQL CASE and order list come from spectrace.bands; no view or named query keeps a placeholder or a copy."""
+    import duckdb
+
+    import spectrace
+    from spectrace import bands
+    from spectrace.queries import named
+    from spectrace.store.read import derived_views
+
+    con = duckdb.connect()
+    sizes = list(range(1, 600))
+    got = con.execute(f"SELECT n, {bands.sql_case('n')} FROM unnest(?::INT[]) t(n)", [sizes]).fetchall()
+    assert dict(got) == {n: bands.batch_band(n) for n in sizes}
+    order = con.execute(f"SELECT list_position({bands.sql_order()}, b) FROM unnest(?) t(b)", [list(bands.BATCH_BANDS)]).fetchall()
+    assert [o for (o,) in order] == list(range(2, len(bands.BATCH_BANDS) + 2))
+    texts = [sql for _, sql in derived_views()] + [named.load(n) for n in named.names()]
+    assert not [t for t in texts if "{{" in t]
+    sources = [p.read_text() for p in (Path(spectrace.__file__).parent / "queries").glob("*.sql")]
+    sources.append((Path(spectrace.__file__).parent / "store" / "views.sql").read_text())
+    assert not [t for t in sources if "'129-256'" in t]  # a band spelled out again

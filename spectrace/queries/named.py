@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spectrace.bands import render_sql
+
 _DIR = Path(__file__).parent
 
 
@@ -17,4 +19,4 @@ def names() -> list[str]:
 def load(name: str) -> str:
     if name not in names():  # only the shipped names: never a path (`--named ../../x`)
         raise KeyError(f"no named query {name!r}; known: {', '.join(names()) or 'none'}")
-    return (_DIR / f"{name}.sql").read_text()
+    return render_sql((_DIR / f"{name}.sql").read_text())

@@ -89,4 +89,4 @@ SELECT run_id, context_range, batch_band, k_new AS k, k_new = k AS in_force,
        round(CASE WHEN per_token_k > 0 THEN rho / (1 + rho) ELSE 0 END, 4) AS chunk_share
 FROM whole
 ORDER BY run_id, context_range = 'all' DESC, context_range,
-         list_position(['all', '1', '2', '3-4', '5-8', '9-16', '17-32', '33-64', '65-128', '129-256', '257+'], batch_band), k;
+         list_position({{batch_bands}}, batch_band), k;

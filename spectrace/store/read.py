@@ -29,6 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spectrace.bands import render_sql
 from spectrace.store import compaction
 from spectrace.store import schema as segment_schema
 from spectrace.store.files import owner as store_owner
@@ -181,7 +182,7 @@ def table_sql(table: str, *, has_files: bool = True, since: int | None = None) -
 
 def derived_views() -> list[tuple[str, str]]:
     """(name, SELECT) pairs from store/views.sql, in file order."""
-    text = (Path(__file__).with_name("views.sql")).read_text()
+    text = render_sql((Path(__file__).with_name("views.sql")).read_text())
     parts = re.split(r"^-- view: (\w+)\s*$", text, flags=re.MULTILINE)
     return [(name, body.strip().rstrip(";")) for name, body in zip(parts[1::2], parts[2::2])]
 

@@ -124,7 +124,7 @@ ORDER BY run_id;
 
 -- view: speedup_baseline
 -- What k pays, measured step costs (spectrace.speedup.Baseline): per run at k and batch-size band ('all', then each
--- band the run ran: spectrace.acceptance.BATCH_BANDS, the CASE below is batch_band()), its decode-only steps at k
+-- band the run ran: spectrace.bands, rendered in), its decode-only steps at k
 -- (lowest worker rank) whose batch size steps without drafts of the same target model on the same host (any run)
 -- also measured; sums over those steps of the no-draft mean step time at their batch size (plain_ns), of their own
 -- verification (step less drafting) and drafting times, and how many no-draft steps measured them. chunk_ns and
@@ -157,10 +157,7 @@ WITH k_run AS (
     SELECT run_id, requests, m.host, m.n, m.v, m.dr,
            CASE WHEN m.n > 0 THEN coalesce(c.ct - c.cn * (m.v + m.dr) / m.n, 0) ELSE 0 END + coalesce(c.cu, 0) AS chunk,
            CASE WHEN m.n > 0 THEN (m.n + coalesce(c.cn, 0)) * (m.v + m.dr) / m.n ELSE 0 END AS dec,
-           CASE WHEN requests <= 1 THEN '1' WHEN requests = 2 THEN '2' WHEN requests <= 4 THEN '3-4'
-                WHEN requests <= 8 THEN '5-8' WHEN requests <= 16 THEN '9-16' WHEN requests <= 32 THEN '17-32'
-                WHEN requests <= 64 THEN '33-64' WHEN requests <= 128 THEN '65-128'
-                WHEN requests <= 256 THEN '129-256' ELSE '257+' END AS band
+           {{batch_band(requests)}} AS band
     FROM mine m FULL JOIN chunks c USING (run_id, requests)
 ), plain AS (
     SELECT t.target_model, d.host, d.requests, sum(d.steps) AS n, sum(d.step_ns - d.draft_ns)::DOUBLE / sum(d.steps) AS b
