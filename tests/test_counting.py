@@ -78,7 +78,7 @@ def test_engine_counts_follow_vllms_rules_per_position_and_request_step(traced):
     assert counts == {(0, "0-512"): (2, 2), (1, "0-512"): (2, 2), (2, "0-512"): (2, 1), (0, "512-1k"): (1, 0), (1, "512-1k"): (1, 0)}
     lengths = {r["length"]: r["count"] for r in rows(sink, "acceptance_lengths", source="engine_core")}
     assert lengths == {1: 1, 3: 1, 4: 1}  # accepted + 1 per counted request-step
-    assert capture.totals[("engine_core", RUN, None)] == [8, 5]
+    assert capture.judge.totals[("engine_core", RUN, None)] == [8, 5]
 
 
 def test_worker_counts_and_agreement_with_the_engine_core(traced):

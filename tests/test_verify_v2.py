@@ -75,7 +75,7 @@ def test_v2_worker_count_follows_vllms_trimmed_rows(rt):
     assert [len(row) for row in output.sampled_token_ids] == NUM_SAMPLED.tolist()  # vLLM's own trimming ran
     rt.verify.drain(rt)
     drafted = int(DRAFTS[DRAFTS > 0].sum())
-    assert rt.verify.totals[(verify.WORKER, "v2-run", 0)] == [drafted, sum(ACCEPTED)]
+    assert rt.verify.judge.totals[(verify.WORKER, "v2-run", 0)] == [drafted, sum(ACCEPTED)]
 
 
 def test_v1_and_v2_hooks_count_the_same_step_alike(rt):
@@ -90,7 +90,7 @@ def test_v1_and_v2_hooks_count_the_same_step_alike(rt):
     rt.set_run(runtime.Run(run_id="v1-run", traceparent=""))
     bookkeeping(None, scheduler_output)
     rt.verify.drain(rt)
-    assert rt.verify.totals[(verify.WORKER, "v1-run", 0)] == rt.verify.totals[(verify.WORKER, "v2-run", 0)]
+    assert rt.verify.judge.totals[(verify.WORKER, "v1-run", 0)] == rt.verify.judge.totals[(verify.WORKER, "v2-run", 0)]
 
 
 def test_v2_hooks_never_raise_into_vllm(rt):
@@ -111,6 +111,6 @@ def test_an_injected_fault_in_a_v2_hook_is_counted_and_vllms_output_unchanged(tm
         assert [len(row) for row in output.sampled_token_ids] == NUM_SAMPLED.tolist()
         rt.verify.drain(rt)
         assert rt.errors == {hook: 1}
-        assert not any(source == verify.WORKER for source, _, _ in rt.verify.totals)  # that step was not counted
+        assert not any(source == verify.WORKER for source, _, _ in rt.verify.judge.totals)  # that step was not counted
     finally:
         runtime.stop()

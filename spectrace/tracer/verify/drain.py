@@ -4,9 +4,9 @@ Runs on the pipeline's flush thread (its first source, ``Runtime._drain_verifica
 never on vLLM's. Per flush: the engine core's steps (``EngineStep``) become ``verify_steps``
 rows, per-position counts by context range (``verify_counts``), acceptance lengths and
 one-token draft rows; the worker's steps (``WorkerStep``) the worker-side counts; the
-worker's step times (``StepTiming``) ``speculation_steps``. The detectors (collapse,
-cliffs, dummy drafts, speculation not paying) and the engine/worker agreement judge what
-accumulated; every finding is built by ``spectrace.audit``.
+worker's step times (``StepTiming``) ``speculation_steps``. Each batch of records goes to the
+run judge (``spectrace.audit.run_judge``: collapse, cliffs, dummy drafts, slices, the token budget,
+dynamic k, speculation not paying, engine/worker agreement), whose findings are emitted here.
 
 Counting rules follow vLLM's ``Scheduler.update_from_output`` /
 ``make_spec_decoding_stats``: accepted = max(sampled - num_sampled_per_step, 0),
@@ -29,13 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from spectrace import acceptance, slices
-from spectrace import audit, speedup
-from spectrace.audit import codes
+from spectrace import speedup
+from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify import columns
+from spectrace.tracer.verify.run_config import RunConfig
 from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote, StepTiming
-from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
-from spectrace.vllm_objects.requests import defaults_in_force, generation_defaults, request_parameters
+from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -50,31 +50,29 @@ class VerifyCapture(Capture):
 
     def __init__(self) -> None:
         super().__init__()
-        self.detectors: dict[str, acceptance.CollapseDetector] = {}
-        self.totals: dict[tuple[str, str, int | None], list[int]] = defaultdict(lambda: [0, 0])
+        self.judge: RunJudge | None = None  # built on the first drain, with the runtime's settings
         self._span_countdown = 0
         self._sampler = np.random.default_rng(0)  # SPECTRACE_STEP_SAMPLE's draws
         self._lock = threading.RLock()
-        self._checked: set[str] = set()
         self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
         self.run_facts: dict[str, RunConfig] = {}  # run id -> what the drain reads of its VllmConfig (read once)
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
-        self.curves: dict[str, RunCurve] = {}  # run id -> cumulative acceptance shape and its detectors
-        self.paying: dict[tuple[str, int | None], acceptance.PayingDetector] = {}
         # what k pays (spectrace.speedup), per (run, rank): the worker's per-position accepted counts and
         # request-steps, and its step sums, both over the whole run
         self.by_k_counts: dict[tuple[str, int | None], list] = {}
         self.by_k_costs: dict[tuple[str, int | None], dict[str, float]] = {}
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
-        self.run_slices: dict[str, RunSlices] = {}
-        self.run_budgets: dict[str, RunBudget] = {}
-        self.run_switches: dict[str, RunSwitches] = {}  # run id -> its k switches (the last k kept across flushes)
 
     # -- background ------------------------------------------------------------
 
     def drain(self, rt: "runtime.Runtime") -> None:
         with self._lock:
+            if self.judge is None:
+                settings = rt.settings
+                self.judge = RunJudge(collapse_threshold=settings.collapse_threshold,
+                                      collapse_window_tokens=settings.collapse_window_tokens,
+                                      collapse_min_tokens=settings.collapse_min_tokens)
             engine = self.take_engine_steps()
             worker = self.take_worker_steps()
             dropped = self.take_dropped()
@@ -89,17 +87,19 @@ class VerifyCapture(Capture):
                 self._drain_engine(rt, engine)
             if proposals or engine:
                 self._drain_budget(rt, proposals, engine)
-            for run_id, switches in list(self.run_switches.items()):
-                if switches.changed:
-                    self._judge_switches(rt, run_id, switches)
             yielded = self._drain_worker(rt, worker) if worker else {}
             timings = self.take_timings()
             if timings:
                 self._drain_timings(rt, timings, yielded)
-            for run_id in list(self.curves):
-                self._judge_curve(rt, run_id)
-            for run_id in list(self.run_slices):
-                self._judge_slices(rt, run_id)
+            judge = self.judge
+            for run_id in list(judge.runs):
+                scheduler = self.config_of(run_id).scheduler
+                self._emit(rt, run_id, judge.switch_findings(run_id, scheduler) + judge.curve_findings(run_id)
+                           + judge.slice_findings(run_id, int(_run_k(rt, run_id) or 1), _method(rt, run_id)))
+
+    def _emit(self, rt, run_id: str | None, findings: list, *, role: str = ENGINE, rank: int | None = None, span=None) -> None:
+        if findings:
+            audit_live.emit_findings(rt, findings, role=role, rank=rank, span=span, run=rt.run_by_id(run_id))
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
@@ -139,7 +139,7 @@ class VerifyCapture(Capture):
                      "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted,
                      "k_switches": c.switches} for (band, k), c in by_shape.items()]
             shape_rows += rows
-            switches = self.run_switches[run_id]
+            switches = self.judge.run(run_id).switches
             for (band, k), c in by_shape.items():
                 switches.add(band, k, c.steps, c.switches)
             if rt.metrics is not None:
@@ -157,9 +157,7 @@ class VerifyCapture(Capture):
         marks: list[acceptance.StepMark] = []
         step_bands: list[tuple[str, int]] = []
         by_shape: dict[tuple[str, int], ShapeCounts] = {}
-        switches = self.run_switches.get(run_id)
-        if switches is None:
-            switches = self.run_switches[run_id] = RunSwitches()
+        switches = self.judge.run(run_id).switches
         n_at, drafted_at, accepted_at, pos0_at = (a.tolist() for a in counted.per_step)
         for i, (ts, step_no, n, drafted, accepted, pos0, context, k) in enumerate(zip(
                 counted.ts.tolist(), counted.step_no.tolist(), n_at, drafted_at, accepted_at, pos0_at,
@@ -282,37 +280,21 @@ class VerifyCapture(Capture):
                 )
             else:
                 rt.metrics.worker_counts(int(drafted.sum()), int(accepted.sum()), rank, labels)
-        totals = self.totals[(source, run_id, rank)]
-        totals[0] += int(drafted.sum())
-        totals[1] += int(accepted.sum())
+        self.judge.observe_counts(source, run_id, rank, int(drafted.sum()), int(accepted.sum()))
         d_all, a_all = acceptance.position_counts(drafted, accepted, k)
         if source == ENGINE:
-            curve.add_positions(d_all, a_all)
-            self._detect(rt, run_id, d_all, a_all, marks)
+            findings = self.judge.observe_positions(run_id, d_all, a_all, marks)
+            if findings:
+                run = rt.run_by_id(run_id)
+                with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
+                             attributes={"spectrace.event": findings[0].code}) as span:
+                    audit_live.emit_findings(rt, findings, role=ENGINE, span=span, run=run)
         else:  # what k pays: the worker's counts beside its step times (_speedup_by_k)
             counts = self.by_k_counts.setdefault((run_id, rank), [np.zeros(0, dtype=np.int64), 0])
             if len(counts[0]) < k:
                 counts[0] = np.concatenate([counts[0], np.zeros(k - len(counts[0]), dtype=np.int64)])
             counts[0][:k] += a_all
             counts[1] += len(batch)
-
-    def _detect(self, rt, run_id: str, drafted_at: np.ndarray, accepted_at: np.ndarray, marks: list | None = None) -> None:
-        settings = rt.settings
-        detector = self.detectors.get(run_id)
-        if detector is None:
-            detector = self.detectors[run_id] = acceptance.CollapseDetector(
-                threshold=settings.collapse_threshold,
-                window=settings.collapse_window_tokens,
-                min_tokens=settings.collapse_min_tokens,
-            )
-        event = detector.observe(drafted_at, accepted_at, marks)
-        if event is None:
-            return
-        curve = self.curves.get(run_id)
-        finding = audit.collapse_finding(event, curve.roots if curve is not None else ())
-        run = rt.run_by_id(run_id)
-        with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run, attributes={"spectrace.event": event.code}) as span:
-            audit_live.emit_findings(rt, [finding], role=ENGINE, span=span, run=run)
 
     def _links(self, request_ids: list[str]) -> list:
         """Span links to the ``llm_request`` traces of these requests (when vLLM traces)."""
@@ -384,10 +366,9 @@ class VerifyCapture(Capture):
             facts = self.run_facts[run_id] = RunConfig(self.run_configs.get(run_id), lambda: self.runtime_layers)
         return facts
 
-    def _curve(self, rt, run_id: str) -> "RunCurve":
-        curve = self.curves.get(run_id)
-        if curve is None:
-            curve = self.curves[run_id] = RunCurve(*self.config_of(run_id).context())
+    def _curve(self, rt, run_id: str) -> RunCurve:
+        curve, new = self.judge.curve(run_id, self.config_of(run_id).context)
+        if new:
             if curve.boundaries:
                 rows = [b.as_dict() for b in curve.boundaries]
                 common = rt.common(ENGINE, run_id=run_id)
@@ -395,39 +376,6 @@ class VerifyCapture(Capture):
                 if rt.metrics is not None:
                     rt.metrics.boundaries(rows, rt.labels(run_id))
         return curve
-
-    def _judge_curve(self, rt, run_id: str) -> None:
-        """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS, each once per run (the rules: spectrace.acceptance)."""
-        curve = self.curves[run_id]
-        findings = []
-        if codes.CONTEXT_CLIFF not in curve.emitted:
-            for boundary in curve.boundaries:
-                cliff = acceptance.context_cliff(curve.by_range_totals(), boundary.tokens)
-                if cliff is not None:
-                    findings.append(audit.context_cliff_finding(boundary, cliff, curve.roots, curve.rates_by_range()))
-                    curve.emitted.add(codes.CONTEXT_CLIFF)
-                    break
-        if codes.POSITION_CLIFF not in curve.emitted and curve.drafted_at is not None:
-            position = acceptance.position_cliff(curve.drafted_at, curve.accepted_at)
-            if position is not None:
-                findings.append(
-                    audit.position_cliff_finding(
-                        position, curve.drafted_at.tolist(), curve.accepted_at.tolist(), curve.method, curve.parallel
-                    )
-                )
-                curve.emitted.add(codes.POSITION_CLIFF)
-        if codes.DUMMY_DRAFTS not in curve.emitted and acceptance.dummy_drafts(
-            curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted
-        ):
-            gate = next((b for b in curve.boundaries if b.model_role == "draft" and b.field == "max_position_embeddings"), None)
-            findings.append(
-                audit.dummy_drafts_finding(
-                    curve.draft_rows, curve.repeated_rows, curve.repeated_by_token, length_gate=gate, roots=curve.roots
-                )
-            )
-            curve.emitted.add(codes.DUMMY_DRAFTS)
-        if findings:
-            audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
 
     # -- request slices: the parameters the drafter never sees ----------------------
 
@@ -447,9 +395,9 @@ class VerifyCapture(Capture):
                 labels, new = self.slice_of[req_id], False
             else:
                 labels, new = self._read_slice(run_id, req_id, common, now, slice_rows), True
-                self.run_budgets.setdefault(run_id, RunBudget()).new_requests += 1
+                self.judge.run(run_id).budget.new_requests += 1
             if labels is not None:
-                self.run_slices.setdefault(run_id, RunSlices()).add(labels, new, drafted, accepted)
+                self.judge.run(run_id).slices.add(labels, new, drafted, accepted)
                 if rt.metrics is not None:
                     flush_counts = by_slice[run_id]
                     for item in labels.items():
@@ -470,7 +418,7 @@ class VerifyCapture(Capture):
                 note.sampling_params, note.lora_request, note.prefill_stats)
             labels = slices.request_slice(params)
             defaults = self._defaults(run_id)  # also reads the run's prefix-cache facts
-            run_slices = self.run_slices[run_id]
+            run_slices = self.judge.run(run_id).slices
             prefix = run_slices.prefix or {}
             rows.append({**common, "ts": now, "request_id": req_id, **params,
                          "generation_defaults": json.dumps(defaults_in_force(params, defaults)),
@@ -487,37 +435,16 @@ class VerifyCapture(Capture):
 
     def _defaults(self, run_id: str) -> dict:
         """The run's generation_config sampling defaults (read once per run, off the engine's threads)."""
-        run_slices = self.run_slices.setdefault(run_id, RunSlices())
+        run_slices = self.judge.run(run_id).slices
         if run_slices.defaults is None:
             facts = self.config_of(run_id)
             run_slices.defaults, run_slices.prefix = facts.defaults(), facts.prefix()
         return run_slices.defaults
 
-    def _judge_slices(self, rt, run_id: str) -> None:
-        """SLICE_ACCEPTANCE_LOW, once per run and dimension (the rule: ``spectrace.slices.slice_gaps``)."""
-        run_slices = self.run_slices[run_id]
-        if not run_slices.changed:
-            return
-        run_slices.changed = False
-        k = int(_run_k(rt, run_id) or 1)
-        gaps = [g for g in slices.slice_gaps(run_slices.by_slice, run_slices.total, k) if g.dimension not in run_slices.emitted]
-        findings = [audit.slice_finding(g, run_slices.defaults) for g in gaps]
-        run_slices.emitted.update(g.dimension for g in gaps)
-        prefix = run_slices.prefix or {}
-        if prefix.get("eagle_block_drop") and codes.PREFIX_HITS_DROPPED not in run_slices.emitted:
-            evidence = audit.dropped_hits(run_slices.cached_tokens, run_slices.requests_hit, prefix.get("block_size"),
-                                          run_slices.prompt_tokens)
-            if evidence is not None:
-                run = rt.run_by_id(run_id)
-                findings.append(audit.dropped_hits_finding(evidence, run.info.get("method") if run is not None else None))
-                run_slices.emitted.add(codes.PREFIX_HITS_DROPPED)
-        if findings:
-            audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
-
     # -- the token budget: drafts proposed vs drafts verified ------------------------
 
     def _drain_budget(self, rt, proposals: list, engine: list) -> None:
-        """``draft_budget`` per run and flush; DRAFTS_UNVERIFIED once per run (``audit.unverified_drafts``)."""
+        """``draft_budget`` per run and flush; DRAFTS_UNVERIFIED (the run judge)."""
         proposed: dict[str | None, int] = defaultdict(int)
         verified: dict[str | None, list[int]] = defaultdict(lambda: [0, 0])
         for run_id, drafts in proposals:  # Proposal
@@ -528,7 +455,7 @@ class VerifyCapture(Capture):
             counts[1] += 1
         now = time.time_ns()
         for run_id in proposed.keys() | verified.keys():
-            budget = self.run_budgets.setdefault(run_id, RunBudget())
+            budget = self.judge.run(run_id).budget
             budget.proposed += proposed.get(run_id, 0)
             v, steps = verified.get(run_id, (0, 0))
             budget.verified += v
@@ -541,36 +468,8 @@ class VerifyCapture(Capture):
                 rt.metrics.draft_budget(proposed.get(run_id, 0), v, rt.labels(run_id))
             budget.requests += budget.new_requests
             budget.new_requests = 0
-            if budget.emitted:
-                continue
-            evidence = audit.unverified_drafts(budget.proposed, budget.verified, budget.requests, int(_run_k(rt, run_id) or 1))
-            if evidence is not None:
-                budget.emitted = True
-                facts = self.config_of(run_id).scheduler()
-                short = audit.token_budget_findings(**facts) if facts else []
-                audit_live.emit_findings(rt, [audit.unverified_finding(evidence, short)], role=ENGINE, run=rt.run_by_id(run_id))
-
-    # -- dynamic speculation: k switching between steps ------------------------------
-
-    def _judge_switches(self, rt, run_id: str, switches: "RunSwitches") -> None:
-        """DYNAMIC_K_THRASHING once per run (the rule: ``audit.k_thrashing``), with the run's drafts never verified."""
-        switches.changed = False
-        if switches.emitted:
-            return
-        facts = self.config_of(run_id).scheduler() or {}
-        evidence = audit.k_thrashing(switches.by_shape, switches.transitions, facts.get("dynamic_k"))
-        if evidence is None:
-            return
-        switches.emitted = True
-        budget = self.run_budgets.get(run_id)
-        drafts = None
-        if budget is not None and budget.proposed:
-            drafts = {"proposed": budget.proposed, "verified": budget.verified,
-                      "requests": budget.requests + budget.new_requests, "num_speculative_tokens": facts["k"]}
-        short = audit.token_budget_findings(**facts)
-        finding = audit.thrashing_finding(evidence, drafts, short, max_num_seqs=facts["max_num_seqs"],
-                                          max_num_batched_tokens=facts["max_num_batched_tokens"])
-        audit_live.emit_findings(rt, [finding], role=ENGINE, run=rt.run_by_id(run_id))
+            self._emit(rt, run_id, self.judge.budget_findings(run_id, int(_run_k(rt, run_id) or 1),
+                                                              self.config_of(run_id).scheduler))
 
     # -- does speculation pay? (worker host times) ------------------------------------
 
@@ -618,8 +517,7 @@ class VerifyCapture(Capture):
         for (run_id, rank), t in totals.items():
             t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
             rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
-            detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
-            evidence = detector.observe(t)
+            window, not_paying = self.judge.observe_speculation(run_id, rank, t)
             whole = self.by_k_costs.setdefault((run_id, rank), dict.fromkeys(keys, 0))
             for key in keys:
                 whole[key] += t[key]
@@ -627,13 +525,11 @@ class VerifyCapture(Capture):
             if by_k and rt.metrics is not None:
                 rt.metrics.speedup_by_k(by_k, rank, rt.labels(run_id))
             if rt.metrics is not None:
-                window = detector.window()
                 rt.metrics.speculation(
                     t["steps"], t["step_ns"], t["draft_ns"], t["request_steps"], t["tokens"], rank, rt.labels(run_id),
                     window["speedup_estimate"] if window else None,
                 )
-            if evidence is not None and not rank:  # every rank times the same steps: rank 0 speaks
-                audit_live.emit_findings(rt, [audit.not_paying_finding(evidence)], role=WORKER, rank=rank, run=rt.run_by_id(run_id))
+            self._emit(rt, run_id, not_paying, role=WORKER, rank=rank)
 
     def _speedup_by_k(self, rt, run_id: str | None, rank: int | None) -> list[dict]:
         """What k pays over the run so far, from this worker's counts and step sums (``spectrace.speedup``)."""
@@ -656,23 +552,9 @@ class VerifyCapture(Capture):
         """
         self.drain(rt)
         with self._lock:
-            runs = {run for source, run, _ in self.totals if run != exclude and run not in self._checked}
-            for run_id in runs:
-                self._checked.add(run_id)
-                findings = self._agreement(run_id)
-                if findings:
-                    audit_live.emit_findings(rt, findings, role=ENGINE, run=rt.run_by_id(run_id))
+            for run_id, findings in self.judge.agreement(exclude=exclude):
+                self._emit(rt, run_id, findings)
 
-    def _agreement(self, run_id: str) -> list[audit.Finding]:
-        findings = []
-        engine = self.totals.get((ENGINE, run_id, None))
-        if engine is None:
-            return findings
-        for (source, run, rank), worker in list(self.totals.items()):
-            if source != WORKER or run != run_id or worker == engine:
-                continue
-            findings.append(audit.disagreement_finding(engine, worker, rank, run_id))
-        return findings
 
 
 def _band_positions(common: dict, run_id: str, arr: np.ndarray, steps: list[tuple[str, int]]) -> list[dict]:
@@ -722,206 +604,6 @@ def _run_k(rt, run_id: str | None) -> int | None:
     return run.info.get("num_speculative_tokens") if run is not None else None
 
 
-class ShapeCounts:
-    """One (run, batch band, k)'s verified steps of a flush: steps, request-steps, drafted, accepted, k switches."""
-
-    __slots__ = ("steps", "request_steps", "drafted", "accepted", "switches")
-
-    def __init__(self) -> None:
-        self.steps = self.request_steps = self.drafted = self.accepted = self.switches = 0
-
-    def add(self, mark: acceptance.StepMark, switched: bool) -> None:
-        self.steps += 1
-        self.request_steps += mark.pos0_drafted
-        self.drafted += mark.drafted
-        self.accepted += mark.accepted
-        self.switches += switched
-
-
-class RunBudget:
-    """One run's draft tokens proposed and verified so far, and the requests that verified drafts."""
-
-    def __init__(self) -> None:
-        self.proposed = self.verified = self.requests = self.new_requests = 0
-        self.emitted = False
-
-
-class RunSwitches:
-    """One run's verified steps and k switches: the k of its last verified step (kept across flushes), steps and
-    switches by (batch band, k), switches by (k before, k after)."""
-
-    def __init__(self) -> None:
-        self.last_k: int | None = None
-        self.by_shape: dict[tuple[str, int], tuple[int, int]] = {}
-        self.transitions: dict[tuple[int, int], int] = {}
-        self.changed = False
-        self.emitted = False
-
-    def step(self, k: int) -> bool:
-        """One verified step that drafted ``k``: whether the run's previous verified step drafted another k."""
-        last, self.last_k = self.last_k, k
-        if last is None or last == k:
-            return False
-        pair = (last, k)
-        self.transitions[pair] = self.transitions.get(pair, 0) + 1
-        return True
-
-    def add(self, band: str, k: int, steps: int, switches: int) -> None:
-        n, s = self.by_shape.get((band, k), (0, 0))
-        self.by_shape[(band, k)] = (n + steps, s + switches)
-        self.changed = True
-
-
-class RunSlices:
-    """One run's acceptance per request slice: (dimension, value) -> [requests, drafted, accepted]."""
-
-    def __init__(self) -> None:
-        self.by_slice: dict[tuple[str, str], list[int]] = {}
-        self.requests = self.drafted = self.accepted = 0
-        self.defaults: dict | None = None  # generation_config sampling defaults (read once)
-        self.prefix: dict | None = None  # prefix caching, block size, EAGLE block drop (read with the defaults)
-        self.prompt_tokens = self.cached_tokens = self.requests_hit = 0
-        self.emitted: set[str] = set()  # dimensions already reported
-        self.changed = False
-
-    @property
-    def total(self) -> tuple[int, int, int]:
-        return self.requests, self.drafted, self.accepted
-
-    def add(self, labels: dict[str, str], new_request: bool, drafted: int, accepted: int) -> None:
-        self.requests += new_request
-        self.drafted += drafted
-        self.accepted += accepted
-        for item in labels.items():
-            counts = self.by_slice.get(item)
-            if counts is None:
-                counts = self.by_slice[item] = [0, 0, 0]
-            counts[0] += new_request
-            counts[1] += drafted
-            counts[2] += accepted
-        self.changed = True
-
-
-class RunCurve:
-    """One run's acceptance shape so far (engine core), with the boundaries its configs set."""
-
-    def __init__(self, boundaries: list, roots: set[str], method: str | None, parallel: bool | None) -> None:
-        self.boundaries = boundaries
-        self.roots = roots
-        self.method = method
-        self.parallel = parallel
-        self.edges = acceptance.range_edges([b.tokens for b in boundaries])
-        self.by_range: dict[tuple[int, int | None], list[int]] = {}
-        self.by_range_position: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
-        self.drafted_at: np.ndarray | None = None
-        self.accepted_at: np.ndarray | None = None
-        self.draft_rows = self.repeated_rows = self.repeated_drafted = self.repeated_accepted = 0
-        self.repeated_by_token: dict[int, int] = {}
-        self.emitted: set[str] = set()
-
-    def add_range(self, bounds: tuple[int, int | None], drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
-        total = self.by_range.setdefault(bounds, [0, 0])
-        total[0] += int(drafted_at.sum())
-        total[1] += int(accepted_at.sum())
-
-    def add_positions(self, drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
-        if self.drafted_at is None:
-            self.drafted_at = np.zeros(0, dtype=np.int64)
-            self.accepted_at = np.zeros(0, dtype=np.int64)
-        k = max(len(self.drafted_at), len(drafted_at))
-        self.drafted_at = np.pad(self.drafted_at, (0, k - len(self.drafted_at))) + np.pad(drafted_at, (0, k - len(drafted_at)))
-        self.accepted_at = np.pad(self.accepted_at, (0, k - len(self.accepted_at))) + np.pad(accepted_at, (0, k - len(accepted_at)))
-
-    def add_shapes(self, shapes: dict) -> None:
-        self.draft_rows += shapes["rows"]
-        self.repeated_rows += shapes["repeated"]
-        self.repeated_drafted += shapes["repeated_drafted"]
-        self.repeated_accepted += shapes["repeated_accepted"]
-        for token, n in shapes["by_token"].items():
-            self.repeated_by_token[token] = self.repeated_by_token.get(token, 0) + n
-
-    def by_range_totals(self) -> dict[tuple[int, int | None], tuple[int, int]]:
-        return {bounds: (d, a) for bounds, (d, a) in self.by_range.items()}
-
-    def rates_by_range(self) -> dict[str, float | None]:
-        labels = dict(zip(acceptance.range_bounds(self.edges), acceptance.range_labels(self.edges)))
-        return {labels.get(b, str(b)): round(a / d, 4) if d else None for b, (d, a) in sorted(self.by_range.items())}
-
-
-_UNREAD = object()
-
-
-class RunConfig:
-    """What the drain reads of one run's VllmConfig, as plain values, each part read once on first use: the
-    context (boundaries, root-cause codes, method, parallel drafting: ``_run_context``), the generation_config
-    sampling defaults, the prefix-cache facts and the scheduler facts. A config this reader does not know gives
-    the neutral value of the part it fails (no boundaries, no defaults, no facts), never an error.
-
-    Pickled (the shipper hands it to a pipeline process, which holds no VllmConfig), every part is read
-    first, in the engine's process, with the runtime layers known then."""
-
-    __slots__ = ("_config", "_layers", "_context", "_defaults", "_prefix", "_scheduler")
-
-    def __init__(self, vllm_config, runtime_layers=lambda: None) -> None:
-        self._config = vllm_config
-        self._layers = runtime_layers  # () -> the runtime layers known now (read with the context)
-        self._context = self._defaults = self._prefix = self._scheduler = _UNREAD
-
-    def _read(self, slot: str, read, neutral):
-        value = getattr(self, slot)
-        if value is _UNREAD:
-            value = neutral
-            if self._config is not None:
-                try:
-                    value = read(self._config)
-                except Exception as exc:  # a config this reader does not know
-                    log.debug("spectrace: %s of this run not read: %s", slot[1:], exc)
-            setattr(self, slot, value)
-        return value
-
-    def context(self) -> tuple[list, set[str], str | None, bool | None]:
-        return self._read("_context", lambda c: _run_context(c, self._layers()), ([], set(), None, None))
-
-    def defaults(self) -> dict:
-        return self._read("_defaults", lambda c: generation_defaults(c.model_config), {})
-
-    def prefix(self) -> dict | None:
-        return self._read("_prefix", prefix_cache_facts, None)
-
-    def scheduler(self) -> dict | None:
-        return self._read("_scheduler", scheduler_facts, None)
-
-    def __getstate__(self):
-        return (self.context(), self.defaults(), self.prefix(), self.scheduler())
-
-    def __setstate__(self, state) -> None:
-        self._config, self._layers = None, lambda: None
-        self._context, self._defaults, self._prefix, self._scheduler = state
-
-
-def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list, set[str], str | None, bool | None]:
-    """(boundaries, root-cause codes, method, parallel drafting) of one run's configs: ``audit.judge``.
-
-    ``runtime_layers``: what the models run, where a worker loaded them in this process
-    (``note_layout``). With workers in other processes (tensor parallelism, the
-    multiprocess executor) the engine core holds no built model and no layer rows reach it,
-    so it judges the layout from the configs alone and a LAYOUT_MISMATCH cannot be a root here.
-    """
-    from spectrace.audit.dtype import dtype_name
-    from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
-
-    configs = model_configs(vllm_config)
-    spec = vllm_config.speculative_config
-    models = [
-        {"model_role": role, "declared": read_declared(c.model), "transformers_resolved": config_to_dict(c.hf_config)}
-        for role, c in configs.items()
-    ]
-    facts = audit.RunFacts(models, getattr(spec, "method", None), max_model_len=vllm_config.model_config.max_model_len,
-                           runtime_layers=runtime_layers,
-                           runs_in={role: dtype_name(getattr(c, "dtype", None)) for role, c in configs.items()})
-    judged = audit.judge(facts)
-    # an independent drafter's own RoPE is info, not a root cause, but the likely one of a cliff or collapse
-    roots = judged.roots | {f.code for f in judged.findings if f.code == audit.codes.ROPE_DIFFERS}
-    return judged.boundaries, roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
-
-
+def _method(rt, run_id: str | None) -> str | None:
+    run = rt.run_by_id(run_id)
+    return run.info.get("method") if run is not None else None

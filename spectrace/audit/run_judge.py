@@ -1,0 +1,353 @@
+"""The run judge: a run's records as each flush produces them in, its findings out, each at most once per run.
+
+The drain (``spectrace.tracer.verify.drain``) counts a flush's steps into records (per-position counts, draft
+shapes, request counts and slices, the draft budget, step shapes, worker step sums) and hands each batch here; this
+module keeps what the rules need between batches (the accumulators below, one :class:`RunRecords` per run) and
+returns the findings they give. One ``reported`` set per run says what was already said, for every rule: collapse
+and recovery, context and position cliffs, dummy drafts, slices, drafts never verified, dynamic k, speculation not
+paying, engine/worker agreement. The rules themselves are pure functions (``spectrace.acceptance``,
+``spectrace.slices``, the ``audit`` finding builders); nothing here reads vLLM or writes a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from spectrace import acceptance, slices
+from spectrace.audit import codes
+from spectrace.audit.curve import (
+    collapse_finding,
+    context_cliff_finding,
+    dummy_drafts_finding,
+    not_paying_finding,
+    position_cliff_finding,
+)
+from spectrace.audit.dynamic_k import k_thrashing, thrashing_finding
+from spectrace.audit.findings import Finding
+from spectrace.audit.ranks import disagreement_finding
+from spectrace.audit.requests import (
+    dropped_hits,
+    dropped_hits_finding,
+    slice_finding,
+    token_budget_findings,
+    unverified_drafts,
+    unverified_finding,
+)
+
+ENGINE, WORKER = "engine_core", "worker"
+
+
+class RunJudge:
+    """Every run rule of one process, over the records its drain produces (one per ``VerifyCapture``)."""
+
+    def __init__(self, *, collapse_threshold: float, collapse_window_tokens: int, collapse_min_tokens: int) -> None:
+        self._collapse = dict(threshold=collapse_threshold, window=collapse_window_tokens, min_tokens=collapse_min_tokens)
+        self.runs: dict[str, RunRecords] = {}
+        # (source, run, rank) -> [drafted, accepted] over the run: the engine core's beside each worker rank's
+        self.totals: dict[tuple[str, str, int | None], list[int]] = {}
+        self.paying: dict[tuple[str | None, int | None], acceptance.PayingDetector] = {}
+        self._agreed: set[str] = set()  # runs whose agreement was judged (once, when the run is over)
+
+    def run(self, run_id: str) -> "RunRecords":
+        records = self.runs.get(run_id)
+        if records is None:
+            records = self.runs[run_id] = RunRecords(acceptance.CollapseDetector(**self._collapse))
+        return records
+
+    def curve(self, run_id: str, context: Callable[[], tuple[list, set[str], str | None, bool | None]]) -> tuple["RunCurve", bool]:
+        """The run's acceptance curve, built on first use from its ``context`` (boundaries, root causes, method,
+        parallel drafting); whether it was built now (its boundaries are then new records)."""
+        records = self.run(run_id)
+        if records.curve is None:
+            records.curve = RunCurve(*context())
+            return records.curve, True
+        return records.curve, False
+
+    # -- per-position counts: the collapse detector, the curve's cliffs, dummy drafts, agreement --------
+
+    def observe_counts(self, source: str, run_id: str, rank: int | None, drafted: int, accepted: int) -> None:
+        """A flush's verified totals of one side (engine core, or a worker rank): the agreement's inputs."""
+        totals = self.totals.setdefault((source, run_id, rank), [0, 0])
+        totals[0] += drafted
+        totals[1] += accepted
+
+    def observe_positions(self, run_id: str, drafted_at: np.ndarray, accepted_at: np.ndarray,
+                          marks: list | None = None) -> list[Finding]:
+        """The engine core's per-position counts of a flush (and its steps' marks): ACCEPTANCE_COLLAPSE, then
+        ACCEPTANCE_RECOVERED, as the collapse detector fires."""
+        records = self.run(run_id)
+        if records.curve is not None:
+            records.curve.add_positions(drafted_at, accepted_at)
+        event = records.collapse.observe(drafted_at, accepted_at, marks)
+        if event is None:
+            return []
+        return [collapse_finding(event, records.curve.roots if records.curve is not None else ())]
+
+    def curve_findings(self, run_id: str) -> list[Finding]:
+        """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS over the curve so far."""
+        records = self.run(run_id)
+        curve = records.curve
+        if curve is None:
+            return []
+        findings = []
+        if (found := records.first(codes.CONTEXT_CLIFF, lambda: next(
+                ((b, c) for b in curve.boundaries
+                 if (c := acceptance.context_cliff(curve.by_range_totals(), b.tokens)) is not None), None))) is not None:
+            boundary, cliff = found
+            findings.append(context_cliff_finding(boundary, cliff, curve.roots, curve.rates_by_range()))
+        if curve.drafted_at is not None and (position := records.first(
+                codes.POSITION_CLIFF, lambda: acceptance.position_cliff(curve.drafted_at, curve.accepted_at))) is not None:
+            findings.append(position_cliff_finding(
+                position, curve.drafted_at.tolist(), curve.accepted_at.tolist(), curve.method, curve.parallel))
+        if records.first(codes.DUMMY_DRAFTS, lambda: acceptance.dummy_drafts(
+                curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted) or None) is not None:
+            gate = next((b for b in curve.boundaries if b.model_role == "draft" and b.field == "max_position_embeddings"), None)
+            findings.append(dummy_drafts_finding(
+                curve.draft_rows, curve.repeated_rows, curve.repeated_by_token, length_gate=gate, roots=curve.roots))
+        return findings
+
+    def agreement(self, *, exclude: str | None = None) -> list[tuple[str, list[Finding]]]:
+        """VERIFY_DISAGREEMENT for each run not yet judged (but ``exclude``, the one still running) where both the
+        engine core and a worker rank counted: (run, its findings)."""
+        judged = []
+        for run_id in sorted({run for _, run, _ in self.totals if run != exclude and run not in self._agreed}):
+            self._agreed.add(run_id)
+            engine = self.totals.get((ENGINE, run_id, None))
+            if engine is None:
+                continue
+            findings = [disagreement_finding(engine, worker, rank, run_id)
+                        for (source, run, rank), worker in list(self.totals.items())
+                        if source == WORKER and run == run_id and worker != engine]
+            judged.append((run_id, findings))
+        return judged
+
+    # -- request slices, the token budget, dynamic k -----------------------------------------------
+
+    def slice_findings(self, run_id: str, k: int, method: str | None) -> list[Finding]:
+        """SLICE_ACCEPTANCE_LOW once per run and dimension; PREFIX_HITS_DROPPED once per run."""
+        records = self.run(run_id)
+        run_slices = records.slices
+        if not run_slices.changed:
+            return []
+        run_slices.changed = False
+        findings = []
+        by_slice = {item: (c.requests, c.drafted, c.accepted) for item, c in run_slices.by_slice.items()}
+        for gap in slices.slice_gaps(by_slice, run_slices.total, k):
+            if records.first(f"{codes.SLICE_ACCEPTANCE_LOW}:{gap.dimension}", lambda: True):
+                findings.append(slice_finding(gap, run_slices.defaults))
+        prefix = run_slices.prefix or {}
+        if prefix.get("eagle_block_drop") and (evidence := records.first(codes.PREFIX_HITS_DROPPED, lambda: dropped_hits(
+                run_slices.cached_tokens, run_slices.requests_hit, prefix.get("block_size"), run_slices.prompt_tokens))) is not None:
+            findings.append(dropped_hits_finding(evidence, method))
+        return findings
+
+    def budget_findings(self, run_id: str, k: int, scheduler: Callable[[], dict | None]) -> list[Finding]:
+        """DRAFTS_UNVERIFIED once per run, with the token-budget findings that explain it."""
+        records = self.run(run_id)
+        budget = records.budget
+        evidence = records.first(codes.DRAFTS_UNVERIFIED,
+                                 lambda: unverified_drafts(budget.proposed, budget.verified, budget.requests, k))
+        if evidence is None:
+            return []
+        facts = scheduler()
+        return [unverified_finding(evidence, token_budget_findings(**facts) if facts else [])]
+
+    def switch_findings(self, run_id: str, scheduler: Callable[[], dict | None]) -> list[Finding]:
+        """DYNAMIC_K_THRASHING once per run, with the run's drafts never verified."""
+        records = self.run(run_id)
+        switches = records.switches
+        if not switches.changed:
+            return []
+        switches.changed = False
+        if codes.DYNAMIC_K_THRASHING in records.reported:
+            return []
+        facts = scheduler() or {}
+        evidence = records.first(codes.DYNAMIC_K_THRASHING,
+                                 lambda: k_thrashing(switches.by_shape, switches.transitions, facts.get("dynamic_k")))
+        if evidence is None:
+            return []
+        budget = records.budget
+        drafts = None
+        if budget.proposed:
+            drafts = {"proposed": budget.proposed, "verified": budget.verified,
+                      "requests": budget.requests + budget.new_requests, "num_speculative_tokens": facts["k"]}
+        return [thrashing_finding(evidence, drafts, token_budget_findings(**facts), max_num_seqs=facts["max_num_seqs"],
+                                  max_num_batched_tokens=facts["max_num_batched_tokens"])]
+
+    # -- does speculation pay? ----------------------------------------------------------------
+
+    def observe_speculation(self, run_id: str | None, rank: int | None, sums: dict[str, float]) -> tuple[dict | None, list[Finding]]:
+        """A worker rank's step sums of a flush (``speculation_steps``): the speed-up over the detector's window,
+        and SPECULATION_NOT_PAYING once (rank 0 speaks: every rank times the same steps)."""
+        detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
+        evidence = detector.observe(sums)
+        findings = [not_paying_finding(evidence)] if evidence is not None and not rank else []
+        return detector.window(), findings
+
+
+class RunRecords:
+    """What one run's rules keep between batches, and what was already reported."""
+
+    __slots__ = ("collapse", "curve", "slices", "budget", "switches", "reported")
+
+    def __init__(self, collapse: acceptance.CollapseDetector) -> None:
+        self.collapse = collapse
+        self.curve: RunCurve | None = None  # built on the first counts, from the run's configs
+        self.slices = RunSlices()
+        self.budget = RunBudget()
+        self.switches = RunSwitches()
+        self.reported: set[str] = set()  # codes (and code:dimension for slices) already said for this run
+
+    def first(self, key: str, check: Callable[[], Any]) -> Any:
+        """``check()`` when ``key`` was not reported yet for this run, marking it reported when the check
+        finds something (not None, returned); else None."""
+        if key in self.reported:
+            return None
+        found = check()
+        if found is not None:
+            self.reported.add(key)
+            return found
+        return None
+
+
+class ShapeCounts:
+    """One (run, batch band, k)'s verified steps of a flush: steps, request-steps, drafted, accepted, k switches."""
+
+    __slots__ = ("steps", "request_steps", "drafted", "accepted", "switches")
+
+    def __init__(self) -> None:
+        self.steps = self.request_steps = self.drafted = self.accepted = self.switches = 0
+
+    def add(self, mark: acceptance.StepMark, switched: bool) -> None:
+        self.steps += 1
+        self.request_steps += mark.pos0_drafted
+        self.drafted += mark.drafted
+        self.accepted += mark.accepted
+        self.switches += switched
+
+
+class RunBudget:
+    """One run's draft tokens proposed and verified so far, and the requests that verified drafts."""
+
+    __slots__ = ("proposed", "verified", "requests", "new_requests")
+
+    def __init__(self) -> None:
+        self.proposed = self.verified = self.requests = self.new_requests = 0
+
+
+class RunSwitches:
+    """One run's verified steps and k switches: the k of its last verified step (kept across flushes), steps and
+    switches by (batch band, k), switches by (k before, k after)."""
+
+    __slots__ = ("last_k", "by_shape", "transitions", "changed")
+
+    def __init__(self) -> None:
+        self.last_k: int | None = None
+        self.by_shape: dict[tuple[str, int], tuple[int, int]] = {}
+        self.transitions: dict[tuple[int, int], int] = {}
+        self.changed = False
+
+    def step(self, k: int) -> bool:
+        """One verified step that drafted ``k``: whether the run's previous verified step drafted another k."""
+        last, self.last_k = self.last_k, k
+        if last is None or last == k:
+            return False
+        pair = (last, k)
+        self.transitions[pair] = self.transitions.get(pair, 0) + 1
+        return True
+
+    def add(self, band: str, k: int, steps: int, switches: int) -> None:
+        n, s = self.by_shape.get((band, k), (0, 0))
+        self.by_shape[(band, k)] = (n + steps, s + switches)
+        self.changed = True
+
+
+class SliceCounts:
+    """One request slice's (dimension, value) requests, drafted and accepted so far."""
+
+    __slots__ = ("requests", "drafted", "accepted")
+
+    def __init__(self) -> None:
+        self.requests = self.drafted = self.accepted = 0
+
+
+class RunSlices:
+    """One run's acceptance per request slice, and the prefix-cache hits of its requests."""
+
+    __slots__ = ("by_slice", "requests", "drafted", "accepted", "defaults", "prefix", "prompt_tokens", "cached_tokens",
+                 "requests_hit", "changed")
+
+    def __init__(self) -> None:
+        self.by_slice: dict[tuple[str, str], SliceCounts] = {}
+        self.requests = self.drafted = self.accepted = 0
+        self.defaults: dict | None = None  # generation_config sampling defaults (read once)
+        self.prefix: dict | None = None  # prefix caching, block size, EAGLE block drop (read with the defaults)
+        self.prompt_tokens = self.cached_tokens = self.requests_hit = 0
+        self.changed = False
+
+    @property
+    def total(self) -> tuple[int, int, int]:
+        return self.requests, self.drafted, self.accepted
+
+    def add(self, labels: dict[str, str], new_request: bool, drafted: int, accepted: int) -> None:
+        self.requests += new_request
+        self.drafted += drafted
+        self.accepted += accepted
+        for item in labels.items():
+            counts = self.by_slice.get(item)
+            if counts is None:
+                counts = self.by_slice[item] = SliceCounts()
+            counts.requests += new_request
+            counts.drafted += drafted
+            counts.accepted += accepted
+        self.changed = True
+
+
+class RunCurve:
+    """One run's acceptance shape so far (engine core), with the boundaries its configs set."""
+
+    __slots__ = ("boundaries", "roots", "method", "parallel", "edges", "by_range", "drafted_at", "accepted_at",
+                 "draft_rows", "repeated_rows", "repeated_drafted", "repeated_accepted", "repeated_by_token")
+
+    def __init__(self, boundaries: list, roots: set[str], method: str | None, parallel: bool | None) -> None:
+        self.boundaries = boundaries
+        self.roots = roots
+        self.method = method
+        self.parallel = parallel
+        self.edges = acceptance.range_edges([b.tokens for b in boundaries])
+        self.by_range: dict[tuple[int, int | None], list[int]] = {}  # context range -> [drafted, accepted]
+        self.drafted_at: np.ndarray | None = None
+        self.accepted_at: np.ndarray | None = None
+        self.draft_rows = self.repeated_rows = self.repeated_drafted = self.repeated_accepted = 0
+        self.repeated_by_token: dict[int, int] = {}
+
+    def add_range(self, bounds: tuple[int, int | None], drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
+        total = self.by_range.setdefault(bounds, [0, 0])
+        total[0] += int(drafted_at.sum())
+        total[1] += int(accepted_at.sum())
+
+    def add_positions(self, drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
+        if self.drafted_at is None:
+            self.drafted_at = np.zeros(0, dtype=np.int64)
+            self.accepted_at = np.zeros(0, dtype=np.int64)
+        k = max(len(self.drafted_at), len(drafted_at))
+        self.drafted_at = np.pad(self.drafted_at, (0, k - len(self.drafted_at))) + np.pad(drafted_at, (0, k - len(drafted_at)))
+        self.accepted_at = np.pad(self.accepted_at, (0, k - len(self.accepted_at))) + np.pad(accepted_at, (0, k - len(accepted_at)))
+
+    def add_shapes(self, shapes: dict) -> None:
+        self.draft_rows += shapes["rows"]
+        self.repeated_rows += shapes["repeated"]
+        self.repeated_drafted += shapes["repeated_drafted"]
+        self.repeated_accepted += shapes["repeated_accepted"]
+        for token, n in shapes["by_token"].items():
+            self.repeated_by_token[token] = self.repeated_by_token.get(token, 0) + n
+
+    def by_range_totals(self) -> dict[tuple[int, int | None], tuple[int, int]]:
+        return {bounds: (d, a) for bounds, (d, a) in self.by_range.items()}
+
+    def rates_by_range(self) -> dict[str, float | None]:
+        labels = dict(zip(acceptance.range_bounds(self.edges), acceptance.range_labels(self.edges)))
+        return {labels.get(b, str(b)): round(a / d, 4) if d else None for b, (d, a) in sorted(self.by_range.items())}
