@@ -25,7 +25,7 @@ import spectrace.store
 from spectrace import lake as lake_connection
 from spectrace.cli import main
 from spectrace.lake import read as lake
-from spectrace.queries import ranks
+from spectrace.audit import store_judge
 from spectrace.testing import wait_until
 from spectrace.testing.engine import DEFAULT_PROMPTS, K, base_env
 from spectrace.testing.postgres import PostgresServer
@@ -170,7 +170,7 @@ def test_both_ranks_one_run_across_nodes(healthy, catalog, untraced_methods, cap
             (run_id, f"node-{rank}", rank)]
     assert "joins run " + run_id in healthy["logs"][1]  # node 1's worker adopted rank 0's run (one line)
     # RANK_DISAGREEMENT is judged where the ranks meet: none for the healthy engine
-    assert ranks.rank_findings(lake.open(catalog), run_id) == ([0, 1], [])
+    assert store_judge.rank_verdicts(lake.open(catalog), run_id)[:2] == ([0, 1], [])
     capsys.readouterr()
     assert main(["report", "--lake", catalog, "--run", run_id]) == 0
     assert "Ranks: 2 (0 on node-0, 1 on node-1) agree on layout, taps and verified counts" in capsys.readouterr().out
@@ -212,7 +212,7 @@ def split(zoo, scratch, cache_root, catalog):
 def test_drafters_that_resolve_differently_across_nodes_disagree_in_the_lake(split, catalog, capsys):
     (run_id, host0, rank0, taps0), (run_id1, host1, rank1, taps1) = split["taps"]
     assert (run_id1, host0, rank0, host1, rank1) == (run_id, "node-0", 0, "node-1", 1) and taps0 != taps1
-    seen, findings = ranks.rank_findings(lake.open(catalog), run_id)
+    seen, findings, _ = store_judge.rank_verdicts(lake.open(catalog), run_id)
     assert seen == [0, 1]
     [finding] = [f for f in findings if f.evidence["aspect"] == "taps"]
     assert finding.code == "RANK_DISAGREEMENT" and finding.evidence["hosts"] == {"0": "node-0", "1": "node-1"}

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 import spectrace.store
-from spectrace.queries import ranks, report
+from spectrace.audit import store_judge
+from spectrace.queries import report
 from spectrace.testing.engine import method_specs, run_engines
 
 pytestmark = pytest.mark.vllm
@@ -30,10 +31,10 @@ def test_both_ranks_recorded_and_agree(tp2, untraced_methods):
     con, result = tp2
     assert result.ok, result.error
     assert result.tokens == untraced_methods["self"].tokens  # TP=2 generates what one rank does
-    layouts, taps, counts = ranks.rank_rows(con, result.run_id)
+    layouts, taps, counts, _, _ = store_judge.rank_records(con, result.run_id)
     assert sorted(layouts) == [0, 1] and len(layouts[0]) == len(layouts[1]) > 0
     drafted = result.metrics["vllm:spec_decode_num_draft_tokens"]
     accepted = result.metrics["vllm:spec_decode_num_accepted_tokens"]
     assert counts == {0: (drafted, accepted), 1: (drafted, accepted)}  # each rank verified the whole batch
-    assert ranks.rank_findings(con, result.run_id) == ([0, 1], [])
+    assert store_judge.rank_verdicts(con, result.run_id)[:2] == ([0, 1], [])
     assert "Ranks: 2 (0, 1) agree on layout, taps and verified counts" in report.render(con, run_id=result.run_id)

@@ -117,7 +117,8 @@ def test_ranks_on_two_hosts_are_judged_together_with_their_hosts():
     """What the lake holds after a two-node engine: one run, rank 0 on node-0, rank 1 on node-1."""
     import duckdb
 
-    from spectrace.queries import ranks, report
+    from spectrace.audit.store_judge import StoreVerdicts, rank_verdicts
+    from spectrace.queries import report
 
     con = duckdb.connect()
     con.execute("create table attention_layout (run_id varchar, host varchar, rank integer, model_role varchar, "
@@ -130,12 +131,14 @@ def test_ranks_on_two_hosts_are_judged_together_with_their_hosts():
         con.execute("insert into attention_layout values ('r', ?, ?, 'target', 0, 'full', null, true)", [host, rank])
         con.execute("insert into verify_counts values ('r', ?, 'worker', 30, 30)", [rank])
     con.execute("insert into hidden_state_taps values ('r', 0, '[1, 4, 5]'), ('r', 1, '[2, 4, 5]')")
-    seen, [finding] = ranks.rank_findings(con, "r")
+    seen, [finding], hosts = rank_verdicts(con, "r")
     assert seen == [0, 1] and finding.code == "RANK_DISAGREEMENT"
     assert finding.evidence["aspect"] == "taps" and finding.evidence["hosts"] == {"0": "node-0", "1": "node-1"}
-    assert "Ranks: 2 (0 on node-0, 1 on node-1), 1 disagreement(s)" in report._ranks(con, "r")[0]
+    assert "Ranks: 2 (0 on node-0, 1 on node-1), 1 disagreement(s)" in report._ranks(StoreVerdicts([], [finding], seen, hosts))[0]
     con.execute("update hidden_state_taps set tapped_ids = '[1, 4, 5]'")
-    assert report._ranks(con, "r") == ["Ranks: 2 (0 on node-0, 1 on node-1) agree on layout, taps and verified counts"]
+    seen, findings, hosts = rank_verdicts(con, "r")
+    assert report._ranks(StoreVerdicts([], findings, seen, hosts)) == [
+        "Ranks: 2 (0 on node-0, 1 on node-1) agree on layout, taps and verified counts"]
 
 
 def dp_config(size: int, index: int):

@@ -20,7 +20,10 @@ plain dicts, and the unit tests feed them hand-written ones. One module per topi
   hits the EAGLE block drop costs (``PREFIX_HITS_DROPPED``)
 - ``dynamic_k``: dynamic speculation whose k flips between steps (``DYNAMIC_K_THRASHING``)
 - ``ranks``: agreement within one engine (``RANK_DISAGREEMENT``, ``VERIFY_DISAGREEMENT``)
-- ``judge``: one function that composes them for a run's facts
+- ``judge``: the static judge — one function that composes them for a run's facts (config, layout, taps)
+- ``run_judge``: the run judge — the records each flush produces in, the run rules' findings out, once each
+- ``store_judge``: one run's verdicts from a store or lake (``judge_store``): what ``spectrace report`` renders
+  (imported by name: it reads ``spectrace.speedup``, which sits above the audit)
 
 Root causes and consequences: each root cause is one ``error`` (or ``warning``)
 finding; what follows from it is reported as ``info`` findings whose

@@ -9,8 +9,9 @@ from typing import Any
 from spectrace import audit
 from spectrace.acceptance import band_order
 from spectrace.audit import codes
+from spectrace.audit.curve import best_k
+from spectrace.audit.store_judge import TIE, StoreVerdicts, judge_store
 from spectrace.console import format_table, number, ratio
-from spectrace.speedup import best, by_band, from_store
 
 
 class ReportError(Exception):
@@ -58,10 +59,8 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("Hooks not installed (that part of the audit is unavailable):")
         out += [f"  {hook}: {detail}" for hook, detail in missing]
     out.append("")
-    by_k = (from_store(con, rid), by_band(con, rid))  # what k pays, whole run and by batch size: read once, for
-    better = audit.k_better_finding(by_k[0], by_band=by_k[1])  # its finding here and its table under acceptance
-    # a finding only the store can give (it holds the run without drafts that prices it; a worker sees its own run)
-    out += _findings(con, rid, derived=[better] if better is not None else [])
+    verdicts = judge_store(con, rid)  # every verdict here is the audit's: this module renders
+    out += _findings(verdicts)
     for role in ("target", "draft"):
         out.append("")
         out += _layout(con, rid, role)
@@ -73,12 +72,12 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
     if models:
         out.append("")
         out += models
-    ranks = _ranks(con, rid)
+    ranks = _ranks(verdicts)
     if ranks:
         out.append("")
         out += ranks
     out.append("")
-    out += _acceptance(con, rid, plot, by_k)
+    out += _acceptance(con, rid, plot, verdicts)
     requests = _requests(con, rid)
     if requests:
         out.append("")
@@ -118,12 +117,11 @@ def _requests(con, run_id: str) -> list[str]:
     return lines
 
 
-def _findings(con, run_id: str, *, derived: list[audit.Finding] = ()) -> list[str]:
-    rows = con.execute(
-        "select code, severity, model_role, message, fix, caused_by, process_role from findings where run_id = ? order by ts",
-        [run_id],
-    ).fetchall()
-    rows += [(f.code, f.severity, f.model_role, f.message + " (from the store)", f.fix, f.caused_by, None) for f in derived]
+def _findings(verdicts: StoreVerdicts) -> list[str]:
+    # the store's own verdicts (rank disagreements have their own section) marked as such
+    rows = [(f.code, f.severity, f.model_role, f.message, f.fix, f.caused_by, None) for f in verdicts.recorded]
+    rows += [(f.code, f.severity, f.model_role, f.message + " (from the store)", f.fix, f.caused_by, None)
+             for f in verdicts.derived if f.component != "ranks"]
     if not rows:
         return ["Findings: none"]
     errors = sum(1 for r in rows if r[1] == "error")
@@ -181,14 +179,11 @@ def _layout(con, run_id: str, role: str) -> list[str]:
     return [header, _indent(format_table(["", "layer", "declared", "resolved", "runtime", "kv spec", "causal", "vLLM layer"], table))]
 
 
-def _ranks(con, run_id: str) -> list[str]:
+def _ranks(verdicts: StoreVerdicts) -> list[str]:
     """Tensor-parallel ranks compared (RANK_DISAGREEMENT); nothing for a one-rank engine."""
-    from spectrace.queries.ranks import rank_findings, rank_hosts
-
-    ranks, findings = rank_findings(con, run_id)
+    ranks, findings, hosts = verdicts.ranks, verdicts.rank_findings(), verdicts.hosts
     if len(ranks) < 2:
         return []
-    hosts = rank_hosts(con, run_id)
     several = len(set(hosts.values())) > 1  # one engine over several hosts (multi-node TP/PP, Ray)
     seen = ", ".join(f"{r} on {hosts.get(r)}" if several else str(r) for r in ranks)
     if not findings:
@@ -257,7 +252,7 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def _acceptance(con, run_id: str, plot: str | None, by_k: tuple[list[dict], dict[str, list[dict]]]) -> list[str]:
+def _acceptance(con, run_id: str, plot: str | None, verdicts: StoreVerdicts) -> list[str]:
     rows = con.execute(
         "select position, drafted, accepted, rate from acceptance_by_position where run_id = ? order by position",
         [run_id],
@@ -290,7 +285,7 @@ def _acceptance(con, run_id: str, plot: str | None, by_k: tuple[list[dict], dict
         lines.append(_indent(format_table(headers, table)))
     lines += _shapes(con, run_id)
     lines += _cost(con, run_id)
-    lines += _by_k(*by_k)
+    lines += _by_k(verdicts)
     agreement = con.execute(
         "select source, rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? group by all order by source, rank",
         [run_id],
@@ -371,14 +366,11 @@ def _cost(con, run_id: str) -> list[str]:
     return lines
 
 
-TIE = 0.02  # predicted speed-ups this close to the best are a tie: the model's error is larger (README, "What k pays")
-
-
-def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
+def _by_k(verdicts: StoreVerdicts) -> list[str]:
     """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size."""
+    rows, bands, pick, close = verdicts.by_k, verdicts.by_k_bands, verdicts.best, verdicts.ties
     if not rows:
         return []
-    pick = best(rows)
     priced = ("step times measured without drafts on this target (decode_steps)" if rows[0]["step_source"] == "baseline"
               else "step times fitted from this run alone: no run of this target without drafts in the store")
     lines = [f"What k pays (this run's per-position counts; {priced}; model and limits: README)"]
@@ -390,8 +382,6 @@ def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
              for r in rows]  # fmt: skip
     lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
     if pick is not None:
-        close = [r["k"] for r in rows if r is not pick and not r["extrapolated"] and r["speedup"] is not None
-                 and r["speedup"] >= pick["speedup"] * (1 - TIE)]
         lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({number(pick['speedup'], '.2f')}x)"
                      + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, not advice" if close else ""))
     if len(bands) > 1:
@@ -400,7 +390,7 @@ def _by_k(rows: list[dict], bands: dict[str, list[dict]]) -> list[str]:
         table = []
         for band, band_rows in bands.items():
             speedups = {r["k"]: r["speedup"] for r in band_rows}
-            top = best(band_rows)
+            top = best_k(band_rows)
             table.append((band, band_rows[0]["step_source"],
                           *["-" if speedups.get(k) is None else number(speedups[k], ".2f") + "x" for k in ks],
                           "-" if top is None else ("none" if top["k"] == 0 else top["k"])))

@@ -158,7 +158,7 @@ def _check_quantized(cell: Cell, zoo: dict[str, str], root: Path, common: dict) 
 
 def _check_ray(zoo: dict[str, str], root: Path, cache: Path, gpus: int) -> list[tuple[bool, str]]:
     import spectrace.store
-    from spectrace.queries import ranks
+    from spectrace.audit.store_judge import rank_verdicts
     from spectrace.testing.engine import ChildFailed, method_specs, run_engines
 
     tp = min(2, gpus)
@@ -180,7 +180,7 @@ def _check_ray(zoo: dict[str, str], root: Path, cache: Path, gpus: int) -> list[
         _verdict(lines, False, cell, name, "run", f"traced: {on.error or 'ok'}; untraced: {off.error or 'ok'}")
         return lines
     _verdict(lines, on.tokens == off.tokens, cell, name, "tokens", f"{sum(map(len, on.tokens))} tokens")
-    seen, findings = ranks.rank_findings(spectrace.store.open(store), on.run_id)
+    seen, findings, _ = rank_verdicts(spectrace.store.open(store), on.run_id)
     _verdict(lines, seen == list(range(tp)) and not findings, cell, name, "ranks",
              f"ranks {seen} under run {on.run_id}, {len(findings)} RANK_DISAGREEMENT"
              + ("" if tp == 2 else " (one GPU: TP=2 needs two)"))
