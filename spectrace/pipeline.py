@@ -21,12 +21,12 @@ Flush (the background thread every ``flush_interval_s``, and on ``flush()`` / ``
     4. **maintenance**: every ``maintain_interval_s``, the ``maintain()`` of the sinks that
        have one (the store's compaction, retention and size cap), on the same thread.
 
-A sink is any object with ``name``, ``export(batch)`` and ``close()`` (:class:`Sink`). It may
-also offer ``maintain()``, ``stats()``, ``status`` (a line for the run record),
-``writing(run_id)`` (the run this process writes now), ``takes_tables`` (it stores the
-records tables, so the runtime also turns spans into ``spans`` rows), ``metric_reader()``
-(an OpenTelemetry metric reader the process's meter provider adds) and ``span_processor()``
-(one the tracer provider adds). Sinks are chosen once, from ``spectrace.sinks.SINKS``, by
+A sink subclasses :class:`Sink`, which declares everything a sink can do with its default:
+``export(batch)`` and ``close()``, ``maintain()``, ``stats()``, ``status`` (a line for the run
+record), ``writing(run_id)`` (the run this process writes now), ``takes_tables`` (it stores the
+records tables, so the runtime also turns spans into ``spans`` rows), ``metric_reader()`` (an
+OpenTelemetry metric reader the process's meter provider adds) and ``span_processor()`` (one the
+tracer provider adds). Sinks are chosen once, from ``spectrace.sinks.SINKS``, by
 the names in ``SPECTRACE_EXPORTER`` (``spectrace.sinks.build``). A sink reports rows it could
 not keep through ``Pipeline.count_dropped``, never by touching the pipeline's fields.
 """
@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -196,16 +196,39 @@ def _build(pending_rows: dict[str, list[dict[str, Any]]], pending_columns: dict[
 # -- sinks ------------------------------------------------------------------------
 
 
-@runtime_checkable
-class Sink(Protocol):
-    """What a pipeline hands each flush to. ``export`` runs on the flush thread and must not
-    block for long (a sink that talks to a server keeps its own bounded queue and backoff)."""
+class Sink:
+    """What a pipeline hands each flush to, and what each sink can do, declared here with its default: a sink
+    overrides what it offers (the pipeline and the runtime call these, never probe for them). ``export`` runs on
+    the flush thread and must not block for long (a sink that talks to a server keeps its own bounded queue and
+    backoff)."""
 
-    name: str
+    name = "sink"
+    status = ""  # a line for the run record (``exporters``; the name where empty)
+    takes_tables = False  # stores the records tables: the runtime then also turns spans into ``spans`` rows
 
-    def export(self, batch: Batch) -> None: ...
+    def export(self, batch: "Batch") -> None:
+        """One flush's batch."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """The last flush was exported: release what the sink holds."""
+
+    def maintain(self) -> None:
+        """Maintenance on the flush thread every ``maintain_interval_s`` (the store's compaction, retention, cap)."""
+
+    def stats(self) -> dict[str, Any] | None:
+        """The sink's own counters for ``Pipeline.stats``, or None."""
+        return None
+
+    def writing(self, run_id: str) -> None:
+        """The run this process writes now (a store names its segments by it)."""
+
+    def metric_reader(self) -> Any | None:
+        """An OpenTelemetry metric reader the process's meter provider adds, or None."""
+        return None
+
+    def span_processor(self) -> Any | None:
+        """An OpenTelemetry span processor the tracer provider adds, or None."""
+        return None
 
 
 # -- the pipeline -------------------------------------------------------------------
@@ -347,11 +370,8 @@ class Pipeline:
         with self._flush_lock:
             self._maintained = time.monotonic()
             for sink in self.sinks:
-                maintain = getattr(sink, "maintain", None)
-                if maintain is None:
-                    continue
                 try:
-                    maintain()
+                    sink.maintain()
                 except Exception as exc:
                     self._failed(f"exporter.{sink.name}", exc)
 
@@ -408,10 +428,10 @@ class Pipeline:
             "errors": dict(self.errors),
         }
         for sink in self.sinks:
-            stats = getattr(sink, "stats", None)
+            try:
+                stats = sink.stats()
+            except Exception as exc:
+                stats = {"error": f"{type(exc).__name__}: {exc}"}
             if stats is not None:
-                try:
-                    out[sink.name] = stats()
-                except Exception as exc:
-                    out[sink.name] = {"error": f"{type(exc).__name__}: {exc}"}
+                out[sink.name] = stats
         return out

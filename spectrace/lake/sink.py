@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from spectrace import lake
 from spectrace.redact import remember
-from spectrace.pipeline import Batch
+from spectrace.pipeline import Batch, Sink
 from spectrace.settings import Settings
 
 log = logging.getLogger("vllm.spectrace")
@@ -29,7 +29,7 @@ log = logging.getLogger("vllm.spectrace")
 RETRY_MAX_S = 10.0
 
 
-class LakeSink:
+class LakeSink(Sink):
     name = "lake"
     status = "lake"
     takes_tables = True  # stores the records tables: the runtime turns spans into rows for it

@@ -85,5 +85,5 @@ def build(
             log.error("spectrace: the %s sink is unavailable: %s", name, exc)
             continue
         pipeline.add_sink(sink)
-        status[name] = getattr(sink, "status", name)
+        status[name] = sink.status or name
     return pipeline, status

@@ -39,6 +39,7 @@ from typing import Any, Iterable
 
 from spectrace import identity, settings
 from spectrace.store.compaction import pid_alive
+from spectrace.pipeline import Sink
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -264,7 +265,7 @@ class ProcessFile:
                 pass
 
 
-class ExpositionSink:
+class ExpositionSink(Sink):
     """The pipeline's ``prometheus`` sink: this process's series, rewritten after every flush.
 
     Its OpenTelemetry reader (``metric_reader()``) is what the process's meter provider

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spectrace.pipeline import Batch
+from spectrace.pipeline import Batch, Sink
 
 
 def _plain(table: pa.Table) -> pa.Table:
@@ -28,7 +28,7 @@ def _plain(table: pa.Table) -> pa.Table:
     return table
 
 
-class MemorySink:
+class MemorySink(Sink):
     name = "memory"
     status = "memory"
     takes_tables = True  # stores the records tables: the runtime turns spans into rows for it

@@ -21,6 +21,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from spectrace.pipeline import Sink
+
 log = logging.getLogger("vllm.spectrace")
 
 class MissingExtra(RuntimeError):
@@ -146,7 +148,7 @@ def otlp_metric_reader():
     return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()))
 
 
-class OtlpSink:
+class OtlpSink(Sink):
     """The pipeline's ``otlp`` sink: spans and metrics to an OTLP collector.
 
     The OpenTelemetry SDK schedules this export itself (a batch span processor and a periodic

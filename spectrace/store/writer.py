@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spectrace import identity
-from spectrace.pipeline import Batch
+from spectrace.pipeline import Batch, Sink
 from spectrace.settings import Settings
 from spectrace.store import compaction, files
 
@@ -41,7 +41,7 @@ def _scandir(path) -> list:
         return []
 
 
-class SegmentSink:
+class SegmentSink(Sink):
     """Writes each flush's parts as Parquet segments; compacts, expires and caps the store."""
 
     name = "duckdb"

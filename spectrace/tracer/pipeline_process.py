@@ -25,6 +25,8 @@ import sys
 import threading
 from dataclasses import replace
 
+from spectrace.pipeline import Sink
+
 log = logging.getLogger("vllm.spectrace")
 
 FAULT = "pipeline_process"  # SPECTRACE_INJECT_FAULT name of the pipeline process's own fault
@@ -158,7 +160,7 @@ class Acks:
                 pass  # a full pipe, or the engine is gone (EOF follows)
 
 
-class AckSink:
+class AckSink(Sink):
     """The pipeline's last sink: acknowledges the flush it was handed (every sink before it has written it)."""
 
     name = "ack"

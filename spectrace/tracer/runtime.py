@@ -221,15 +221,16 @@ class Runtime:
                 return
             readers = []
             sinks = self.pipeline.sinks
-            if any(getattr(sink, "takes_tables", False) for sink in sinks):
+            if any(sink.takes_tables for sink in sinks):
                 self._add_span_processor(SimpleSpanProcessor(SpanRows(self.pipeline)))
             for sink in sinks:  # the sinks that take spans or metrics from the SDK (otlp, prometheus)
                 try:
-                    if hasattr(sink, "span_processor"):
-                        self._add_span_processor(sink.span_processor())
-                    if hasattr(sink, "metric_reader"):
-                        readers.append(sink.metric_reader())
-                    self.exporter_status[sink.name] = sink.status
+                    processor, reader = sink.span_processor(), sink.metric_reader()
+                    if processor is not None:
+                        self._add_span_processor(processor)
+                    if reader is not None:
+                        readers.append(reader)
+                    self.exporter_status[sink.name] = sink.status or sink.name
                 except Exception as exc:
                     self.exporter_status[sink.name] = f"unavailable: {exc}"
                     log.error("spectrace: the %s sink is unavailable: %s", sink.name, exc)
@@ -321,8 +322,7 @@ class Runtime:
         if run is not None:
             self.runs[run.run_id] = run
             for sink in self.pipeline.sinks:
-                if hasattr(sink, "writing"):
-                    sink.writing(run.run_id)  # the store never evicts the run this process writes
+                sink.writing(run.run_id)  # the store never evicts the run this process writes
         self.run = run
 
     def run_by_id(self, run_id: str | None) -> "Run | None":
