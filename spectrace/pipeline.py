@@ -334,9 +334,13 @@ class Pipeline:
 
     # -- the flush --------------------------------------------------------------
 
-    def add_sink(self, sink: Sink) -> None:
+    def add_sink(self, sink: Sink, *, first: bool = False) -> None:
+        """Add a sink (``first``: before the others, as the metrics sink goes before the sinks that read them)."""
         with self._flush_lock:
-            self.sinks.append(sink)
+            if first:
+                self.sinks.insert(0, sink)
+            else:
+                self.sinks.append(sink)
 
     def sink(self, name: str) -> Sink | None:
         return next((s for s in self.sinks if s.name == name), None)

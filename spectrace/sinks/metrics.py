@@ -24,6 +24,12 @@
 Common attributes, on every series so PromQL can group by them: ``model``,
 ``draft_model``, ``method``, ``run_id``. The engine's thread never touches an
 instrument: counters are added to once per flush from aggregated counts.
+
+Fed from the flush's records by :class:`MetricsSink` (the first sink of a process with metrics: the
+``verify_counts``, ``acceptance_lengths``, ``step_shapes``, ``context_boundaries``, ``draft_budget``,
+``speculation_steps`` and ``findings`` rows of each batch); the values that are not records — the run
+judge's estimates, per-flush slice counts, the layout's verdicts, taps, run info, error counts — by
+the code that computes them.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from typing import Any, Iterable
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
+
+from spectrace.audit import codes
+from spectrace.pipeline import Batch, Sink
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -131,12 +140,16 @@ class Metrics:
                     self._speedups_by_k[key] = (float(row["speedup"]), {**attrs, "k": str(row["k"]),
                                                                         "extrapolated": str(row["extrapolated"]).lower()})
 
-    def speculation(self, steps: int, step_ns: int, draft_ns: int, request_steps: int, tokens: int, rank: int | None,
-                    labels: dict[str, str], speedup: float | None = None) -> None:
-        attrs = {**labels, "rank": str(rank if rank is not None else 0)}
+    def speedup_estimate(self, speedup: float | None, rank: int | None, labels: dict[str, str]) -> None:
+        """The run judge's speed-up over its window of a worker rank's steps (None: not judged yet)."""
         if speedup is not None:
+            attrs = {**labels, "rank": str(rank if rank is not None else 0)}
             with self._lock:
                 self._speedups[(labels.get("run_id"), attrs["rank"])] = (float(speedup), attrs)
+
+    def speculation(self, steps: int, step_ns: int, draft_ns: int, request_steps: int, tokens: int, rank: int | None,
+                    labels: dict[str, str]) -> None:
+        attrs = {**labels, "rank": str(rank if rank is not None else 0)}
         self.spec_step_seconds.add(step_ns / 1e9, attrs)
         self.spec_draft_seconds.add(draft_ns / 1e9, attrs)
         self.spec_request_steps.add(request_steps, attrs)
@@ -251,6 +264,79 @@ class Metrics:
 
     def shutdown(self, timeout_millis: int = 3000) -> None:
         self.provider.shutdown(timeout_millis=timeout_millis)
+
+
+class MetricsSink(Sink):
+    """The process's instruments (:class:`Metrics`) updated from each flush's records, before the sinks that read
+    them (the exposition file, OTLP's reader) see the batch: the first sink of a process with metrics.
+    ``labels(run_id)``: a run's common attributes; ``run_k(run_id)``: its num_speculative_tokens, or None."""
+
+    name = "metrics"
+
+    def __init__(self, metrics: Metrics, labels, run_k) -> None:
+        self.metrics = metrics
+        self._labels = labels
+        self._run_k = run_k
+
+    def export(self, batch: Batch) -> None:
+        metrics = self.metrics
+        for part in batch:
+            table = self._TABLES.get(part.table)
+            if table is None:
+                continue
+            handle, columns = table
+            run_id = None if part.run_id == "none" else part.run_id
+            rows = part.arrow.select([c for c in columns if c in part.arrow.column_names]).to_pylist()
+            handle(self, metrics, rows, run_id, self._labels(run_id))
+
+    def _verify_counts(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        metrics.verify_counts([r for r in rows if r["source"] == "engine_core"], labels)
+        workers: dict[int | None, list[int]] = {}
+        for r in rows:
+            if r["source"] == "worker":
+                sums = workers.setdefault(r["rank"], [0, 0])
+                sums[0] += r["drafted"]
+                sums[1] += r["accepted"]
+        for rank, (drafted, accepted) in workers.items():
+            metrics.worker_counts(drafted, accepted, rank, labels)
+
+    def _acceptance_lengths(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        engine = [r for r in rows if r["source"] == "engine_core"]
+        if engine:
+            k = self._run_k(run_id) or max(r["length"] for r in engine) - 1
+            metrics.acceptance_lengths([r["length"] for r in engine], [r["count"] for r in engine], int(k), labels)
+
+    def _step_shapes(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        metrics.step_shapes(rows, labels)
+
+    def _boundaries(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        metrics.boundaries(rows, labels)
+
+    def _draft_budget(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        for r in rows:
+            metrics.draft_budget(r["proposed"], r["verified"], labels)
+
+    def _speculation(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        for r in rows:
+            metrics.speculation(r["steps"], r["step_ns"], r["draft_ns"], r["request_steps"], r["tokens"], r["rank"], labels)
+
+    def _findings(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
+        for r in rows:
+            if r["code"] == codes.ACCEPTANCE_RECOVERED:  # the collapse it ends is no longer present
+                metrics.finding(codes.ACCEPTANCE_COLLAPSE, "error", r["model_role"], labels, present=False)
+            else:
+                metrics.finding(r["code"], r["severity"], r["model_role"], labels)
+
+    # table -> (its handler, the columns it reads)
+    _TABLES = {
+        "verify_counts": (_verify_counts, ("source", "rank", "position", "context_bucket", "drafted", "accepted")),
+        "acceptance_lengths": (_acceptance_lengths, ("source", "length", "count")),
+        "step_shapes": (_step_shapes, ("batch_band", "k", "steps", "k_switches")),
+        "context_boundaries": (_boundaries, ("tokens", "model_role", "field")),
+        "draft_budget": (_draft_budget, ("proposed", "verified")),
+        "speculation_steps": (_speculation, ("rank", "steps", "step_ns", "draft_ns", "request_steps", "tokens")),
+        "findings": (_findings, ("code", "severity", "model_role")),
+    }
 
 
 # -- a histogram fed with counts ------------------------------------------------

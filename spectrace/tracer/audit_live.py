@@ -11,7 +11,6 @@ import time
 from typing import Any
 
 from spectrace import audit
-from spectrace.audit import codes
 from spectrace.audit.dtype import declared_dtype, dtype_name
 from spectrace.vllm_objects.configs import model_configs, scheduler_facts
 from spectrace.vllm_objects.weights import read_manifest
@@ -23,14 +22,8 @@ _LEVEL = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.IN
 
 def emit_findings(rt, findings: list[audit.Finding], *, role: str, span: Any = None, rank: int | None = None, run: Any = None) -> None:
     now = time.time_ns()
-    labels = rt.labels(run.run_id if run is not None else None) if rt.metrics is not None else None
-    for finding in findings:
+    for finding in findings:  # the findings gauge follows these rows (spectrace.sinks.metrics.MetricsSink)
         rt.record("findings", {"ts": now, **finding.as_row()}, role=role, rank=rank, run=run)
-        if labels is not None:
-            if finding.code == codes.ACCEPTANCE_RECOVERED:
-                rt.metrics.finding(codes.ACCEPTANCE_COLLAPSE, "error", finding.model_role, labels, present=False)
-            else:
-                rt.metrics.finding(finding.code, finding.severity, finding.model_role, labels)
         if span is not None and span.is_recording():
             span.add_event(
                 f"spectrace.finding.{finding.code}",

@@ -235,9 +235,10 @@ class Runtime:
                     self.exporter_status[sink.name] = f"unavailable: {exc}"
                     log.error("spectrace: the %s sink is unavailable: %s", sink.name, exc)
             if readers:
-                from spectrace.sinks.metrics import Metrics
+                from spectrace.sinks.metrics import Metrics, MetricsSink
 
                 self.metrics = Metrics(readers, resource)
+                self.pipeline.add_sink(MetricsSink(self.metrics, self.labels, self._run_k), first=True)
             self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
 
     def _add_span_processor(self, processor) -> None:
@@ -260,6 +261,10 @@ class Runtime:
                 self.metrics.dropped.add(delta)
             self.metrics.errors(self.errors)
         self._dropped_reported = dropped
+
+    def _run_k(self, run_id: str | None) -> int | None:
+        run = self.run_by_id(run_id)
+        return run.info.get("num_speculative_tokens") if run is not None else None
 
     def labels(self, run_id: str | None = None) -> dict[str, str]:
         from spectrace.sinks.metrics import common_labels

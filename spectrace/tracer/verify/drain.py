@@ -142,8 +142,6 @@ class VerifyCapture(Capture):
             switches = self.judge.run(run_id).switches
             for (band, k), c in by_shape.items():
                 switches.add(band, k, c.steps, c.switches)
-            if rt.metrics is not None:
-                rt.metrics.step_shapes(rows, rt.labels(run_id))
         if shape_rows:
             rt.pipeline.extend("step_shapes", shape_rows)
         if band_rows:
@@ -268,18 +266,6 @@ class VerifyCapture(Capture):
         ]
         rt.pipeline.extend("verify_counts", rows)
         rt.pipeline.extend("acceptance_lengths", length_rows)
-        if rt.metrics is not None:
-            labels = rt.labels(run_id)
-            if source == ENGINE:
-                rt.metrics.verify_counts(rows, labels)
-                rt.metrics.acceptance_lengths(
-                    [r["length"] for r in length_rows],
-                    [r["count"] for r in length_rows],
-                    int(_run_k(rt, run_id) or k),
-                    labels,
-                )
-            else:
-                rt.metrics.worker_counts(int(drafted.sum()), int(accepted.sum()), rank, labels)
         self.judge.observe_counts(source, run_id, rank, int(drafted.sum()), int(accepted.sum()))
         d_all, a_all = acceptance.position_counts(drafted, accepted, k)
         if source == ENGINE:
@@ -368,13 +354,9 @@ class VerifyCapture(Capture):
 
     def _curve(self, rt, run_id: str) -> RunCurve:
         curve, new = self.judge.curve(run_id, self.config_of(run_id).context)
-        if new:
-            if curve.boundaries:
-                rows = [b.as_dict() for b in curve.boundaries]
-                common = rt.common(ENGINE, run_id=run_id)
-                rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **row} for row in rows])
-                if rt.metrics is not None:
-                    rt.metrics.boundaries(rows, rt.labels(run_id))
+        if new and curve.boundaries:
+            common = rt.common(ENGINE, run_id=run_id)
+            rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **b.as_dict()} for b in curve.boundaries])
         return curve
 
     # -- request slices: the parameters the drafter never sees ----------------------
@@ -464,8 +446,6 @@ class VerifyCapture(Capture):
                 continue
             rt.pipeline.append("draft_budget", {**rt.common(ENGINE, run_id=run_id), "ts": now, "proposed": proposed.get(run_id, 0),
                                                 "verified": v, "steps": steps, "new_requests": budget.new_requests})
-            if rt.metrics is not None:
-                rt.metrics.draft_budget(proposed.get(run_id, 0), v, rt.labels(run_id))
             budget.requests += budget.new_requests
             budget.new_requests = 0
             self._emit(rt, run_id, self.judge.budget_findings(run_id, int(_run_k(rt, run_id) or 1),
@@ -521,14 +501,11 @@ class VerifyCapture(Capture):
             whole = self.by_k_costs.setdefault((run_id, rank), dict.fromkeys(keys, 0))
             for key in keys:
                 whole[key] += t[key]
-            by_k = self._speedup_by_k(rt, run_id, rank)
-            if by_k and rt.metrics is not None:
-                rt.metrics.speedup_by_k(by_k, rank, rt.labels(run_id))
-            if rt.metrics is not None:
-                rt.metrics.speculation(
-                    t["steps"], t["step_ns"], t["draft_ns"], t["request_steps"], t["tokens"], rank, rt.labels(run_id),
-                    window["speedup_estimate"] if window else None,
-                )
+            if rt.metrics is not None:  # the judge's estimates: values, not records
+                by_k = self._speedup_by_k(rt, run_id, rank)
+                if by_k:
+                    rt.metrics.speedup_by_k(by_k, rank, rt.labels(run_id))
+                rt.metrics.speedup_estimate(window["speedup_estimate"] if window else None, rank, rt.labels(run_id))
             self._emit(rt, run_id, not_paying, role=WORKER, rank=rank)
 
     def _speedup_by_k(self, rt, run_id: str | None, rank: int | None) -> list[dict]:
