@@ -54,8 +54,14 @@ def instrument() -> None:
     segments.pq.write_table = pq.write_table = timed("pq.write_table", pq.write_table)
     compaction._read = timed("compaction._read", compaction._read)
     compaction._write = timed("compaction._write", compaction._write)
-    for name in ("_drain_engine", "_drain_worker", "_drain_timings", "_count"):
+    for name in ("_drain_engine", "_drain_worker", "_count"):
         setattr(verify.VerifyCapture, name, timed(f"VerifyCapture.{name}", getattr(verify.VerifyCapture, name)))
+    from spectrace.tracer.verify import timings
+
+    timings.StepTimes.drain = timed("StepTimes.drain", timings.StepTimes.drain)
+    from spectrace.sinks import metrics
+
+    metrics.MetricsSink.export = timed("MetricsSink.export", metrics.MetricsSink.export)
 
 
 def child(batch: int, seconds: float) -> None:

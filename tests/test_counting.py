@@ -119,7 +119,7 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
             timing.sample_ns, timing.draft_ns = 3_000_000, 2_000_000
             capture.worker_timings.append(timing)
         rt.flush()
-    got = capture._speedup_by_k(rt, RUN, 0)
+    got = capture.step_times.speedup_by_k(rt, RUN, 0)
     cost = speedup.StepCost(steps=6, step_ns=6 * 11e6, draft_ns=6 * 2e6, scheduled_tokens=2 * (8 + 8 + 16),
                             scheduled_tokens_sq=2 * (64 + 64 + 256), tokens_x_verify_ns=2 * 9e6 * (8 + 8 + 16), requests=12)
     assert got == speedup.speedup_by_k([12, 6, 6], 12, cost)

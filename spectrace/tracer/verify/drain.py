@@ -29,12 +29,12 @@ import numpy as np
 import pyarrow as pa
 
 from spectrace import acceptance, slices
-from spectrace import speedup
 from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify import columns
+from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote
 from spectrace.tracer.verify.run_config import RunConfig
-from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote, StepTiming
+from spectrace.tracer.verify.timings import StepTimes
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
@@ -59,8 +59,7 @@ class VerifyCapture(Capture):
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         # what k pays (spectrace.speedup), per (run, rank): the worker's per-position accepted counts and
         # request-steps, and its step sums, both over the whole run
-        self.by_k_counts: dict[tuple[str, int | None], list] = {}
-        self.by_k_costs: dict[tuple[str, int | None], dict[str, float]] = {}
+        self.step_times = StepTimes()  # the worker's step times: decode/chunk steps, does speculation pay, what k pays
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
 
@@ -90,7 +89,7 @@ class VerifyCapture(Capture):
             yielded = self._drain_worker(rt, worker) if worker else {}
             timings = self.take_timings()
             if timings:
-                self._drain_timings(rt, timings, yielded)
+                self.step_times.drain(rt, timings, yielded, self.judge, self._emit)
             judge = self.judge
             for run_id in list(judge.runs):
                 scheduler = self.config_of(run_id).scheduler
@@ -224,7 +223,7 @@ class VerifyCapture(Capture):
         return yielded
 
     def _count(
-        self, rt, source: str, run_id: str, rank: int | None, batch: list[tuple[int, int, int]], marks: list | None = None
+        self, rt, source: str, run_id: str, rank: int | None, batch: np.ndarray, marks: list | None = None
     ) -> None:
         arr = np.asarray(batch, dtype=np.int64)
         drafted, accepted, ctx = arr[:, 0], arr[:, 1], arr[:, 2]
@@ -275,12 +274,8 @@ class VerifyCapture(Capture):
                 with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
                              attributes={"spectrace.event": findings[0].code}) as span:
                     audit_live.emit_findings(rt, findings, role=ENGINE, span=span, run=run)
-        else:  # what k pays: the worker's counts beside its step times (_speedup_by_k)
-            counts = self.by_k_counts.setdefault((run_id, rank), [np.zeros(0, dtype=np.int64), 0])
-            if len(counts[0]) < k:
-                counts[0] = np.concatenate([counts[0], np.zeros(k - len(counts[0]), dtype=np.int64)])
-            counts[0][:k] += a_all
-            counts[1] += len(batch)
+        else:  # what k pays: the worker's counts beside its step times
+            self.step_times.accepted(run_id, rank, a_all, len(batch))
 
     def _links(self, request_ids: list[str]) -> list:
         """Span links to the ``llm_request`` traces of these requests (when vLLM traces)."""
@@ -451,73 +446,6 @@ class VerifyCapture(Capture):
             self._emit(rt, run_id, self.judge.budget_findings(run_id, int(_run_k(rt, run_id) or 1),
                                                               self.config_of(run_id).scheduler))
 
-    # -- does speculation pay? (worker host times) ------------------------------------
-
-    def _drain_timings(self, rt, timings: list[StepTiming], yielded: dict) -> None:
-        keys = ("steps", "step_ns", "draft_ns", "scheduled_tokens", "scheduled_tokens_sq", "tokens_x_verify_ns", "requests")
-        totals: dict[tuple, dict[str, int]] = {}
-        shapes: dict[tuple, list[int]] = {}  # (run, rank, requests, drafts) -> steps, step_ns, draft_ns
-        chunks: dict[tuple, list[int]] = {}  # (run, rank, requests, verified) -> steps, step_ns, draft_ns, tokens
-        run_k: dict[str | None, int | None] = {}
-        for timing in timings:
-            step_ns = timing.execute_ns + timing.sample_ns
-            if timing.run_id not in run_k:
-                run_k[timing.run_id] = _run_k(rt, timing.run_id)
-            shape = _decode_shape(timing, run_k[timing.run_id])
-            if shape is not None:
-                s = shapes.setdefault((timing.run_id, timing.rank, timing.requests, shape), [0, 0, 0])
-                s[0] += 1
-                s[1] += step_ns
-                s[2] += timing.draft_ns
-            elif timing.requests > 0:  # a step with a prefill chunk (one of no requests carried nothing)
-                c = chunks.setdefault((timing.run_id, timing.rank, timing.requests, timing.has_drafts), [0, 0, 0, 0])
-                c[0] += 1
-                c[1] += step_ns
-                c[2] += timing.draft_ns
-                c[3] += timing.scheduled_tokens
-            if not timing.has_drafts:
-                continue
-            t = totals.setdefault((timing.run_id, timing.rank), dict.fromkeys(keys, 0))
-            tokens = timing.scheduled_tokens
-            t["steps"] += 1
-            t["step_ns"] += step_ns
-            t["draft_ns"] += timing.draft_ns
-            t["scheduled_tokens"] += tokens
-            t["scheduled_tokens_sq"] += tokens * tokens
-            t["tokens_x_verify_ns"] += tokens * (step_ns - timing.draft_ns)
-            t["requests"] += timing.requests
-        now = time.time_ns()
-        for (run_id, rank, requests, drafts), (n, step_ns, draft_ns) in shapes.items():
-            rt.pipeline.append("decode_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "requests": requests,
-                                                "drafts": drafts, "steps": n, "step_ns": step_ns, "draft_ns": draft_ns})
-        for (run_id, rank, requests, verified), (n, step_ns, draft_ns, tokens) in chunks.items():
-            rt.pipeline.append("chunk_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, "requests": requests,
-                                               "verified": verified, "steps": n, "step_ns": step_ns, "draft_ns": draft_ns,
-                                               "scheduled_tokens": tokens})
-        for (run_id, rank), t in totals.items():
-            t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
-            rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
-            window, not_paying = self.judge.observe_speculation(run_id, rank, t)
-            whole = self.by_k_costs.setdefault((run_id, rank), dict.fromkeys(keys, 0))
-            for key in keys:
-                whole[key] += t[key]
-            if rt.metrics is not None:  # the judge's estimates: values, not records
-                by_k = self._speedup_by_k(rt, run_id, rank)
-                if by_k:
-                    rt.metrics.speedup_by_k(by_k, rank, rt.labels(run_id))
-                rt.metrics.speedup_estimate(window["speedup_estimate"] if window else None, rank, rt.labels(run_id))
-            self._emit(rt, run_id, not_paying, role=WORKER, rank=rank)
-
-    def _speedup_by_k(self, rt, run_id: str | None, rank: int | None) -> list[dict]:
-        """What k pays over the run so far, from this worker's counts and step sums (``spectrace.speedup``)."""
-        counts, whole = self.by_k_counts.get((run_id, rank)), self.by_k_costs.get((run_id, rank))
-        if counts is None or whole is None or not counts[1] or not whole["steps"]:
-            return []
-        cost = speedup.StepCost(**{key: float(whole[key]) for key in speedup.StepCost.__dataclass_fields__})
-        run = rt.run_by_id(run_id)
-        return speedup.speedup_by_k([int(a) for a in counts[0]], counts[1], cost,
-                                    method=run.info.get("method") if run is not None else None)
-
     # -- agreement ---------------------------------------------------------------
 
     def check_agreement(self, rt, *, exclude: str | None = None) -> None:
@@ -552,26 +480,8 @@ def _band_positions(common: dict, run_id: str, arr: np.ndarray, steps: list[tupl
     return rows
 
 
-def _decode_shape(timing: StepTiming, k: int | None) -> int | None:
-    """The drafts per request of a decode-only step (every request scheduled the same ``1 + drafts`` tokens),
-    or None: a step with a prefill chunk, or one whose tokens divide evenly but exceed ``1 + k``. Read from the
-    step's two totals: a step without drafts is decode-only exactly when it scheduled one token per request; one
-    with drafts is taken as such when its tokens are ``requests * (1 + d)``, ``d <= k``."""
-    requests = timing.requests
-    if requests <= 0:
-        return None
-    per, rest = divmod(timing.scheduled_tokens, requests)
-    if rest or per < 1:
-        return None
-    if not timing.has_drafts:
-        return 0 if per == 1 else None
-    drafts = per - 1
-    return drafts if 1 <= drafts <= (k if k else MAX_DECODE_DRAFTS) else None
-
-
 NO_FLAGS = (None, None)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # (greedy, structured output) of a request the hook never saw added
-MAX_DECODE_DRAFTS = 32  # the most drafts per request a decode-only step is taken to carry when the run's k is unknown
 
 
 def _run_k(rt, run_id: str | None) -> int | None:
