@@ -142,6 +142,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("context_len", "BIGINT"),
         ("num_drafted", "INTEGER"),
         ("num_accepted", "INTEGER"),
+        ("num_emitted", "INTEGER"),  # tokens the step emitted for the request: num_accepted + 1, less where it stopped
         ("greedy", "BOOLEAN"),
         ("structured_output", "BOOLEAN"),
         ("draft_token_ids", "JSON"),  # only with SPECTRACE_RECORD_TOKENS=1
@@ -224,6 +225,19 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("request_steps", "BIGINT"),
         ("drafted", "BIGINT"),
         ("accepted", "BIGINT"),
+        ("emitted", "BIGINT"),  # tokens these steps emitted: accepted + steps, less what a stop cut (EOS, max_tokens)
+        ("histogram", "JSON"),  # request-steps by accepted drafts, dense from 0 (vLLM's acceptance_histogram)
+    ],
+    # Once per finished request of a speculating run (frontend: vLLM's OutputProcessor): the ids the user sees,
+    # the tokens they got, and vLLM's own per-request speculative metrics where --per-request-spec-decode-metrics
+    # kept them. Joined to request_counts by the engine's request_id (view request_spec_decode).
+    "request_outputs": [
+        ("ts", "TIMESTAMP_NS"),
+        ("request_id", "VARCHAR"),  # the engine's: vLLM's internal id (the user's and a random suffix)
+        ("external_request_id", "VARCHAR"),  # the user's: RequestOutput.request_id, the OpenAI response's id
+        ("output_tokens", "BIGINT"),  # tokens the user got (after stop strings)
+        ("finish_reason", "VARCHAR"),
+        ("vllm_spec_decode", "JSON"),  # vLLM's RequestSpecDecodeMetrics.to_dict(), where it kept them
     ],
     # Per flush (engine core, synchronous scheduling): draft tokens the worker proposed
     # (Scheduler.update_draft_token_ids) and draft tokens the scheduled steps verified.

@@ -16,7 +16,7 @@ from spectrace.tracer.verify import columns
 def reference_engine(steps):
     """The rules as the drain wrote them before #34, one request-step at a time."""
     out = []
-    for drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:
+    for drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted_lens in steps:
         context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
         rows = len(sampled_lens) if sampled_lens is not None else 0
         for req_id, draft_ids in drafts.items():
@@ -28,7 +28,8 @@ def reference_engine(steps):
                 continue
             drafted = len(draft_ids) - invalid.get(req_id, 0) if invalid else len(draft_ids)
             accepted = generated - num_sampled if generated > num_sampled else 0
-            out.append((req_id, drafted, accepted, int(context.get(req_id, -1))))
+            emitted = emitted_lens[index] if emitted_lens is not None and index < rows else generated
+            out.append((req_id, drafted, accepted, int(context.get(req_id, -1)), emitted))
     return out
 
 
@@ -47,7 +48,9 @@ def random_steps(rng: random.Random, n_steps: int):
         cached = SimpleNamespace(req_ids=listed, num_computed_tokens=[rng.randrange(1, 9000) for _ in listed]) \
             if rng.random() < 0.9 else None
         invalid = {rid: rng.randrange(0, 2) for rid in drafts if rng.random() < 0.3} if rng.random() < 0.3 else None
-        steps.append((drafts, sampled, row_of, cached, invalid, rng.choice([1, 1, 1, 0])))
+        # a step where requests stopped: vLLM trimmed their sampled tokens to what they emitted
+        emitted = [rng.randrange(0, n + 1) for n in sampled] if sampled and rng.random() < 0.3 else None
+        steps.append((drafts, sampled, row_of, cached, invalid, rng.choice([1, 1, 1, 0]), emitted))
     return steps
 
 
@@ -63,7 +66,8 @@ def test_engine_columns_count_as_the_loop_does(seed):
     if not expected:
         assert counted is None
         return
-    got = list(zip(counted.ids, counted.drafted.tolist(), counted.accepted.tolist(), counted.context.tolist()))
+    got = list(zip(counted.ids, counted.drafted.tolist(), counted.accepted.tolist(), counted.context.tolist(),
+                   counted.emitted.tolist()))
     assert got == expected
     # per step: request-steps, drafted, accepted, position-0 accepted, the longest context, k
     per_step = {}
@@ -77,15 +81,23 @@ def test_engine_columns_count_as_the_loop_does(seed):
     assert {step_no[j]: (n[j], d[j], a[j], p0[j], int(counted.ctx_max[j]), int(counted.k[j]))
             for j in range(len(step_no)) if n[j]} == per_step
     # per request, in first-appearance order
-    ids, s, dr, ac = counted.per_request()
-    totals = {}
-    for rid, drafted, accepted, _ in expected:
-        t = totals.setdefault(rid, [0, 0, 0])
+    flush = counted.per_request()
+    totals, histograms = {}, {}
+    for rid, drafted, accepted, _, emitted in expected:
+        t = totals.setdefault(rid, [0, 0, 0, 0])
         t[0] += 1
         t[1] += drafted
         t[2] += accepted
-    assert dict(zip(ids, zip(s.tolist(), dr.tolist(), ac.tolist()))) == {k: tuple(v) for k, v in totals.items()}
-    assert ids == list(totals)
+        t[3] += emitted
+        histograms.setdefault(rid, {}).setdefault(accepted, 0)
+        histograms[rid][accepted] += 1
+    got = zip(flush.steps.tolist(), flush.drafted.tolist(), flush.accepted.tolist(), flush.emitted.tolist())
+    assert dict(zip(flush.ids, got)) == {k: tuple(v) for k, v in totals.items()}
+    assert flush.ids == list(totals)
+    # vLLM's acceptance_histogram per request: dense from 0, summing to its steps, sum(j * h[j]) its accepted
+    for rid, row in zip(flush.ids, flush.histogram.tolist()):
+        assert {j: n for j, n in enumerate(row) if n} == histograms[rid]
+        assert sum(row) == totals[rid][0] and sum(j * n for j, n in enumerate(row)) == totals[rid][2]
 
 
 @pytest.mark.parametrize("seed", range(8))

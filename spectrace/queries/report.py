@@ -112,9 +112,50 @@ def _requests(con, run_id: str) -> list[str]:
         proposed, verified = budget
         lines.append(f"  drafts: {proposed} proposed, {verified} verified ({ratio(proposed - verified, proposed)} not, "
                      "each finished request's last proposal included)")
+    lines += _worst_requests(con, run_id)
     if lines and not rows:
         lines.insert(0, "Requests")
     return lines
+
+
+WORST_REQUESTS = 5  # the requests the report lists, lowest draft acceptance first
+MIN_STEPS = 3  # ... among those with at least this many verify steps
+
+
+def _worst_requests(con, run_id: str) -> list[str]:
+    """Per request in vLLM's schema (the view ``request_spec_decode``): what the run's requests emitted per step
+    against their acceptance length, and the requests that accepted least, with their slice."""
+    whole = con.execute(
+        "select count(*), sum(num_spec_steps), sum(num_accepted_draft_tokens), sum(emitted_tokens) "
+        "from request_spec_decode where run_id = ?", [run_id]).fetchone()
+    if not whole or not whole[0] or not whole[1]:
+        return []
+    requests, steps, accepted, emitted = whole
+    lines = [f"  per request ({requests} requests, vLLM's per-request schema: view request_spec_decode): acceptance length "
+             f"{number(1 + accepted / steps, '.2f')}, tokens emitted per verify step "
+             f"{number(emitted / steps, '.2f') if emitted is not None else '-'}"
+             + (" (requests that stopped inside an accepted draft emitted less than they accepted)"
+                if emitted is not None and emitted < accepted + steps else "")]
+    worst = con.execute(
+        "select coalesce(external_request_id, request_id), num_spec_steps, draft_acceptance_rate, mean_acceptance_length, "
+        "emitted_per_step, \"slice\" from request_spec_decode where run_id = ? and num_spec_steps >= ? "
+        "order by draft_acceptance_rate, request_id limit ?", [run_id, MIN_STEPS, WORST_REQUESTS]).fetchall()
+    if len(worst) > 1:
+        lines.append(f"  lowest acceptance (requests with {MIN_STEPS}+ verify steps):")
+        table = [(rid, n, number(rate, ".1%"), number(length, ".2f"), number(per_step, ".2f"), _slice_text(s))
+                 for rid, n, rate, length, per_step, s in worst]
+        lines.append(_indent(_indent(format_table(
+            ["request", "steps", "rate", "acceptance length", "emitted/step", "slice"], table))))
+    return lines
+
+
+def _slice_text(value) -> str:
+    """A request's slice (JSON, dimension -> banded value) as ``k=v`` pairs; '-' where none was read."""
+    try:
+        labels = json.loads(value) if value else {}
+    except (TypeError, ValueError):
+        return "-"
+    return ", ".join(f"{k}={v}" for k, v in labels.items()) if isinstance(labels, dict) and labels else "-"
 
 
 def _findings(verdicts: StoreVerdicts) -> list[str]:

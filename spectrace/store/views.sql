@@ -179,3 +179,71 @@ FROM matched
 GROUP BY GROUPING SETS ((run_id), (run_id, band))
 HAVING sum(n) FILTER (WHERE b IS NOT NULL) > 0
 ORDER BY run_id, batch_band;
+
+-- view: request_spec_decode
+-- Per request, in the field's schema: vLLM's per-request speculative metrics (--per-request-spec-decode-metrics,
+-- RequestSpecDecodeMetrics.to_dict: its names and meanings; spectrace needs no vLLM flag), with what the request
+-- really emitted beside what the verifier accepted, the ids the user sees, its slice and its run's findings.
+--   acceptance_histogram[j]: the request's verify steps that accepted j drafts (dense, j = 0 .. k);
+--   num_spec_steps = sum(h); num_accepted_draft_tokens = sum(j * h[j]); draft_acceptance_rate: drafts only;
+--   mean_acceptance_length: accepted + 1 per step (with the bonus token), as vLLM reports it;
+--   emitted_tokens: tokens those steps emitted (a step that stopped the request, by EOS, max_tokens or a stop
+--   token, emitted fewer than it accepted + 1); emitted_per_step: what the steps gave the user per step.
+-- output_tokens (the frontend's, after stop strings) = emitted_tokens + the tokens of the request's steps
+-- without drafts (its first token, steps where it drafted nothing) - what a stop string cut.
+WITH counts AS (
+    SELECT run_id, request_id, sum(request_steps) AS num_spec_steps, sum(drafted) AS num_draft_tokens,
+           sum(accepted) AS num_accepted_draft_tokens, sum(emitted) AS emitted_tokens,
+           max(json_array_length(histogram)) AS width
+    FROM request_counts
+    GROUP BY run_id, request_id
+), parts AS (
+    SELECT run_id, request_id, generate_subscripts(h, 1) - 1 AS j, unnest(h) AS n
+    FROM (SELECT run_id, request_id, histogram::BIGINT[] AS h FROM request_counts WHERE histogram IS NOT NULL)
+), hist AS (
+    SELECT run_id, request_id, j, sum(n) AS n FROM parts GROUP BY ALL
+), k AS (
+    SELECT run_id, max(num_speculative_tokens) AS k FROM runs GROUP BY run_id
+), dense AS (
+    SELECT c.run_id, c.request_id, unnest(range(greatest(coalesce(k.k, 0) + 1, coalesce(c.width, 0))::BIGINT)) AS j
+    FROM counts c LEFT JOIN k USING (run_id)
+), histograms AS (
+    SELECT d.run_id, d.request_id, list(coalesce(h.n, 0) ORDER BY d.j) AS acceptance_histogram
+    FROM dense d LEFT JOIN hist h USING (run_id, request_id, j)
+    GROUP BY d.run_id, d.request_id
+), outputs AS (
+    SELECT request_id, any_value(external_request_id) AS external_request_id, any_value(output_tokens) AS output_tokens,
+           any_value(finish_reason) AS finish_reason, any_value(vllm_spec_decode) AS vllm_spec_decode
+    FROM request_outputs
+    GROUP BY request_id
+), slices AS (
+    SELECT run_id, request_id, any_value("slice") AS "slice" FROM request_slices GROUP BY run_id, request_id
+), run_findings AS (
+    SELECT run_id, list(DISTINCT code ORDER BY code) AS run_findings
+    FROM findings WHERE severity IN ('error', 'warning') AND caused_by IS NULL
+    GROUP BY run_id
+)
+SELECT c.run_id, c.request_id, o.external_request_id,
+       k.k AS num_spec_tokens,
+       h.acceptance_histogram,
+       c.num_spec_steps,
+       c.num_accepted_draft_tokens,
+       c.num_draft_tokens,
+       CASE WHEN c.num_spec_steps > 0 THEN 1 + c.num_accepted_draft_tokens / c.num_spec_steps ELSE 1.0 END
+           AS mean_acceptance_length,
+       CASE WHEN c.num_draft_tokens > 0 THEN c.num_accepted_draft_tokens / c.num_draft_tokens ELSE 0.0 END
+           AS draft_acceptance_rate,
+       c.emitted_tokens,
+       CASE WHEN c.num_spec_steps > 0 THEN c.emitted_tokens / c.num_spec_steps END AS emitted_per_step,
+       o.output_tokens,
+       o.finish_reason,
+       s."slice",
+       f.run_findings,
+       o.vllm_spec_decode
+FROM counts c
+LEFT JOIN k USING (run_id)
+LEFT JOIN histograms h USING (run_id, request_id)
+LEFT JOIN outputs o USING (request_id)
+LEFT JOIN slices s USING (run_id, request_id)
+LEFT JOIN run_findings f USING (run_id)
+ORDER BY c.run_id, c.request_id;

@@ -67,6 +67,9 @@ class EngineResult:
     generate_cpu_seconds: float = 0.0  # the child's CPU time in its cheapest generate call (blind to other processes)
     exporter: dict[str, Any] = field(default_factory=dict)  # spectrace's counters in the child after this engine
     syncs: int | None = None  # device synchronisations while generating (EngineSpec.count_syncs)
+    # per prompt (last generate call): the request id the user sees, its output tokens, vLLM's own per-request
+    # speculative metrics (RequestSpecDecodeMetrics.to_dict) where --per-request-spec-decode-metrics kept them
+    requests: list[dict[str, Any]] = field(default_factory=list)
 
 
 K = 3  # draft tokens per step in the standard runs
@@ -239,6 +242,7 @@ def _child(request: dict[str, Any]) -> None:
                 result.generate_seconds = round(min(timings), 4)
                 result.generate_cpu_seconds = round(min(cpu_timings), 4)
                 result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
+                result.requests = [_request(o) for o in outputs]
                 result.metrics = _spec_metrics(llm)
             result.ok = True
             if spec.linger_s:
@@ -256,6 +260,13 @@ def _child(request: dict[str, Any]) -> None:
         _flush_spectrace()
         results[-1]["exporter"] = _exporter_stats()
     out.write_text(json.dumps(results))
+
+
+def _request(output) -> dict[str, Any]:
+    completion = output.outputs[0]
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    return {"request_id": output.request_id, "output_tokens": len(completion.token_ids),
+            "finish_reason": completion.finish_reason, "spec_decode": metrics.to_dict() if metrics is not None else None}
 
 
 @contextlib.contextmanager

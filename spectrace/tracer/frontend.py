@@ -87,11 +87,35 @@ wrap_engine_init = around(
 )
 
 
+def _request_finished(rt, processor, req_state, finish_reason, *args, **kwargs) -> None:
+    """One finished request of a speculating run: the ids the user sees, the tokens they got (after stop
+    strings), and vLLM's own per-request speculative metrics where its flag kept them."""
+    run = rt.run
+    if run is None or not run.info.get("method"):
+        return
+    detokenizer = getattr(req_state, "detokenizer", None)
+    metrics = getattr(req_state, "spec_decode_metrics", None)
+    rt.record("request_outputs", {
+        "ts": time.time_ns(),
+        "request_id": str(req_state.request_id),
+        "external_request_id": str(getattr(req_state, "external_req_id", None) or req_state.request_id),
+        "output_tokens": detokenizer.num_output_tokens() if detokenizer is not None else None,
+        "finish_reason": str(finish_reason) if finish_reason is not None else None,
+        "vllm_spec_decode": json.dumps(metrics.to_dict()) if metrics is not None else None,
+    }, role=ROLE, run=run)
+
+
+# OutputProcessor._update_stats_from_finished: once per finished request (never per step)
+wrap_request_finished = around(before=_request_finished)
+
+
 HOOKS = [
     Hook("frontend.create_engine_config", "vllm.engine.arg_utils:EngineArgs.create_engine_config", wrap_create_engine_config),
     Hook("frontend.get_config", "vllm.config.model:get_config", wrap_get_config),
     Hook("frontend.llm_engine_started", "vllm.v1.engine.llm_engine:LLMEngine.__init__", wrap_engine_init),
     Hook("frontend.async_llm_started", "vllm.v1.engine.async_llm:AsyncLLM.__init__", wrap_engine_init),
+    Hook("frontend.request_finished", "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
+         wrap_request_finished),
 ]
 
 

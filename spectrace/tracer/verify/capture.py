@@ -36,6 +36,9 @@ class EngineStep(NamedTuple):
     cached: Any  # scheduler_output.scheduled_cached_reqs (request ids, computed tokens)
     invalid: dict | None  # scheduler_output.num_invalid_spec_tokens (structured output)
     num_sampled: int  # Scheduler.num_sampled_tokens_per_step
+    # tokens each row emitted, where a request finished in the step (vLLM trims a stopped request's tokens in
+    # place: EOS, max_tokens, stop token ids); None: no request finished, every row emitted what it sampled
+    emitted_lens: list[int] | None = None
 
 
 class Cached(NamedTuple):

@@ -38,8 +38,8 @@ def _look_up(rows: np.ndarray, sizes: list[int], widths: list[int], values: list
 class RunColumns:
     """One run's engine steps of a flush: filled step by step (``add``), counted once (``count``)."""
 
-    __slots__ = ("ids", "draft_lists", "_lengths", "_rows", "_context", "_invalid", "_sampled", "_sizes", "_widths",
-                 "_num_sampled", "_ts", "_step_no", "has_invalid", "counted")
+    __slots__ = ("ids", "draft_lists", "_lengths", "_rows", "_context", "_invalid", "_sampled", "_emitted", "_sizes",
+                 "_widths", "_num_sampled", "_ts", "_step_no", "has_invalid", "counted")
 
     def __init__(self) -> None:
         self.ids: list[str] = []
@@ -49,6 +49,7 @@ class RunColumns:
         self._context: list[int] = []
         self._invalid: list[int] = []
         self._sampled: list[int] = []
+        self._emitted: list[int] = []  # tokens each row emitted (its sampled ones, but where its request stopped)
         self._sizes: list[int] = []  # request ids per step
         self._widths: list[int] = []  # sampled rows per step
         self._num_sampled: list[int] = []
@@ -58,7 +59,7 @@ class RunColumns:
         self.counted: Counted | None = None
 
     def add(self, ts: int, step_no: int, drafts: dict, sampled_lens, row_of: dict, cached, invalid: dict | None,
-            num_sampled: int) -> None:
+            num_sampled: int, emitted_lens=None) -> None:
         n = len(drafts)
         if not n:
             return
@@ -80,6 +81,7 @@ class RunColumns:
             self._invalid += repeat(0, n)
         if sampled_lens:
             self._sampled += sampled_lens
+            self._emitted += emitted_lens if emitted_lens is not None and len(emitted_lens) == len(sampled_lens) else sampled_lens
         self._widths.append(len(sampled_lens) if sampled_lens else 0)
         self._sizes.append(n)
         self._num_sampled.append(num_sampled)
@@ -94,6 +96,7 @@ class RunColumns:
         rows = np.asarray(self._rows, dtype=_INT)
         lengths = np.asarray(self._lengths, dtype=_INT)
         step_of, _, generated = _look_up(rows, self._sizes, self._widths, self._sampled)
+        emitted = _look_up(rows, self._sizes, self._widths, self._emitted)[2]
         num_sampled = np.asarray(self._num_sampled, dtype=_INT)[step_of]
         keep = (rows >= 0) & (lengths > 0) & ((generated > 0) | (num_sampled == 0))
         drafted = lengths - np.asarray(self._invalid, dtype=_INT) if self.has_invalid else lengths
@@ -104,20 +107,23 @@ class RunColumns:
             if not keep.any():
                 return None
             ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
-            drafted, accepted, context, lengths, step_of = (a[keep] for a in (drafted, accepted, context, lengths, step_of))
-        self.counted = Counted(self, ids, draft_lists, drafted, accepted, context, lengths, step_of, steps)
+            drafted, accepted, context, lengths, step_of, emitted = (
+                a[keep] for a in (drafted, accepted, context, lengths, step_of, emitted))
+        self.counted = Counted(self, ids, draft_lists, drafted, accepted, emitted, context, lengths, step_of, steps)
         return self.counted
 
 
 class Counted:
     """One run's counted request-steps (in step order) and per-step totals, as arrays."""
 
-    __slots__ = ("ids", "draft_lists", "drafted", "accepted", "context", "lengths", "step_of", "ts", "step_no",
-                 "per_step", "ctx_max", "k", "_starts")
+    __slots__ = ("ids", "draft_lists", "drafted", "accepted", "emitted", "context", "lengths", "step_of", "ts",
+                 "step_no", "per_step", "ctx_max", "k", "_starts")
 
-    def __init__(self, run: RunColumns, ids, draft_lists, drafted, accepted, context, lengths, step_of, steps: int) -> None:
+    def __init__(self, run: RunColumns, ids, draft_lists, drafted, accepted, emitted, context, lengths, step_of,
+                 steps: int) -> None:
         self.ids, self.draft_lists = ids, draft_lists
         self.drafted, self.accepted, self.context, self.lengths = drafted, accepted, context, lengths
+        self.emitted = emitted  # tokens each request-step emitted: accepted + 1, less where its request stopped
         self.step_of = step_of
         self.ts = np.asarray(run._ts, dtype=_INT)
         self.step_no = np.asarray(run._step_no, dtype=_INT)
@@ -139,14 +145,29 @@ class Counted:
         """(request-steps, 3): drafted, accepted, context -- the shape the counting functions take."""
         return np.column_stack((self.drafted, self.accepted, self.context))
 
-    def per_request(self) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-        """Each request of the flush once (first appearance order): its request-steps, drafted and accepted."""
+    def per_request(self) -> "PerRequest":
+        """Each request of the flush once (first appearance order): its request-steps, drafted, accepted, emitted,
+        and its histogram of accepted drafts per step (vLLM's ``acceptance_histogram``, dense from 0)."""
         order = dict.fromkeys(self.ids)
         index = dict(zip(order, range(len(order))))
         codes = np.fromiter(map(index.__getitem__, self.ids), _INT, len(self.ids))
         size = len(order)
-        return (list(order), np.bincount(codes, minlength=size), np.bincount(codes, self.drafted, size).astype(_INT),
-                np.bincount(codes, self.accepted, size).astype(_INT))
+        width = int(self.accepted.max()) + 1 if len(self.accepted) else 1
+        histogram = np.bincount(codes * width + self.accepted, minlength=size * width).reshape(size, width)
+        return PerRequest(list(order), np.bincount(codes, minlength=size),
+                          np.bincount(codes, self.drafted, size).astype(_INT),
+                          np.bincount(codes, self.accepted, size).astype(_INT),
+                          np.bincount(codes, self.emitted, size).astype(_INT), histogram)
+
+
+class PerRequest:
+    """A flush's counts per request (``Counted.per_request``), one entry per request in ``ids`` order."""
+
+    __slots__ = ("ids", "steps", "drafted", "accepted", "emitted", "histogram")
+
+    def __init__(self, ids: list[str], steps, drafted, accepted, emitted, histogram) -> None:
+        self.ids, self.steps, self.drafted, self.accepted, self.emitted = ids, steps, drafted, accepted, emitted
+        self.histogram = histogram  # (requests, the flush's most accepted + 1): request-steps by accepted drafts
 
 
 class WorkerColumns:

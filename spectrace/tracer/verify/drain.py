@@ -103,15 +103,15 @@ class VerifyCapture(Capture):
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
         runs: dict[str, columns.RunColumns] = {}
-        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled in steps:  # EngineStep
+        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted in steps:  # EngineStep
             run = runs.get(run_id)
             if run is None:
                 run = runs[run_id] = columns.RunColumns()
-            run.add(ts, step_no, drafts, sampled_lens, row_of, cached, invalid, num_sampled)
+            run.add(ts, step_no, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted)
         common = rt.common(ENGINE)
         band_rows: list[dict] = []
         shape_rows: list[dict] = []
-        per_request: dict[tuple[str, str], tuple[int, int, int]] = {}
+        per_request: dict[tuple[str, str], tuple[int, int, int, int, list[int]]] = {}
         now = time.time_ns()
         for run_id, run in runs.items():
             counted = run.count()
@@ -131,9 +131,10 @@ class VerifyCapture(Capture):
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
             self._count(rt, ENGINE, run_id, None, arr, marks)
-            ids, steps_of, drafted_of, accepted_of = counted.per_request()
-            for req_id, n, d, a in zip(ids, steps_of.tolist(), drafted_of.tolist(), accepted_of.tolist()):
-                per_request[(run_id, req_id)] = (n, d, a)
+            flush = counted.per_request()
+            for req_id, n, d, a, e, h in zip(flush.ids, flush.steps.tolist(), flush.drafted.tolist(),
+                                             flush.accepted.tolist(), flush.emitted.tolist(), flush.histogram.tolist()):
+                per_request[(run_id, req_id)] = (n, d, a, e, h)
             rows = [{**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": c.steps,
                      "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted,
                      "k_switches": c.switches} for (band, k), c in by_shape.items()]
@@ -174,7 +175,7 @@ class VerifyCapture(Capture):
 
     def _verify_rows(self, rt, common: dict, run_id: str, counted: "columns.Counted") -> None:
         """``verify_steps``: the run's request-steps (all, or the ``SPECTRACE_STEP_SAMPLE`` share), as columns."""
-        drafted, accepted, context = counted.drafted, counted.accepted, counted.context
+        drafted, accepted, emitted, context = counted.drafted, counted.accepted, counted.emitted, counted.context
         n = len(drafted)
         step_ts, step_no = counted.ts[counted.step_of], counted.step_no[counted.step_of]
         ids, draft_lists = counted.ids, counted.draft_lists
@@ -184,7 +185,8 @@ class VerifyCapture(Capture):
             if not keep.any():
                 return
             ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
-            drafted, accepted, context, step_ts, step_no = (a[keep] for a in (drafted, accepted, context, step_ts, step_no))
+            drafted, accepted, emitted, context, step_ts, step_no = (
+                a[keep] for a in (drafted, accepted, emitted, context, step_ts, step_no))
             n = len(ids)
         flags = self.request_flags
         pairs = list(map(flags.get, ids, repeat(NO_FLAGS)))
@@ -198,6 +200,7 @@ class VerifyCapture(Capture):
             "context_len": pa.array(context, mask=context < 0, type=pa.int64()),
             "num_drafted": drafted,
             "num_accepted": accepted,
+            "num_emitted": emitted,
             "greedy": greedy,
             "structured_output": structured,
             "draft_token_ids": [json.dumps(list(d)) for d in draft_lists] if rt.settings.record_tokens else None,
@@ -356,18 +359,19 @@ class VerifyCapture(Capture):
 
     # -- request slices: the parameters the drafter never sees ----------------------
 
-    def _drain_slices(self, rt, per_request: dict[tuple[str, str], list[int]]) -> None:
+    def _drain_slices(self, rt, per_request: dict[tuple[str, str], tuple]) -> None:
         """``request_counts`` per request; ``request_slices`` once per request, at its first verified step."""
         now = time.time_ns()
         count_rows, slice_rows = [], []
         by_slice: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(dict)  # this flush, for the metrics
         commons: dict[str, dict] = {}
-        for (run_id, req_id), (steps, drafted, accepted) in per_request.items():
+        for (run_id, req_id), (steps, drafted, accepted, emitted, histogram) in per_request.items():
             common = commons.get(run_id)
             if common is None:
                 common = commons[run_id] = rt.common(ENGINE, run_id=run_id)
             count_rows.append({**common, "ts": now, "request_id": req_id, "request_steps": steps,
-                               "drafted": drafted, "accepted": accepted})
+                               "drafted": drafted, "accepted": accepted, "emitted": emitted,
+                               "histogram": json.dumps(histogram)})
             if req_id in self.slice_of:
                 labels, new = self.slice_of[req_id], False
             else:

@@ -46,32 +46,43 @@ from spectrace.vllm_objects.steps import bookkeeping_sampled
 
 def wrap_update_from_output(original, hook: str):
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
+        step = None
         try:
             drafts = scheduler_output.scheduled_spec_decode_tokens
             rt = runtime.active(hook) if drafts else None
             if rt is not None:
-                capture = rt.verify
                 sampled = model_runner_output.sampled_token_ids
+                finished = len(getattr(self, "finished_req_ids", ()))
+                step = (rt, sampled, finished, (
+                    time.time_ns(),
+                    rt.run.run_id if rt.run is not None else None,
+                    drafts,
+                    list(map(len, sampled)) if sampled else None,
+                    model_runner_output.req_id_to_index,
+                    scheduler_output.scheduled_cached_reqs,
+                    scheduler_output.num_invalid_spec_tokens,
+                    self.num_sampled_tokens_per_step,
+                ))
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        outputs = original(self, scheduler_output, model_runner_output, *args, **kwargs)
+        if step is not None:
+            try:
+                rt, sampled, finished, (ts, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled) = step
+                # a request that finished in this step (EOS, max_tokens, a stop token) kept only the tokens up to its
+                # stop: vLLM trimmed its sampled list in place; the lengths now are what the step emitted
+                emitted = list(map(len, sampled)) if sampled and len(getattr(self, "finished_req_ids", ())) > finished else None
+                capture = rt.verify
                 capture.engine_step_no += 1
                 if len(capture.engine_steps) >= MAX_BUFFERED_STEPS:
                     capture.dropped_steps += 1
                 else:
-                    capture.engine_steps.append(
-                        EngineStep(
-                            time.time_ns(),
-                            capture.engine_step_no,
-                            rt.run.run_id if rt.run is not None else None,
-                            drafts,
-                            list(map(len, sampled)) if sampled else None,
-                            model_runner_output.req_id_to_index,
-                            scheduler_output.scheduled_cached_reqs,
-                            scheduler_output.num_invalid_spec_tokens,
-                            self.num_sampled_tokens_per_step,
-                        )
-                    )
-        except Exception as exc:
-            runtime.count_hook_error(hook, exc)
-        return original(self, scheduler_output, model_runner_output, *args, **kwargs)
+                    capture.engine_steps.append(EngineStep(
+                        ts, capture.engine_step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled,
+                        emitted))
+            except Exception as exc:
+                runtime.count_hook_error(hook, exc)
+        return outputs
 
     return update_from_output
 
