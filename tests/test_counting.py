@@ -67,11 +67,14 @@ def test_engine_counts_follow_vllms_rules_per_position_and_request_step(traced):
     steps = rows(sink, "verify_steps")
     assert steps == [
         {"run_id": RUN, "process_role": "engine_core", "rank": None, "step": 1, "request_id": "a", "context_len": 40,
-         "num_drafted": 3, "num_accepted": 2, "greedy": True, "structured_output": False, "draft_token_ids": None},
+         "num_drafted": 3, "num_accepted": 2, "num_emitted": 3, "greedy": True, "structured_output": False,
+         "draft_token_ids": None},
         {"run_id": RUN, "process_role": "engine_core", "rank": None, "step": 1, "request_id": "b", "context_len": 700,
-         "num_drafted": 2, "num_accepted": 0, "greedy": True, "structured_output": True, "draft_token_ids": None},
+         "num_drafted": 2, "num_accepted": 0, "num_emitted": 1, "greedy": True, "structured_output": True,
+         "draft_token_ids": None},
         {"run_id": RUN, "process_role": "engine_core", "rank": None, "step": 2, "request_id": "a", "context_len": 43,
-         "num_drafted": 3, "num_accepted": 3, "greedy": True, "structured_output": False, "draft_token_ids": None},
+         "num_drafted": 3, "num_accepted": 3, "num_emitted": 4, "greedy": True, "structured_output": False,
+         "draft_token_ids": None},
     ]
     counts = {(r["position"], r["context_bucket"]): (r["drafted"], r["accepted"]) for r in rows(sink, "verify_counts", source="engine_core")}
     # positions: a drafted 3+3 (accepted 2+3: positions 0,1 twice and 2 once); b drafted 2 (positions 0, 1), accepted none

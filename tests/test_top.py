@@ -40,7 +40,8 @@ def spectrace_page(drafted, accepted, lengths=None, k=3, findings=(), slices=Non
         for rank, (d, a) in (ranks or {}).items():
             m.worker_counts(d, a, rank, LABELS)
         if speedup is not None:
-            m.speculation(1, 10**6, 10**5, 1, 2, 0, LABELS, speedup=speedup)
+            m.speculation(1, 10**6, 10**5, 1, 2, 0, LABELS)
+            m.speedup_estimate(speedup, 0, LABELS)
         if by_k:
             m.speedup_by_k([{"k": kk, "speedup": v, "extrapolated": kk > k} for kk, v in by_k.items()], 0, LABELS)
         return generate_latest(registry).decode()

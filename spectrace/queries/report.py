@@ -141,21 +141,26 @@ def _worst_requests(con, run_id: str) -> list[str]:
         "emitted_per_step, \"slice\" from request_spec_decode where run_id = ? and num_spec_steps >= ? "
         "order by draft_acceptance_rate, request_id limit ?", [run_id, MIN_STEPS, WORST_REQUESTS]).fetchall()
     if len(worst) > 1:
+        differ = {d for (d,) in con.execute(  # the slice dimensions where the run's requests differ
+            "select dimension from acceptance_by_slice where run_id = ? group by dimension having count(*) > 1",
+            [run_id]).fetchall()}
         lines.append(f"  lowest acceptance (requests with {MIN_STEPS}+ verify steps):")
-        table = [(rid, n, number(rate, ".1%"), number(length, ".2f"), number(per_step, ".2f"), _slice_text(s))
+        table = [(rid, n, number(rate, ".1%"), number(length, ".2f"), number(per_step, ".2f"), _slice_text(s, differ))
                  for rid, n, rate, length, per_step, s in worst]
         lines.append(_indent(_indent(format_table(
             ["request", "steps", "rate", "acceptance length", "emitted/step", "slice"], table))))
     return lines
 
 
-def _slice_text(value) -> str:
-    """A request's slice (JSON, dimension -> banded value) as ``k=v`` pairs; '-' where none was read."""
+def _slice_text(value, dimensions: set[str]) -> str:
+    """A request's slice (JSON, dimension -> banded value) as ``k=v`` pairs of ``dimensions``; '-' where none."""
     try:
         labels = json.loads(value) if value else {}
     except (TypeError, ValueError):
         return "-"
-    return ", ".join(f"{k}={v}" for k, v in labels.items()) if isinstance(labels, dict) and labels else "-"
+    if not isinstance(labels, dict):
+        return "-"
+    return ", ".join(f"{k}={v}" for k, v in labels.items() if k in dimensions) or "-"
 
 
 def _findings(verdicts: StoreVerdicts) -> list[str]:

@@ -91,8 +91,8 @@ class VerifyCapture(Capture):
             if timings:
                 self.step_times.drain(rt, timings, yielded, self.judge, self._emit)
             judge = self.judge
-            for run_id in list(judge.runs):
-                scheduler = self.config_of(run_id).scheduler
+            for run_id in list(judge.runs):  # the run's configs are read only where a rule needs them
+                scheduler = lambda run_id=run_id: self.config_of(run_id).scheduler()  # noqa: E731
                 self._emit(rt, run_id, judge.switch_findings(run_id, scheduler) + judge.curve_findings(run_id)
                            + judge.slice_findings(run_id, int(_run_k(rt, run_id) or 1), _method(rt, run_id)))
 
