@@ -214,3 +214,30 @@ def test_steps_of_no_run_are_counted_without_an_error(tmp_path):
         assert [(r["position"], r["drafted"], r["accepted"]) for r in rows(sink, "verify_counts")] == [(0, 1, 1), (1, 1, 0)]
     finally:
         runtime.stop()
+
+
+def test_a_request_that_stops_inside_a_draft_counts_what_it_emitted_and_ends_in_a_span(traced):
+    """vLLM #56101: a request that stopped 1 token into an accepted draft. The step's sampled list was trimmed by
+    vLLM in place (``emitted_lens``), the request's id is among the step's finished ones: its counts say it
+    accepted 3 + 3 drafts but emitted 4 + 1 tokens, and its ``spectrace.request`` span carries vLLM's per-request
+    numbers under their own names."""
+    rt, sink = traced
+    rt.run.info["num_speculative_tokens"] = 3
+    rt.verify.engine_steps.extend([
+        engine_step(1, {"a": [5, 6, 7], "b": [1, 2, 3]}, {"a": 4, "b": 2}),
+        EngineStep(1_002, 2, RUN, {"a": [5, 6, 7], "b": [1, 2, 3]}, [4, 1], {"a": 0, "b": 1}, cached({}), None, 1,
+                   [1, 1], ["a"]),
+    ])
+    rt.flush()
+    steps = [(r["request_id"], r["num_accepted"], r["num_emitted"]) for r in rows(sink, "verify_steps")]
+    assert steps == [("a", 3, 4), ("b", 1, 2), ("a", 3, 1), ("b", 0, 1)]
+    counts = {r["request_id"]: (r["request_steps"], r["accepted"], r["emitted"], json.loads(r["histogram"]))
+              for r in rows(sink, "request_counts")}
+    assert counts == {"a": (2, 6, 5, [0, 0, 0, 2]), "b": (2, 1, 3, [1, 1, 0, 0])}
+    (span,) = [s for s in rows(sink, "spans") if s["name"] == "spectrace.request"]  # b has not finished
+    attributes = json.loads(span["attributes"])
+    assert {k.removeprefix("spectrace.spec_decode."): v for k, v in attributes.items() if "spec_decode" in k} == {
+        "num_spec_tokens": 3, "acceptance_histogram": [0, 0, 0, 2], "num_spec_steps": 2,
+        "num_accepted_draft_tokens": 6, "num_draft_tokens": 6, "mean_acceptance_length": 4.0,
+        "draft_acceptance_rate": 1.0, "emitted_tokens": 5}
+    assert attributes["spectrace.request.id"] == "a" and attributes["spectrace.run_id"] == RUN

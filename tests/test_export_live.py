@@ -69,6 +69,15 @@ def test_otlp_receiver_gets_spans_and_metrics(zoo, scratch, cache_root, protocol
     assert findings[("ACCEPTANCE_COLLAPSE", "error", result.run_id)] == 1
     points = receiver.metric_points("spectrace.verify.drafted_tokens")
     assert {"model", "draft_model", "method", "run_id", "position", "context_bucket"} <= set(points[-1]["attributes"])
+    # one span per finished request, vLLM's per-request numbers under their own leaf names, equal to the store's view
+    prefix = "spectrace.spec_decode."
+    fields = ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens", "emitted_tokens", "acceptance_histogram")
+    sent = {s["attributes"]["spectrace.request.id"]: tuple(s["attributes"][prefix + f] for f in fields)
+            for s in spans if s["name"] == "spectrace.request"}
+    cursor = spectrace.store.open(store).execute(
+        f"select request_id, {', '.join(fields)} from request_spec_decode where run_id = ?", [result.run_id])
+    stored = {rid: tuple(values) for rid, *values in cursor.fetchall()}
+    assert len(sent) == len(result.tokens) and sent == stored
 
 
 def test_prometheus_scrape_reproduces_acceptance(zoo, scratch, cache_root):

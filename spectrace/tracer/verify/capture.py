@@ -39,6 +39,7 @@ class EngineStep(NamedTuple):
     # tokens each row emitted, where a request finished in the step (vLLM trims a stopped request's tokens in
     # place: EOS, max_tokens, stop token ids); None: no request finished, every row emitted what it sampled
     emitted_lens: list[int] | None = None
+    finished: list[str] | None = None  # requests that finished in the step (Scheduler.finished_req_ids grew)
 
 
 class Cached(NamedTuple):

@@ -62,6 +62,7 @@ class VerifyCapture(Capture):
         self.step_times = StepTimes()  # the worker's step times: decode/chunk steps, does speculation pay, what k pays
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
+        self.request_totals: dict[str, RequestTotals] = {}  # request id -> its counts so far, until it finishes
 
     # -- background ------------------------------------------------------------
 
@@ -103,11 +104,14 @@ class VerifyCapture(Capture):
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
         runs: dict[str, columns.RunColumns] = {}
-        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted in steps:  # EngineStep
-            run = runs.get(run_id)
+        ended: list[tuple[str | None, int, list[str]]] = []  # (run, ts, requests) that finished in a step
+        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted, finished in steps:
+            run = runs.get(run_id)  # EngineStep
             if run is None:
                 run = runs[run_id] = columns.RunColumns()
             run.add(ts, step_no, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted)
+            if finished:
+                ended.append((run_id, ts, finished))
         common = rt.common(ENGINE)
         band_rows: list[dict] = []
         shape_rows: list[dict] = []
@@ -132,9 +136,17 @@ class VerifyCapture(Capture):
                 )
             self._count(rt, ENGINE, run_id, None, arr, marks)
             flush = counted.per_request()
+            totals = self.request_totals
+            first_ts = int(counted.ts[0])
             for req_id, n, d, a, e, h in zip(flush.ids, flush.steps.tolist(), flush.drafted.tolist(),
                                              flush.accepted.tolist(), flush.emitted.tolist(), flush.histogram.tolist()):
                 per_request[(run_id, req_id)] = (n, d, a, e, h)
+                request = totals.get(req_id)
+                if request is None:
+                    if len(totals) >= MAX_ACTIVE_SLICES:  # finished where no step verified drafts: never ended here
+                        totals.pop(next(iter(totals)))
+                    request = totals[req_id] = RequestTotals(first_ts)
+                request.add(n, d, a, e, h)
             rows = [{**common, "run_id": run_id, "ts": now, "batch_band": band, "k": k, "steps": c.steps,
                      "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted,
                      "k_switches": c.switches} for (band, k), c in by_shape.items()]
@@ -148,6 +160,32 @@ class VerifyCapture(Capture):
             rt.pipeline.extend("band_positions", band_rows)
         if per_request:
             self._drain_slices(rt, per_request)
+        for run_id, ts, finished in ended:
+            for req_id in finished:
+                request = self.request_totals.pop(req_id, None)
+                if request is not None:
+                    self._request_span(rt, run_id, req_id, request, ts)
+
+    def _request_span(self, rt, run_id: str | None, req_id: str, request: "RequestTotals", end_ns: int) -> None:
+        """One finished request as a span: vLLM's per-request speculative metrics under its own leaf names
+        (``spectrace.spec_decode.*``, as ``RequestSpecDecodeMetrics.to_dict`` names them), and what it emitted."""
+        k = _run_k(rt, run_id) or len(request.histogram) - 1
+        histogram = request.histogram + [0] * max(k + 1 - len(request.histogram), 0)
+        prefix = "spectrace.spec_decode."
+        attributes = {
+            "spectrace.request.id": req_id,
+            prefix + "num_spec_tokens": int(k),
+            prefix + "acceptance_histogram": histogram,
+            prefix + "num_spec_steps": request.steps,
+            prefix + "num_accepted_draft_tokens": request.accepted,
+            prefix + "num_draft_tokens": request.drafted,
+            prefix + "mean_acceptance_length": 1 + request.accepted / request.steps if request.steps else 1.0,
+            prefix + "draft_acceptance_rate": request.accepted / request.drafted if request.drafted else 0.0,
+            prefix + "emitted_tokens": request.emitted,
+        }
+        span = rt.start_span("spectrace.request", role=ENGINE, run=rt.run_by_id(run_id), start_time=request.first_ts,
+                             links=self._links([req_id]), attributes=attributes)
+        span.end(end_time=max(end_ns, request.first_ts))
 
     def _steps(self, rt, run_id: str, counted: "columns.Counted"):
         """Per step of the run that counted something: its mark (the collapse onset), its batch band and k (the
@@ -498,3 +536,24 @@ def _run_k(rt, run_id: str | None) -> int | None:
 def _method(rt, run_id: str | None) -> str | None:
     run = rt.run_by_id(run_id)
     return run.info.get("method") if run is not None else None
+
+
+class RequestTotals:
+    """One request's verify steps so far (engine core), until it finishes: its span's numbers."""
+
+    __slots__ = ("first_ts", "steps", "drafted", "accepted", "emitted", "histogram")
+
+    def __init__(self, first_ts: int) -> None:
+        self.first_ts = first_ts
+        self.steps = self.drafted = self.accepted = self.emitted = 0
+        self.histogram: list[int] = []
+
+    def add(self, steps: int, drafted: int, accepted: int, emitted: int, histogram: list[int]) -> None:
+        self.steps += steps
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += emitted
+        if len(histogram) > len(self.histogram):
+            self.histogram += [0] * (len(histogram) - len(self.histogram))
+        for j, n in enumerate(histogram):
+            self.histogram[j] += n

@@ -71,7 +71,9 @@ def wrap_update_from_output(original, hook: str):
                 rt, sampled, finished, (ts, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled) = step
                 # a request that finished in this step (EOS, max_tokens, a stop token) kept only the tokens up to its
                 # stop: vLLM trimmed its sampled list in place; the lengths now are what the step emitted
-                emitted = list(map(len, sampled)) if sampled and len(getattr(self, "finished_req_ids", ())) > finished else None
+                done = getattr(self, "finished_req_ids", ())
+                ended = list(done) if len(done) > finished else None
+                emitted = list(map(len, sampled)) if sampled and ended else None
                 capture = rt.verify
                 capture.engine_step_no += 1
                 if len(capture.engine_steps) >= MAX_BUFFERED_STEPS:
@@ -79,7 +81,7 @@ def wrap_update_from_output(original, hook: str):
                 else:
                     capture.engine_steps.append(EngineStep(
                         ts, capture.engine_step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled,
-                        emitted))
+                        emitted, ended))
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         return outputs
