@@ -186,3 +186,19 @@ def test_a_store_whose_path_has_glob_characters_reads_locked(tmp_path):
     with pytest.raises(duckdb.Error, match="disabled by configuration"):
         con._con.execute(f"copy runs to '{root}/runs/x.csv'")
     assert not (root / "runs" / "x.csv").exists()
+
+
+def test_a_refusal_is_the_only_line_even_beside_a_skipped_file(store):
+    """The statement is checked before the store is opened: no warning about the store comes with the refusal."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, _ = store
+    planted = root / "verify_counts" / "run=good" / "evil-1-1-000001.parquet"
+    pq.write_table(pa.table({"run_id": ["good"], "drafted": ["ten"]}), planted)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    run = [sys.executable, "-m", "spectrace.cli", "query", "--locked", "--dir", str(root)]
+    refused = subprocess.run([*run, f"copy runs to '{root}/x.csv'"], capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 2 and refused.stderr == "spectrace: error: a locked store runs only SELECT statements, not COPY\n"
+    read = subprocess.run([*run, "select sum(drafted) from verify_counts"], capture_output=True, text=True, timeout=60, env=env)
+    assert read.returncode == 0 and f"skipping {planted}" in read.stderr and "4" in read.stdout
