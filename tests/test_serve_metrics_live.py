@@ -19,6 +19,8 @@ import os
 import signal
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -135,9 +137,10 @@ def baseline(zoo, scratch, cache_root):
         server.start()
         server.metrics()  # the traced server is scraped once before its requests too
         texts, families = _requests_and_settled_scrape(server)
+        statuses = [_status(server, body) for body in HOSTILE_REQUESTS]  # after the scrape the series tests compare
     finally:
         server.stop()
-    return texts, families
+    return texts, families, statuses
 
 
 def _top_on_the_api_port(server):
@@ -223,7 +226,7 @@ def test_a_server_restarted_on_a_killed_servers_directory_never_shows_the_dead_p
 
 
 def test_vllm_series_are_the_same_with_spectrace_on(baseline, traced):
-    texts, families = baseline
+    texts, families, _ = baseline
     assert traced["texts"] == texts  # same tokens
     assert _vllm_shape(traced["families"]) == _vllm_shape(families)  # same names, same label sets
     counters = _counters(families)
@@ -276,9 +279,45 @@ INVALID = {
     "SPECTRACE_STEP_SAMPLE": "2", "SPECTRACE_COLLAPSE_THRESHOLD": "2", "SPECTRACE_MAX_BUFFER_ROWS": "0",
     "SPECTRACE_SPAN_EVERY": "-5", "SPECTRACE_COMPACT_INTERVAL": "-60", "SPECTRACE_PROMETHEUS_PORT": "99999",
     "SPECTRACE_RUN_ID": "../escape", "SPECTRACE_HOST": "a/b", "SPECTRACE_COLLAPSE_WINDOW": "0",
-    "SPECTRACE_EXPORTER": "duckdb,prometheus,lake,bogus",
+    "SPECTRACE_EXPORTER": "duckdb,prometheus,lake,otlp,bogus",
 }
-PASSWORD = "hunter2-live"
+PASSWORD = "hunter2-live;Kx&9,z"  # the separators that once ended the redaction (;, & and ,)
+TOKEN = "otlp-bearer-live-7f3e9a"  # in OTEL_EXPORTER_OTLP_HEADERS, as a collector's credential
+# sampling numbers at and past their ranges: each answered as vLLM answers it (200 or 400), never a 500 or a hook error
+HOSTILE_REQUESTS = [
+    {"temperature": 1e308}, {"temperature": -1}, {"top_p": 1e-308}, {"top_k": 2**62}, {"max_tokens": 2**63},
+    {"max_tokens": 0}, {"seed": 2**64}, {"seed": -(2**63)}, {"repetition_penalty": 1e308}, {"presence_penalty": -1e308},
+    {"logprobs": 10**9}, {"n": 10**6}, {"min_tokens": 10**9}, {"logit_bias": {"1": 1e308}},
+    {"stop": ["x"] * 10_000}, {"prompt": [0] * 100_000},
+]
+
+
+def _cli(*argv):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "spectrace.cli", *argv], capture_output=True, text=True, timeout=120)
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    return int(subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout)
+
+
+def _status(server, body) -> int:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps({"model": server.model, "prompt": "the quick brown fox", "max_tokens": 4, **body}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/completions", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def _nobody(*argv):
@@ -329,7 +368,9 @@ def hostile(zoo, scratch, cache_root):
 
     env = base_env(store, multiprocessing=True, cache_root=cache_root)
     env.update(INVALID, SPECTRACE_METRICS_DIR=str(metrics),
-               SPECTRACE_LAKE=f"postgres:dbname=spectrace host=127.0.0.1 port=1 user=u password={PASSWORD}")
+               SPECTRACE_LAKE=f"postgresql://u:{PASSWORD}@127.0.0.1:1/spectrace",  # the URI form, as PostgreSQL users write it
+               OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}", OTEL_EXPORTER_OTLP_TIMEOUT="2",
+               OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {TOKEN},x-api-key={TOKEN}")
     server = Server(zoo["target"], _args(zoo, 1), env, scratch / "serve-hostile.log", free_port())
     seen = {}
     try:
@@ -352,8 +393,28 @@ def hostile(zoo, scratch, cache_root):
         seen["nobody"] = [_nobody("ls", str(store / "verify_counts")).returncode,
                           _nobody("cat", str(segment)).returncode,
                           _nobody("touch", str(store / "verify_counts" / "run=earlier" / "x.parquet")).returncode]
+        seen["hostile_requests"] = [_status(server, body) for body in HOSTILE_REQUESTS]
+        # a foreign-typed segment planted in the live run's folder, named as a dead writer of this host's
+        [(run_id, host)] = [row for row in seen["runs"] if row[0] != "earlier"]
+        seen["planted"] = store / "verify_counts" / f"run={run_id}" / f"{host}-{_dead_pid()}-{time.time_ns()}-000001.parquet"
+        pq.write_table(pa.table({"run_id": [run_id], "source": ["engine_core"], "position": [0], "drafted": ["ten"],
+                                 "accepted": ["five"]}), seen["planted"])
+        os.chmod(seen["planted"], 0o600)
+        seen["planted_bytes"] = seen["planted"].read_bytes()
+        seen["after_plant"] = server.complete(PROMPTS[0])["choices"][0]["text"]  # the engine writes on beside it
+        forged = store / "verify_counts" / f"run={run_id}" / f"{host}-1-1-000009.parquet"
+        seen["locked"] = [  # as a dashboard would, on the live store: reads answer, a write into the run is one line
+            _cli("query", "--locked", "--dir", str(store), "select sum(drafted) > 0 as counted from verify_counts"),
+            _cli("query", "--locked", "--dir", str(store),
+                 f"explain analyze copy (select '{run_id}' as run_id, 10**9 as drafted) to '{forged}'"),
+        ]
+        seen["forged"] = forged.exists()
+        seen["alive"] = server.process.poll() is None and server.metrics() != ""
     finally:
         server.stop()
+    seen["report"] = _cli("report", "--dir", str(store), "--run", run_id)
+    seen["compact"] = _cli("store", "compact", "--dir", str(store))
+    seen["planted_kept"] = seen["planted"].read_bytes() == seen["planted_bytes"]
     seen["log"] = server.log()
     seen["kept"] = {path: path.exists() and path.read_bytes() == data for path, data in before.items()}
     seen["modes"] = {stat.S_IMODE(p.stat().st_mode) for p in store.rglob("*") if p.is_file()}
@@ -365,7 +426,7 @@ def hostile(zoo, scratch, cache_root):
 
 
 def test_invalid_settings_and_hostile_files_leave_tokens_and_earlier_runs_alone(baseline, hostile):
-    texts, _ = baseline
+    texts, _, statuses = baseline
     assert hostile["texts"] == texts  # the untraced tokens
     assert all(hostile["kept"].values()) and len(hostile["kept"]) >= 2  # the earlier run's files, byte for byte
     log = hostile["log"]
@@ -379,10 +440,32 @@ def test_invalid_settings_and_hostile_files_leave_tokens_and_earlier_runs_alone(
     # the store is private, and the user nobody can do nothing with it
     assert hostile["modes"] == {0o600} and hostile["dir_modes"] == {0o700}
     assert all(rc != 0 for rc in hostile["nobody"]), hostile["nobody"]
-    # no secret anywhere: the unreachable lake's password, the 0600 file a planted link points to
-    assert PASSWORD not in log and PASSWORD not in hostile["scrape"]
+    # no secret anywhere: the unreachable lake's password (no tail past a separator either), the OTLP headers'
+    # token, the 0600 file a planted link points to
+    for secret in (PASSWORD, "Kx&9", "9,z", TOKEN):
+        assert secret not in log and secret not in hostile["scrape"], secret
     assert "lake" in log.lower() and "***" in log  # the lake's errors were logged, redacted
     assert hostile["secret"] == f"spectrace_secret_total {PASSWORD}\n"
+
+
+def test_hostile_numbers_a_planted_segment_and_locked_sql_on_a_live_server(baseline, hostile):
+    texts, _, statuses = baseline
+    assert hostile["hostile_requests"] == statuses, (statuses, hostile["hostile_requests"])  # as the untraced server
+    assert 200 in statuses and 400 in statuses  # some taken, some refused by vLLM
+    assert hostile["alive"] and hostile["after_plant"] == texts[0]
+    assert "spectrace: hook" not in hostile["log"]  # no hook error, in any process
+    # the planted segment: the engine wrote on, a locked read answered past it, the write was refused in one line
+    read, write = hostile["locked"]
+    assert read.returncode == 0 and "True" in read.stdout, read
+    assert f"skipping {hostile['planted']}" in read.stderr
+    assert write.returncode == 2 and write.stderr.count("\n") == 1 and "EXPLAIN COPY" in write.stderr, write
+    assert not hostile["forged"]
+    # after the server: the report answers and names it, compaction leaves it as it was
+    report = hostile["report"]
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report
+    assert report.stderr.count(f"skipping {hostile['planted']}: not a verify_counts segment") == 1
+    assert hostile["compact"].returncode == 0 and "Traceback" not in hostile["compact"].stderr, hostile["compact"]
+    assert hostile["planted_kept"]
 
 
 def test_a_metrics_directory_of_another_user_is_refused_and_its_files_never_served(hostile):

@@ -41,6 +41,13 @@ def cmd_query(args: argparse.Namespace) -> int:
         sql = args.sql
     else:
         raise UsageError(f"give SQL to run, or --named NAME (one of: {', '.join(named.names())})")
+    if getattr(args, "locked", False):  # refused before the store is opened: the refusal is the only line
+        from spectrace.store.read import check_locked
+
+        try:
+            check_locked(sql)
+        except StoreError as exc:
+            raise UsageError(str(exc)) from None
     con = open_source(args)
     try:
         result = con.execute(sql)

@@ -44,20 +44,36 @@ class StoreError(Exception):
 
 
 class LockedQueryError(StoreError):
-    """SQL a locked store does not run: anything but SELECT (and EXPLAIN of one)."""
+    """SQL a locked store does not run: anything but SELECT (and EXPLAIN of one), or a table function
+    that is not a plain read."""
 
 
 LOCKED_STATEMENTS = ("SELECT", "EXPLAIN")
 
+# The table functions a locked store runs: reads and DuckDB's own catalog (files: only the store's,
+# ``lock``). Every other one is refused by name, the unknown ones included: some run as a SELECT and
+# write (``enable_logging(storage='file')`` writes log files and then fails every later query and the
+# process's exit; ``enable_profiling``, ``checkpoint``), some run SQL that no check has seen
+# (``query``, ``query_table``, ``json_execute_serialized_sql``), some take raw pointers (``arrow_scan``).
+LOCKED_TABLE_FUNCTIONS = frozenset({
+    "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree", "summary", "glob",
+    "sniff_csv", "icu_calendar_names", "pg_timezone_names", "which_secret",
+})
+LOCKED_TABLE_FUNCTION_PREFIXES = ("read_", "parquet_", "duckdb_", "pragma_")  # reads and catalog listings
 
-def lock(con: duckdb.DuckDBPyConnection, root: Path) -> None:
-    """Lock ``con`` to reading the store at ``root``: no file outside it, no extension
-    installed or loaded from outside, no ``ATTACH``, no setting changed afterwards.
 
-    DuckDB's own switches (``allowed_directories``, ``enable_external_access=false``,
-    ``lock_configuration``); writing (``COPY ... TO`` inside the store, also under ``EXPLAIN
-    ANALYZE``) is refused by :func:`check_locked`, which lets a locked store run only SELECT."""
-    con.execute(f"SET allowed_directories = [{_sql_str(str(root) + os.sep)}]")
+def lock(con: duckdb.DuckDBPyConnection, paths) -> None:
+    """Lock ``con`` to reading exactly ``paths`` (the store's segments it lists): no other file read,
+    no file created or written anywhere (``COPY ... TO``, ``EXPORT``, ``ATTACH``, log or profile files,
+    also under ``EXPLAIN ANALYZE`` or inside a SELECT), no extension installed or loaded, no setting
+    changed afterwards.
+
+    DuckDB's own switches: ``allowed_paths`` (the files, not their folders: a folder there can be
+    written to, and a read-only database still runs ``COPY ... TO``), ``enable_external_access=false``,
+    autoloading off, ``lock_configuration``. The statements are checked before this (:func:`check_locked`)."""
+    allowed = {str(p) for p in paths} | {_glob_literal(str(p)) for p in paths}  # DuckDB checks the name it is given
+    literal = ", ".join(_sql_str(p) for p in sorted(allowed))
+    con.execute(f"SET allowed_paths = [{literal}]::VARCHAR[]")
     for setting in ("autoinstall_known_extensions", "autoload_known_extensions", "enable_external_access"):
         con.execute(f"SET {setting} = false")
     con.execute("SET lock_configuration = true")
@@ -65,20 +81,48 @@ def lock(con: duckdb.DuckDBPyConnection, root: Path) -> None:
 
 def check_locked(sql: str) -> None:
     """Raise :class:`LockedQueryError` unless every statement of ``sql`` only reads: a SELECT, or an
-    EXPLAIN (ANALYZE included: it runs what it explains) of exactly one SELECT.
+    EXPLAIN (ANALYZE included: it runs what it explains) of exactly one SELECT, whose table functions
+    are all reads (``LOCKED_TABLE_FUNCTIONS``), at every level (CTEs, subqueries, joins, set operations).
 
-    DuckDB's own parser decides, at every level: ``extract_statements`` gives each statement's
-    type, and an EXPLAIN's is checked again on what follows its ``EXPLAIN [ANALYZE] [(options)]``
-    (found with DuckDB's tokenizer, comments skipped), so ``EXPLAIN ANALYZE COPY ... TO`` is a COPY.
-    Anything that does not parse as that is refused."""
+    DuckDB's own parser decides: ``extract_statements`` gives each statement's type, an EXPLAIN's is
+    checked again on what follows its ``EXPLAIN [ANALYZE] [(options)]`` (found with DuckDB's tokenizer,
+    comments skipped), so ``EXPLAIN ANALYZE COPY ... TO`` is a COPY; ``json_serialize_sql`` gives each
+    SELECT's whole tree, where every table function is named. Anything that does not parse as that
+    is refused."""
     for statement in _statements(sql):
         kind = statement.type.name
+        query = statement.query
         if kind == "EXPLAIN":
-            inner = [s.type.name for s in _statements(_explained(statement.query))]
+            query = _explained(statement.query)
+            inner = [s.type.name for s in _statements(query)]
             if inner != ["SELECT"]:
                 kind = f"EXPLAIN {' '.join(inner) or 'of nothing'}"
         if kind not in LOCKED_STATEMENTS:
             raise LockedQueryError(f"a locked store runs only SELECT statements, not {kind}")
+        for name in _table_functions(query):
+            if name not in LOCKED_TABLE_FUNCTIONS and not name.startswith(LOCKED_TABLE_FUNCTION_PREFIXES):
+                raise LockedQueryError(f"a locked store runs only SELECT statements that read, not the table function {name}()")
+
+
+def _table_functions(select: str) -> list[str]:
+    """The table functions ``select`` (one SELECT) calls anywhere in its tree, lower-case."""
+    import json
+
+    with duckdb.connect(":memory:") as con:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [select]).fetchone()[0])
+    if tree.get("error"):
+        raise LockedQueryError(f"a locked store cannot check this statement: {tree.get('error_message', 'not a SELECT')}")
+    names: list[str] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "TABLE_FUNCTION" and isinstance(node.get("function"), dict):
+                names.append(str(node["function"].get("function_name", "")).lower())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return names
 
 
 def _statements(sql: str) -> list:
@@ -223,6 +267,8 @@ class Store:
         self._con = con
         self.root = root
         self.locked = locked  # open(locked=True): SELECT only, nothing outside the store
+        self._allowed: frozenset[str] | None = None  # locked: the files this connection may read (lock)
+        self._derived = False  # the derived views (views.sql) exist on this connection
         self.owner = store_owner(root)  # the uid whose files are the store's
         self.since = since
         self._shapes = shapes  # per table: its view reads files (True) or is empty; shared by cursors (one catalog)
@@ -267,8 +313,13 @@ class Store:
         (to bind the new view); the query itself opens the listed files.
         """
         listing = files(self.root, since=self.since)
+        readable = {table: self._readable(table, listing.get(table, [])) for table in TABLES}
+        if self.locked:
+            wanted = frozenset(path for paths in readable.values() for path in paths)
+            if self._allowed is None or not wanted <= self._allowed:
+                self._relock(wanted)
         for table in TABLES:
-            paths = self._readable(table, listing.get(table, []))
+            paths = readable[table]
             if paths == self._listed.get(table):
                 continue
             if paths:  # a literal: a Python list as a parameter converts ~10x slower
@@ -280,6 +331,24 @@ class Store:
                 )
                 self._shapes[table] = bool(paths)
             self._listed[table] = paths
+        if not self._derived:
+            for name, body in derived_views():
+                self._con.execute(f"CREATE VIEW {name} AS {body}")
+            self._derived = True
+
+    def _relock(self, paths: frozenset[str]) -> None:
+        """A locked store's connection, made to read ``paths``: DuckDB's allowed files cannot change
+        once its configuration is locked, so a file written since (a writer's new segment, compaction's
+        merged one) gets a new connection, views and all (an in-memory catalog of views: no data)."""
+        con = duckdb.connect(":memory:")
+        try:
+            lock(con, paths)
+        except BaseException:
+            con.close()
+            raise
+        self._con.close()
+        self._con, self._allowed = con, paths
+        self._shapes, self._listed, self._derived = {}, {}, False
 
     def _refreshed(name: str):
         def method(self, *args, **kwargs):
@@ -303,8 +372,13 @@ class Store:
         return getattr(self._con, name)
 
     def cursor(self) -> "Store":
+        if self.locked:  # its own locked connection (a file written later relocks one connection)
+            cursor = Store(duckdb.connect(":memory:"), self.root, self.since, {}, True)
+            cursor._checked, cursor.skipped = self._checked, self.skipped
+            cursor.refresh()
+            return cursor
         cursor = Store(self._con.cursor(), self.root, self.since, self._shapes, self.locked)
-        cursor._checked, cursor.skipped = self._checked, self.skipped
+        cursor._checked, cursor.skipped, cursor._derived = self._checked, self.skipped, self._derived
         return cursor
 
     def close(self) -> None:
@@ -324,8 +398,8 @@ def open(
 
     ``since`` (ns since the epoch): tables with a ``ts`` column hold only the rows with
     ``ts >= since``, and files older than it (by name) are never opened.
-    ``locked``: the connection reads the store's files and nothing else (``lock``) and runs
-    only SELECT statements: for anything that takes SQL from others.
+    ``locked``: the connection reads the store's files and nothing else, writes no file (``lock``)
+    and runs only SELECT statements that read (``check_locked``): for anything that takes SQL from others.
     """
     root = Path(root).absolute()
     if not root.is_dir():
@@ -334,11 +408,7 @@ def open(
         raise StoreError(f"the spectrace store at {root} holds no records yet")
     store = Store(duckdb.connect(":memory:"), root, since, {}, locked)
     try:
-        if locked:
-            lock(store._con, root)
         store.refresh()
-        for name, body in derived_views():
-            store._con.execute(f"CREATE VIEW {name} AS {body}")
     except duckdb.Error as exc:
         store.close()
         first = str(exc).strip().splitlines()[0]
