@@ -27,10 +27,10 @@ pytestmark = [pytest.mark.vllm]
 PASSWORD = "Kx9;live&pw,7"  # a libpq password with every separator that once ended the redaction
 TOKEN = "otlp-bearer-token-live-42"
 IDS = 1_900_000
-# ... but these, which record each model's whole config.json as declared and resolved (5.7 MB cells here, and a
-# 22.8 MB attribute on the spectrace.config.resolve span, which no OTLP collector takes): not bounded yet, at
-# spectrace/tracer/frontend.py::record_resolution (issue #38's report); this set empties when they are
-WHOLE_CONFIGS = {"spans", "model_configs", "config_fields"}
+# ... but this one, whose rows record the declared and resolved value of each config field that differs (a 5.7 MB
+# cell here): not bounded yet (spectrace/tracer/audit_live.py); the whole configs (model_configs, the
+# spectrace.config.resolve span) are cut at spectrace.tracer.frontend.CONFIG_ITEMS items a list
+WHOLE_CONFIGS = {"config_fields"}
 RUN = "hardening-probe"
 HOST = "probehost"
 
