@@ -231,6 +231,21 @@ class Sink:
         return None
 
 
+class Telemetry:
+    """An exporter the OpenTelemetry SDK schedules itself (OTLP): a span processor and a metric reader, each on its
+    own thread, configured once when the process's providers are built; it takes no batch. Kept beside the sinks
+    (``Pipeline.telemetry``), never among them: the flush has nothing to hand it."""
+
+    name = "telemetry"
+    status = ""
+
+    def span_processor(self) -> Any | None:
+        return None
+
+    def metric_reader(self) -> Any | None:
+        return None
+
+
 # -- the pipeline -------------------------------------------------------------------
 
 
@@ -252,6 +267,7 @@ class Pipeline:
         self.maintain_interval_s = maintain_interval_s  # 0: no maintenance
         self.sources: list[Callable[[], None]] = list(sources)
         self.sinks: list[Sink] = list(sinks)
+        self.telemetry: list[Telemetry] = []  # exporters the OpenTelemetry SDK schedules (OTLP): no batch for them
         self.dropped = 0  # rows lost anywhere: buffer full, a batch that could not be built, a sink's own drops
         self.flushes = 0
         self.rows_flushed = 0

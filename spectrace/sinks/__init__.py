@@ -7,7 +7,8 @@ Each sink takes every flush's :class:`~spectrace.pipeline.Batch` (``export``):
 - ``prometheus``: this process's exposition file, served on vLLM's ``/metrics``
   (``spectrace.sinks.exposition.ExpositionSink``);
 - ``otlp``: spans and metrics to an OTLP collector, scheduled by the OpenTelemetry SDK
-  (``spectrace.sinks.otel.OtlpSink``);
+  (``spectrace.sinks.otel.OtlpExport``): not a sink of the flush but a span processor and a metric
+  reader, kept in ``Pipeline.telemetry`` and taken by the process's providers once;
 - ``memory``: every batch kept as rows, for tests (``spectrace.sinks.memory.MemorySink``;
   not selectable by ``SPECTRACE_EXPORTER``).
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Sequence
 
-from spectrace.pipeline import Pipeline, Sink
+from spectrace.pipeline import Pipeline, Sink, Telemetry
 from spectrace.settings import Settings
 
 log = logging.getLogger("vllm.spectrace")
@@ -44,14 +45,15 @@ def _exposition(settings: Settings, pipeline: Pipeline) -> Sink:
     return ExpositionSink.from_settings(settings)
 
 
-def _otlp(settings: Settings, pipeline: Pipeline) -> Sink:
-    from spectrace.sinks.otel import OtlpSink
+def _otlp(settings: Settings, pipeline: Pipeline) -> Telemetry:
+    from spectrace.sinks.otel import OtlpExport
 
-    return OtlpSink(on_drop=pipeline.count_dropped)
+    return OtlpExport(on_drop=pipeline.count_dropped)
 
 
-# Each entry builds one sink from the settings; the order here is the order sinks get a batch.
-SINKS: dict[str, Callable[[Settings, Pipeline], Sink]] = {
+# Each entry builds one sink (or, for otlp, the SDK's exporter) from the settings; the order here is the order
+# sinks get a batch.
+SINKS: dict[str, Callable[[Settings, Pipeline], Sink | Telemetry]] = {
     "duckdb": _store,
     "lake": _lake,
     "prometheus": _exposition,
@@ -84,6 +86,9 @@ def build(
             status[name] = f"unavailable: {exc}"
             log.error("spectrace: the %s sink is unavailable: %s", name, exc)
             continue
-        pipeline.add_sink(sink)
+        if isinstance(sink, Telemetry):
+            pipeline.telemetry.append(sink)
+        else:
+            pipeline.add_sink(sink)
         status[name] = sink.status or name
     return pipeline, status

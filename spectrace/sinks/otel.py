@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from spectrace.pipeline import Sink
+from spectrace.pipeline import Telemetry
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -148,13 +147,13 @@ def otlp_metric_reader():
     return PeriodicExportingMetricReader(LoggedMetricExporter(OTLPMetricExporter()))
 
 
-class OtlpSink(Sink):
-    """The pipeline's ``otlp`` sink: spans and metrics to an OTLP collector.
+class OtlpExport(Telemetry):
+    """``SPECTRACE_EXPORTER=otlp``: spans and metrics to an OTLP collector.
 
     The OpenTelemetry SDK schedules this export itself (a batch span processor and a periodic
-    metric reader, each on its own thread), so ``export`` has nothing to do with the flush's
-    tables; the process's tracer and meter providers take ``span_processor()`` and
-    ``metric_reader()`` when telemetry is built. Spans the full queue drops go to ``on_drop``.
+    metric reader, each on its own thread): not a sink of the flush, but a processor and a reader
+    the process's tracer and meter providers take once, when telemetry is built. Spans the full
+    queue drops go to ``on_drop``.
     """
 
     name = "otlp"
@@ -174,9 +173,3 @@ class OtlpSink(Sink):
 
     def metric_reader(self):
         return otlp_metric_reader()
-
-    def export(self, batch) -> None:
-        pass
-
-    def close(self) -> None:
-        pass  # the providers' shutdown flushes and stops the SDK's threads

@@ -223,7 +223,7 @@ class Runtime:
             sinks = self.pipeline.sinks
             if any(sink.takes_tables for sink in sinks):
                 self._add_span_processor(SimpleSpanProcessor(SpanRows(self.pipeline)))
-            for sink in sinks:  # the sinks that take spans or metrics from the SDK (otlp, prometheus)
+            for sink in [*sinks, *self.pipeline.telemetry]:  # those that take spans or metrics from the SDK
                 try:
                     processor, reader = sink.span_processor(), sink.metric_reader()
                     if processor is not None:
