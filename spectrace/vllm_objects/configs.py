@@ -177,3 +177,50 @@ def assign_roles(captures: list[ConfigCapture], target: str | None, draft: str |
                 want.pop(i)
                 break
     return roles
+
+
+# -- the drafter's config, stage by stage (issue #35) ------------------------------------------------------
+
+RULE_SPECULATIVE = "vllm.config.speculative.SpeculativeConfig.__post_init__"
+RULE_SPECULATORS_CONFIG = "vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig.__init__"
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[str, Any] | None,
+                   final: dict[str, Any] | None, transformers_class: str | None = None) -> list[Any]:
+    """The drafter's config after each step of vLLM's resolution (``spectrace.audit.fields.Stage``), the
+    speculators step computed by running the installed vLLM's own
+    ``SpeculatorsConfig.extract_transformers_pre_trained_config`` (its algorithm updater) on a copy of
+    ``declared``. ``final``: the config vLLM builds the drafter from (``hf_config``), None where it did
+    not resolve. Never raises: a step vLLM refuses is a stage with ``error``.
+    """
+    import copy
+
+    from spectrace.audit.fields import Stage, is_speculators
+
+    stages: list[Stage] = []
+    if is_speculators(declared):
+        try:
+            from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
+            from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+            updater = SUPPORTED_SPECULATORS_TYPES.get(declared.get("speculators_model_type"))
+            extract = SpeculatorsConfig.extract_transformers_pre_trained_config
+            rule = _qualname(extract) + (f" -> {_qualname(updater)}" if updater is not None else "")
+        except ImportError as exc:  # a vLLM without the speculators format
+            return [Stage("vllm.transformers_utils.configs.speculators", None, f"ImportError: {exc}")]
+        try:
+            built = extract(copy.deepcopy(declared))
+            stages.append(Stage(rule, json.loads(json.dumps(built, default=str)) if isinstance(built, dict) else None))
+        except Exception as exc:
+            stages.append(Stage(rule, None, f"{type(exc).__name__}: {exc}"[:300]))
+            return stages
+        stages.append(Stage(RULE_SPECULATORS_CONFIG, transformers_resolved))
+    else:
+        rule = "vllm.transformers_utils.config.get_config" + (f" -> transformers {transformers_class}" if transformers_class else "")
+        stages.append(Stage(rule, transformers_resolved))
+    stages.append(Stage(RULE_SPECULATIVE, final))
+    return stages
