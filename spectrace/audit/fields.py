@@ -152,10 +152,15 @@ def _leaf_name(key: str) -> str:
 
 
 def drafter_fields(declared: dict[str, Any] | None, stages: list[Stage]) -> list[DrafterField]:
-    """Each declared field followed through vLLM's stages, and each trainer default vLLM replaced."""
+    """Each declared field followed through vLLM's stages, and each trainer default vLLM replaced.
+
+    For a Hugging Face-format drafter the first stage is transformers' config class: what it converts
+    (``sliding_window_pattern`` into ``layer_types``, ``rope_scaling`` into ``rope_parameters``) is the config
+    audit's (``resolution.audit_config``, the layout), so only vLLM's own later stages are followed here."""
     if not isinstance(declared, dict) or not stages or stages[-1].config is None:
         return []
     final = stages[-1].config
+    speculators = is_speculators(declared)
     fields: list[DrafterField] = []
     top = declared
     for path, key, value in _leaves(declared):
@@ -167,6 +172,8 @@ def drafter_fields(declared: dict[str, Any] | None, stages: list[Stage]) -> list
             if not _same(value, _lookup(stage.config, key)):
                 rule = stage.rule
                 break
+        if not speculators and rule == stages[0].rule:
+            continue  # transformers' own conversion: the config audit's (FIELD_*, SWA_DROPPED, layer_types, layout)
         if _same(value, resolved):
             status = "ok"
         elif resolved is _MISSING:
@@ -178,7 +185,7 @@ def drafter_fields(declared: dict[str, Any] | None, stages: list[Stage]) -> list
         fields.append(DrafterField(path, key, value, None if resolved is _MISSING else resolved, status, rule))
     kind = declared.get("speculators_model_type")
     layer = declared.get("transformer_layer_config")
-    for key, default in TRAINER_DEFAULTS.get(kind, {}).items() if is_speculators(declared) else ():
+    for key, default in TRAINER_DEFAULTS.get(kind, {}).items() if speculators else ():
         if key in declared or (isinstance(layer, dict) and key in layer):
             continue
         resolved = _lookup(final, key)
@@ -306,10 +313,10 @@ def relink(findings: list[Finding]) -> None:
         if finding.code != codes.DRAFT_TENSORS_UNUSED or finding.caused_by is not None:
             continue
         unused = finding.evidence.get("unused") or []
-        for name, piece in _NORM_TENSORS.items():
-            if name in lost and unused and all(piece in t for t in unused):
-                finding.caused_by, finding.severity, finding.fix = lost[name], "info", ""
-                finding.message += f" (vLLM built no {name} norm: see {lost[name]})"
+        names = [name for name in _NORM_TENSORS if name in lost]
+        if names and unused and all(any(_NORM_TENSORS[name] in t for name in names) for t in unused):
+            finding.caused_by, finding.severity, finding.fix = lost[names[0]], "info", ""
+            finding.message += f" (vLLM built no {' / '.join(names)} norm: see {lost[names[0]]})"
     taps = {f.code for f in findings if f.component == "taps" and f.caused_by is None and f.model_role == "draft"}
     if not taps:
         return
