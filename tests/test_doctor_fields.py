@@ -132,3 +132,23 @@ def test_a_speculators_config_vllm_cannot_convert_is_one_line(capsys, zoo, draft
         rc = cli.main(["doctor", "--target", zoo["target"], "--draft", drafters[name], "--method", "eagle3"])
         out, err = capsys.readouterr()
         assert rc == 2 and words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, name
+
+
+def test_an_hf_override_of_the_targets_rope_never_reaches_the_drafter(zoo, drafters):
+    """vLLM's own config resolution (no engine): a dict --hf-overrides applies to the target's config only."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from spectrace.audit.draft_settings import audit_draft_settings
+    from spectrace.vllm_objects.configs import hf_override_facts
+
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024, "rope_theta": 10000.0}
+    args = EngineArgs(model=zoo["target"], hf_overrides={"rope_parameters": yarn}, enforce_eager=True,
+                      speculative_config={"model": drafters["clean"], "method": "eagle3", "num_speculative_tokens": 2})
+    vllm_config = args.create_engine_config()
+    facts = {f["key"]: f for f in hf_override_facts(vllm_config)}
+    assert (facts["rope_parameters.rope_type"]["target"], facts["rope_parameters.rope_type"]["draft"]) == ("yarn", "default")
+    found = audit_draft_settings(method="eagle3", hf_overrides=list(facts.values()))
+    assert {(f.code, f.severity, f.evidence["setting"]) for f in found} >= {
+        ("DRAFT_SETTING_IGNORED", "error", "hf_overrides.rope_parameters.rope_type"),
+        ("DRAFT_SETTING_IGNORED", "error", "hf_overrides.rope_parameters.factor"),
+    }

@@ -136,3 +136,20 @@ def test_taps_vllm_guessed_are_named_as_guessed_with_the_method_that_gave_them()
     tap, [finding] = audit.audit_taps(draft={"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}, target_layers=8,
                                       tapped_ids=[1, 3, 7], input_taps=3, default_ids=[2, 4, 5], default_rule=rule)
     assert (finding.code, finding.evidence["guessed"]) == ("TAP_MISMATCH", False) and "guessed" not in finding.message
+
+
+def test_draft_settings_accepted_and_never_applied_are_named():
+    from spectrace.audit.draft_settings import audit_draft_settings
+
+    found = audit_draft_settings(method="eagle3", max_model_len=(256, 512), tensor_parallel_size=(1, 2))
+    assert [(f.code, f.severity, f.evidence["setting"], f.evidence["asked"], f.evidence["runs_with"]) for f in found] == [
+        ("DRAFT_SETTING_IGNORED", "warning", "speculative_config.max_model_len", 256, 512),
+        ("DRAFT_SETTING_IGNORED", "warning", "draft_tensor_parallel_size", 1, 2),
+    ]
+    yarn = {"key": "rope_parameters.rope_type", "asked": "yarn", "target": "yarn", "draft": "default"}
+    [finding] = audit_draft_settings(method="mtp", hf_overrides=[yarn])
+    assert (finding.severity, finding.evidence["setting"]) == ("error", "hf_overrides.rope_parameters.rope_type")
+    # applied, unknown, or an independent drafter (target-only overrides are expected there): nothing
+    assert audit_draft_settings(method="eagle3", max_model_len=(512, 512), tensor_parallel_size=(None, 1)) == []
+    assert audit_draft_settings(method="mtp", hf_overrides=[{**yarn, "draft": "yarn"}]) == []
+    assert audit_draft_settings(method="draft_model", hf_overrides=[yarn]) == []

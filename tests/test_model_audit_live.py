@@ -9,8 +9,9 @@
 - Every drafter field vLLM drops or replaces, the vocabulary map, the guessed taps (issue #35): one
   speculators-format EAGLE-3 drafter (``build_speculators_eagle3``, the JSON shape the speculators library
   writes) carries every case: its norms declared inside ``transformer_layer_config``, ``norm_before_residual``
-  left out, ``rope_scaling`` at the top level, a 200-token draft vocabulary without ``d2t``, no tap ids. Its
-  clean twins are judged by doctor (test_doctor_fields.py).
+  left out, ``rope_scaling`` at the top level, a 200-token draft vocabulary without ``d2t``, no tap ids, and
+  a ``speculative_config.max_model_len`` the proposer never uses. Its clean twins are judged by doctor
+  (test_doctor_fields.py).
 
 The healthy twins are the session's standard engines (``traced_methods``: draft_model, eagle3,
 dflash, mtp), which must carry none of these findings.
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.vllm
 MODEL_CODES = ("DRAFT_WEIGHTS_UNLOADED", "DRAFT_TENSORS_UNUSED", "ROPE_MISMATCH", "ROPE_DIFFERS", "DRAFT_DTYPE_LOSSY")
 MISSING = "midlayer.mlp.down_proj.weight"
 FIELD_CODES = ("DRAFT_FIELD_DROPPED", "DRAFT_FIELD_CHANGED", "DRAFT_FIELD_OVERRIDDEN", "DRAFT_FIELD_DEFAULT_DIFFERS",
-               "DRAFT_VOCAB_MAP_MISSING", "DRAFT_VOCAB_MAP_INVALID")  # fmt: skip
+               "DRAFT_VOCAB_MAP_MISSING", "DRAFT_VOCAB_MAP_INVALID", "DRAFT_SETTING_IGNORED")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +50,17 @@ def model_runs(zoo, scratch, cache_root):
         top={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, draft_vocab_size=200, d2t="missing",
     )
 
-    def spec(name, method, model, **extra):
+    def spec(name, method, model, speculative=None, **extra):
         return EngineSpec(name=name, target=target, max_tokens=4, prompts=["the quick brown fox"],
-                          speculative={"method": method, "model": str(model), "num_speculative_tokens": 2}, **extra)
+                          speculative={"method": method, "model": str(model), "num_speculative_tokens": 2,
+                                       **(speculative or {})}, **extra)
 
     specs = [
         spec("missing", "eagle3", missing),
         spec("rope", "eagle3", rope),
         spec("bf16_in_fp16", "draft_model", bf16, extra_llm_kwargs={"dtype": "float16"}),
-        spec("fields", "eagle3", fields),
+        # a drafter context asked for (vllm#52258): accepted, and the proposer runs with the run's 512
+        spec("fields", "eagle3", fields, speculative={"max_model_len": 256}),
     ]
     store = scratch / "model-audit-store"
     results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "model-audit.log")
@@ -175,6 +178,7 @@ def test_each_drafter_field_case_is_named_while_vllm_serves_a_speculators_drafte
         ("DRAFT_FIELD_DEFAULT_DIFFERS", "error", None, "frontend", "norm_before_residual"),
         ("DRAFT_FIELD_DROPPED", "error", None, "frontend", "rope_scaling.factor"),
         ("DRAFT_FIELD_OVERRIDDEN", "error", None, "frontend", "transformer_layer_config.norm_before_fc"),
+        ("DRAFT_SETTING_IGNORED", "warning", None, "worker", None),
         # the worker does not see the frontend's field findings: the unused norm weight stays a warning there
         ("DRAFT_TENSORS_UNUSED", "warning", None, "worker", None),
         # no DRAFT_WEIGHTS_UNLOADED for draft_id_to_target_id: vLLM zero-fills it, the map finding says what that does
@@ -189,6 +193,8 @@ def test_each_drafter_field_case_is_named_while_vllm_serves_a_speculators_drafte
     assert evidence["DRAFT_TENSORS_UNUSED"]["unused"] == ["input_norm.weight"]
     taps = evidence["TAP_DEFAULTED"]
     assert taps["guessed"] is True and taps["tapped_ids"] == taps["default_ids"] == [2, 4, 5]
+    ignored = evidence["DRAFT_SETTING_IGNORED"]
+    assert (ignored["setting"], ignored["asked"], ignored["runs_with"]) == ("speculative_config.max_model_len", 256, 512)
     statuses = dict(con.execute(
         "select field, status from config_fields where run_id = ? and model_role = 'draft' and status <> 'ok'",
         [result.run_id]).fetchall())

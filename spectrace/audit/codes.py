@@ -386,6 +386,15 @@ DRAFT_VOCAB_MAP_INVALID = _code(
     "regenerate `d2t` as offsets (`target_id - draft_id`, int64, one per draft id) and `t2d` as a boolean mask "
     "over the target vocabulary",
 )
+DRAFT_SETTING_IGNORED = _code(
+    "DRAFT_SETTING_IGNORED", "config", ("error", "warning"),
+    "error for an `--hf-overrides` RoPE or position field a drafter sharing the target's positions runs "
+    "without; warning otherwise",
+    "a setting asked for the drafter was accepted but the drafter does not run with it: "
+    "`speculative_config.max_model_len` (the proposer uses the run's), `draft_tensor_parallel_size` (the "
+    "drafter's layers are sharded with the run's), an `--hf-overrides` key (applied to the target only)",
+    "set it where this vLLM applies it (the drafter's config.json for a model field); vLLM ignores it otherwise",
+)
 
 # -- causes seen in the field ---------------------------------------------------------------
 # Silent failures reported in vLLM's, speculators' and others' trackers, each with the codes that name it
@@ -506,5 +515,12 @@ CAUSES: tuple[Cause, ...] = (
         (TAP_DEFAULTED,),
         "`TAP_DEFAULTED` (`hidden_state_taps.status` = defaulted)",
         "[vllm#50170](https://github.com/vllm-project/vllm/issues/50170) (#35)",
+    ),
+    Cause(
+        "draft settings accepted and never applied: `speculative_config.max_model_len` a no-op in V1 (20–73 k-token "
+        "documents fall to 5–8 %), `draft_tensor_parallel_size` ignored, `--hf-overrides` (YaRN) not reaching an MTP drafter",
+        (DRAFT_SETTING_IGNORED,),
+        "`DRAFT_SETTING_IGNORED`",
+        "[vllm#52258](https://github.com/vllm-project/vllm/issues/52258), [vllm#31886](https://github.com/vllm-project/vllm/issues/31886), [vllm#58080](https://github.com/vllm-project/vllm/issues/58080) (#35)",
     ),
 )

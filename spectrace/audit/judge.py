@@ -17,6 +17,7 @@ from typing import Any
 from spectrace.audit.config_dicts import LayerPlan
 from spectrace.audit.curve import ContextBoundary, context_boundaries
 from spectrace.audit import codes
+from spectrace.audit.draft_settings import audit_draft_settings
 from spectrace.audit.dtype import audit_dtype, declared_dtype
 from spectrace.audit.fields import drafter_fields, field_findings, is_speculators
 from spectrace.audit.findings import Finding
@@ -58,6 +59,9 @@ class RunFacts:
     # (checkpoint read, {"d2t": VocabTensor, "t2d": VocabTensor}) of the drafter (``vllm_objects.weights.
     # read_vocab_maps``); None: not read here, no vocabulary-map audit
     vocab_maps: tuple[bool, dict[str, Any]] | None = None
+    # settings asked for the drafter against what it resolved to (``audit.draft_settings``' keyword arguments,
+    # e.g. ``hf_overrides`` from ``vllm_objects.configs.hf_override_facts``); None: not known here
+    draft_settings: dict[str, Any] | None = None
 
 
 @dataclass
@@ -193,4 +197,6 @@ def _audit_drafter(
             d2t=maps.get("d2t"),
             t2d=maps.get("t2d"),
         )
+    if facts.draft_settings:
+        found += audit_draft_settings(**facts.draft_settings)
     return rows, found

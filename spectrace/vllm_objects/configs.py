@@ -224,3 +224,55 @@ def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[
         stages.append(Stage(rule, transformers_resolved))
     stages.append(Stage(RULE_SPECULATIVE, final))
     return stages
+
+
+def _flat(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A dict ``--hf-overrides`` as dotted keys, one level into nested dicts (``rope_parameters.factor``)."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and value:
+            flat.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def hf_override_facts(vllm_config: Any) -> list[dict[str, Any]] | None:
+    """Per key of the run's dict ``--hf-overrides``: the value asked, the target's and the drafter's resolved
+    values (``audit.draft_settings``); None without a model drafter or with a callable override."""
+    from spectrace.audit.config_dicts import _get
+
+    configs = model_configs(vllm_config) if vllm_config is not None else {}
+    overrides = getattr(configs.get("target"), "hf_overrides", None)
+    if "draft" not in configs or not isinstance(overrides, dict) or not overrides:
+        return None
+    target, draft = config_to_dict(configs["target"].hf_config), config_to_dict(configs["draft"].hf_config)
+    facts = []
+    for key, asked in _flat(overrides).items():
+        found = {role: _get(config, key, None) for role, config in (("target", target), ("draft", draft))}
+        if found["draft"] is None and key.startswith("rope_scaling."):  # transformers 5 keeps it in rope_parameters
+            found["draft"] = _get(draft, "rope_parameters." + key.split(".", 1)[1], None)
+        facts.append({"key": key, "asked": asked, **found})
+    return facts
+
+
+def draft_runtime(vllm_config: Any, runner: Any) -> dict[str, Any]:
+    """(asked, runs with) of the draft settings a loaded model runner can answer: the proposer's
+    ``max_model_len`` and the drafter's tensor-parallel size (its layers' ``tp_size``)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or "draft" not in model_configs(vllm_config):
+        return {}
+    proposer = next((p for p in (getattr(runner, "drafter", None), getattr(runner, "speculator", None)) if p is not None), None)
+    runs_len = getattr(proposer, "max_model_len", None)
+    draft = getattr(proposer, "model", None)
+    tp = None
+    if draft is not None:
+        try:
+            tp = next((int(m.tp_size) for m in draft.modules() if isinstance(getattr(m, "tp_size", None), int)), None)
+        except Exception:
+            tp = None
+    return {
+        "method": spec.method,
+        "max_model_len": (getattr(spec, "max_model_len", None), runs_len if isinstance(runs_len, int) else None),
+        "tensor_parallel_size": (getattr(spec, "draft_tensor_parallel_size", None), tp),
+    }
