@@ -19,7 +19,8 @@ from spectrace.audit.findings import Finding
 INTEGER_DTYPES = ("I64", "I32", "I16", "U32", "U16", "I8", "U8")
 MASK_DTYPES = ("BOOL", "U8")
 SHOWN = 8
-RULE = "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM.compute_logits (target = i + draft_id_to_target_id[i])"
+RULE = ("compute_logits of vLLM's reduced-vocabulary drafters (vllm.model_executor.models.llama_eagle3, qwen3_eagle3, "
+        "qwen3_dflash, ...): target = i + draft_id_to_target_id[i], zeros until a d2t tensor loads")
 
 
 @dataclass
