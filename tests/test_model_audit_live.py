@@ -6,6 +6,12 @@
 - An EAGLE3 drafter whose rotary base differs from the target's: ``ROPE_MISMATCH``.
 - A ``draft_model`` drafter trained in bfloat16 next to a float16 target: vLLM builds it in
   float16 (``DRAFT_DTYPE_LOSSY``); its other rotary base is legitimate, named (``ROPE_DIFFERS``, info).
+- Every drafter field vLLM drops or replaces, the vocabulary map, the guessed taps (issue #35): one
+  speculators-format EAGLE-3 drafter (``build_speculators_eagle3``, the JSON shape the speculators library
+  writes) carries every case: its norms declared inside ``transformer_layer_config``, ``norm_before_residual``
+  left out, ``rope_scaling`` at the top level, a 200-token draft vocabulary without ``d2t``, no tap ids, and
+  a ``speculative_config.max_model_len`` the proposer never uses. Its clean twins are judged by doctor
+  (test_doctor_fields.py).
 
 The healthy twins are the session's standard engines (``traced_methods``: draft_model, eagle3,
 dflash, mtp), which must carry none of these findings.
@@ -24,11 +30,13 @@ pytestmark = pytest.mark.vllm
 
 MODEL_CODES = ("DRAFT_WEIGHTS_UNLOADED", "DRAFT_TENSORS_UNUSED", "ROPE_MISMATCH", "ROPE_DIFFERS", "DRAFT_DTYPE_LOSSY")
 MISSING = "midlayer.mlp.down_proj.weight"
+FIELD_CODES = ("DRAFT_FIELD_DROPPED", "DRAFT_FIELD_CHANGED", "DRAFT_FIELD_OVERRIDDEN", "DRAFT_FIELD_DEFAULT_DIFFERS",
+               "DRAFT_VOCAB_MAP_MISSING", "DRAFT_VOCAB_MAP_INVALID", "DRAFT_SETTING_IGNORED")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def model_runs(zoo, scratch, cache_root):
-    from spectrace.testing.models import derive_model
+    from spectrace.testing.models import build_speculators_eagle3, derive_model
 
     root = scratch / "model-audit-models"
     target = zoo["target"]
@@ -37,15 +45,22 @@ def model_runs(zoo, scratch, cache_root):
     missing = derive_model(root / "eagle3-missing", zoo["eagle3"], drop_tensors=[MISSING])
     rope = derive_model(root / "eagle3-rope", zoo["eagle3"], config={"rope_parameters": other_rope})
     bf16 = derive_model(root / "draft-bf16", target, config={"dtype": "bfloat16", "rope_parameters": other_rope})
+    fields = build_speculators_eagle3(
+        root / "speculators-eagle3", target_dir=target, aux_layer_ids=None, layer={"norm_before_fc": True},
+        top={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, draft_vocab_size=200, d2t="missing",
+    )
 
-    def spec(name, method, model, **extra):
+    def spec(name, method, model, speculative=None, **extra):
         return EngineSpec(name=name, target=target, max_tokens=4, prompts=["the quick brown fox"],
-                          speculative={"method": method, "model": str(model), "num_speculative_tokens": 2}, **extra)
+                          speculative={"method": method, "model": str(model), "num_speculative_tokens": 2,
+                                       **(speculative or {})}, **extra)
 
     specs = [
         spec("missing", "eagle3", missing),
         spec("rope", "eagle3", rope),
         spec("bf16_in_fp16", "draft_model", bf16, extra_llm_kwargs={"dtype": "float16"}),
+        # a drafter context asked for (vllm#52258): accepted, and the proposer runs with the run's 512
+        spec("fields", "eagle3", fields, speculative={"max_model_len": 256}),
     ]
     store = scratch / "model-audit-store"
     results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "model-audit.log")
@@ -136,6 +151,8 @@ def test_healthy_pairs_have_no_model_finding_and_a_complete_load(traced_methods)
         result = results[name]
         assert result.ok, result.error
         assert _findings(con, result.run_id) == [], name
+        assert con.execute("select code from findings where run_id = ? and list_contains(?, code)",
+                           [result.run_id, list(FIELD_CODES)]).fetchall() == [], name
         facts = _weights(con, result.run_id)
         # a drafter in the target's own checkpoint (self, mtp) leaves the target's tensors unjudged
         assert facts["unloaded"] == [] and facts["unused"] == (None if name in ("self", "mtp") else []), (name, facts)
@@ -143,3 +160,42 @@ def test_healthy_pairs_have_no_model_finding_and_a_complete_load(traced_methods)
         assert facts["runtime_dtype"] == "float32" and facts["runtime_rope"]["base"] == 10000.0, name
         assert facts["manifest_ms"] < 50, name  # headers only
     assert _weights(con, results["self"].run_id)["loaded"] == _weights(con, results["self"].run_id)["parameters"]
+
+
+def test_each_drafter_field_case_is_named_while_vllm_serves_a_speculators_drafter(model_runs):
+    con, results = model_runs
+    result = results["fields"]
+    assert result.ok, result.error
+    assert result.tokens and len(result.tokens[0]) == 4  # the engine served
+    codes = (*FIELD_CODES, "DRAFT_WEIGHTS_UNLOADED", "DRAFT_TENSORS_UNUSED", "TAP_DEFAULTED")
+    rows = con.execute(
+        "select code, severity, caused_by, process_role, evidence from findings where run_id = ? and list_contains(?, code)",
+        [result.run_id, list(codes)],
+    ).fetchall()
+    found = sorted((code, severity, caused_by, role, json.loads(e).get("field")) for code, severity, caused_by, role, e in rows)
+    assert found == [
+        ("DRAFT_FIELD_CHANGED", "error", None, "frontend", "rope_scaling.rope_type"),
+        ("DRAFT_FIELD_DEFAULT_DIFFERS", "error", None, "frontend", "norm_before_residual"),
+        ("DRAFT_FIELD_DROPPED", "error", None, "frontend", "rope_scaling.factor"),
+        ("DRAFT_FIELD_OVERRIDDEN", "error", None, "frontend", "transformer_layer_config.norm_before_fc"),
+        ("DRAFT_SETTING_IGNORED", "warning", None, "worker", None),
+        # the worker does not see the frontend's field findings: the unused norm weight stays a warning there
+        ("DRAFT_TENSORS_UNUSED", "warning", None, "worker", None),
+        # no DRAFT_WEIGHTS_UNLOADED for draft_id_to_target_id: vLLM zero-fills it, the map finding says what that does
+        ("DRAFT_VOCAB_MAP_MISSING", "error", None, "frontend", None),
+        ("TAP_DEFAULTED", "warning", None, "worker", None),
+    ]
+    evidence = {code: json.loads(e) for code, _, _, _, e in rows}
+    assert evidence["DRAFT_FIELD_OVERRIDDEN"]["vllm_rule"].endswith("algos.update_eagle3")
+    default = evidence["DRAFT_FIELD_DEFAULT_DIFFERS"]
+    assert (default["resolved"], default["trainer_default"]) == (True, False)
+    assert evidence["DRAFT_VOCAB_MAP_MISSING"]["d2t"] is None and evidence["DRAFT_VOCAB_MAP_MISSING"]["draft_vocab_size"] == 200
+    assert evidence["DRAFT_TENSORS_UNUSED"]["unused"] == ["input_norm.weight"]
+    taps = evidence["TAP_DEFAULTED"]
+    assert taps["guessed"] is True and taps["tapped_ids"] == taps["default_ids"] == [2, 4, 5]
+    ignored = evidence["DRAFT_SETTING_IGNORED"]
+    assert (ignored["setting"], ignored["asked"], ignored["runs_with"]) == ("speculative_config.max_model_len", 256, 512)
+    statuses = dict(con.execute(
+        "select field, status from config_fields where run_id = ? and model_role = 'draft' and status <> 'ok'",
+        [result.run_id]).fetchall())
+    assert (statuses["transformer_layer_config.norm_before_fc"], statuses["norm_before_residual"]) == ("overridden", "default_differs")

@@ -19,6 +19,9 @@ plain dicts, and the unit tests feed them hand-written ones. One module per topi
   (``TOKEN_BUDGET_SHORT``), drafts never verified (``DRAFTS_UNVERIFIED``), prefix-cache
   hits the EAGLE block drop costs (``PREFIX_HITS_DROPPED``)
 - ``dynamic_k``: dynamic speculation whose k flips between steps (``DYNAMIC_K_THRASHING``)
+- ``fields``: every drafter field through vLLM's own stages (``DRAFT_FIELD_*``)
+- ``vocab``: the drafter's ``d2t`` / ``t2d`` vocabulary map (``DRAFT_VOCAB_MAP_*``)
+- ``draft_settings``: draft settings accepted and never applied (``DRAFT_SETTING_IGNORED``)
 - ``ranks``: agreement within one engine (``RANK_DISAGREEMENT``, ``VERIFY_DISAGREEMENT``)
 - ``judge``: the static judge — one function that composes them for a run's facts (config, layout, taps)
 - ``run_judge``: the run judge — the records each flush produces in, the run rules' findings out, once each

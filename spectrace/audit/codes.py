@@ -334,6 +334,68 @@ DRAFT_DTYPE_LOSSY = _code(
 )
 
 
+# -- every drafter field (issue #35): declared vs what vLLM builds the drafter from; the vocabulary map
+DRAFT_FIELD_DROPPED = _code(
+    "DRAFT_FIELD_DROPPED", "config", ("error", "warning", "info"),
+    "error when the field changes what the drafter computes (a norm, RoPE, a shape, its taps), warning for "
+    "metadata; info when caused by `SWA_DROPPED`, a RoPE or a tap finding",
+    "a field the drafter's config.json declares (top level, `transformer_layer_config`, `eagle_config`, "
+    "`dflash_config`, `rope_parameters` / `rope_scaling`) is absent from the config vLLM builds the drafter from; "
+    "evidence names the vLLM function that lost it",
+    "declare the field where this vLLM reads it (the finding's fix names the place)",
+)
+DRAFT_FIELD_CHANGED = _code(
+    "DRAFT_FIELD_CHANGED", "config", ("error", "warning", "info"),
+    "error when the field changes what the drafter computes, warning for metadata; info when caused by another "
+    "finding or changed by vLLM on purpose (`max_position_embeddings` raised to the target's context)",
+    "a declared drafter field has another value in the config vLLM builds the drafter from",
+    "declare the field where this vLLM reads it (the finding's fix names the place)",
+)
+DRAFT_FIELD_OVERRIDDEN = _code(
+    "DRAFT_FIELD_OVERRIDDEN", "config", ("error", "warning", "info"),
+    "error for a norm or another field that changes the drafter's arithmetic, warning for metadata; info when "
+    "caused by another finding",
+    "a speculators-format drafter declares a field inside `transformer_layer_config` and vLLM's algorithm updater "
+    "overwrites it with its top-level default (`norm_before_fc`, `fc_norm`, `norm_output`, `norm_before_residual` "
+    "are read from the top level only)",
+    "declare the field at the top level of config.json, next to `speculators_model_type`",
+)
+DRAFT_FIELD_DEFAULT_DIFFERS = _code(
+    "DRAFT_FIELD_DEFAULT_DIFFERS", "config", ("error", "warning", "info"),
+    "error for a norm or another field that changes the drafter's arithmetic, warning for metadata; info when "
+    "caused by another finding",
+    "a speculators-format drafter leaves a field out (speculators writes with `to_diff_dict()`: its defaults are "
+    "absent) and vLLM fills in a default that differs from the trainer's (`norm_before_residual`: vLLM True, "
+    "speculators False)",
+    "declare the trainer's value explicitly at the top level of config.json",
+)
+DRAFT_VOCAB_MAP_MISSING = _code(
+    "DRAFT_VOCAB_MAP_MISSING", "weights", ("error",),
+    "error",
+    "the drafter's `draft_vocab_size` is below the target's vocabulary but its checkpoint carries no `d2t` map: "
+    "vLLM's `draft_id_to_target_id` stays zero, so draft id i is scored as target id i and every draft lands "
+    "on the first `draft_vocab_size` target tokens",
+    "add the trainer's `d2t` (and `t2d`) tensors to the drafter checkpoint, or convert it again",
+)
+DRAFT_VOCAB_MAP_INVALID = _code(
+    "DRAFT_VOCAB_MAP_INVALID", "weights", ("error", "warning"),
+    "error for a `d2t` that maps draft ids wrongly (wrong dtype or length, offsets out of range, target ids "
+    "written instead of offsets, all zero, two draft ids on one target); warning for a `t2d` that disagrees",
+    "the drafter's vocabulary map is present but does not map draft ids onto distinct valid target ids "
+    "(`target = i + d2t[i]`)",
+    "regenerate `d2t` as offsets (`target_id - draft_id`, int64, one per draft id) and `t2d` as a boolean mask "
+    "over the target vocabulary",
+)
+DRAFT_SETTING_IGNORED = _code(
+    "DRAFT_SETTING_IGNORED", "config", ("error", "warning"),
+    "error for an `--hf-overrides` RoPE or position field a drafter sharing the target's positions runs "
+    "without; warning otherwise",
+    "a setting asked for the drafter was accepted but the drafter does not run with it: "
+    "`speculative_config.max_model_len` (the proposer uses the run's), `draft_tensor_parallel_size` (the "
+    "drafter's layers are sharded with the run's), an `--hf-overrides` key (applied to the target only)",
+    "set it where this vLLM applies it (the drafter's config.json for a model field); vLLM ignores it otherwise",
+)
+
 # -- causes seen in the field ---------------------------------------------------------------
 # Silent failures reported in vLLM's, speculators' and others' trackers, each with the codes that name it
 # (docs/reference/codes.md's "Causes spectrace names" and each code's entry are generated from these).
@@ -433,5 +495,32 @@ CAUSES: tuple[Cause, ...] = (
         (SPECULATION_K_BETTER,),
         '`SPECULATION_K_BETTER` (`spectrace report`, "What k pays" by batch size)',
         '[vllm#44336](https://github.com/vllm-project/vllm/issues/44336), [vllm#48627](https://github.com/vllm-project/vllm/issues/48627), [sglang#21599](https://github.com/sgl-project/sglang/issues/21599), [llm-d#2074](https://github.com/llm-d/llm-d/issues/2074) (#26)',
+    ),
+    Cause(
+        "drafter fields vLLM drops or replaces on the way to the drafter: `norm_before_fc`, `fc_norm`, `norm_output` "
+        "declared where vLLM does not read them, `norm_before_residual` defaulted to True against speculators' False, "
+        "`rope_scaling` lost by a converter",
+        (DRAFT_FIELD_DROPPED, DRAFT_FIELD_CHANGED, DRAFT_FIELD_OVERRIDDEN, DRAFT_FIELD_DEFAULT_DIFFERS),
+        "`DRAFT_FIELD_DROPPED`, `DRAFT_FIELD_CHANGED`, `DRAFT_FIELD_OVERRIDDEN`, `DRAFT_FIELD_DEFAULT_DIFFERS` (`config_fields`)",
+        "[vllm#38111](https://github.com/vllm-project/vllm/issues/38111), [vllm#46488](https://github.com/vllm-project/vllm/issues/46488), [vllm#52816](https://github.com/vllm-project/vllm/issues/52816), [speculators#574](https://github.com/vllm-project/speculators/issues/574), [speculators#706](https://github.com/vllm-project/speculators/issues/706), [speculators#613](https://github.com/vllm-project/speculators/issues/613), [speculators#649](https://github.com/vllm-project/speculators/issues/649), [speculators#921](https://github.com/vllm-project/speculators/issues/921) (#35)",
+    ),
+    Cause(
+        "an EAGLE-3 drafter with a reduced vocabulary whose `d2t` map is missing or wrong: draft ids land on the first N target tokens, acceptance collapses",
+        (DRAFT_VOCAB_MAP_MISSING, DRAFT_VOCAB_MAP_INVALID),
+        "`DRAFT_VOCAB_MAP_MISSING`, `DRAFT_VOCAB_MAP_INVALID`",
+        "[NeMo-Automodel#2447](https://github.com/NVIDIA-NeMo/Automodel/issues/2447), [verl#67](https://github.com/volcengine/verl/issues/67), [SpecForge#534](https://github.com/sgl-project/SpecForge/issues/534) (#35)",
+    ),
+    Cause(
+        "EAGLE-3 taps guessed as `(2, N//2, N-3)` when the checkpoint declares no ids (Llama-3.3-70B-Eagle3: 1.21 % acceptance against 58.9 %)",
+        (TAP_DEFAULTED,),
+        "`TAP_DEFAULTED` (`hidden_state_taps.status` = defaulted)",
+        "[vllm#50170](https://github.com/vllm-project/vllm/issues/50170) (#35)",
+    ),
+    Cause(
+        "draft settings accepted and never applied: `speculative_config.max_model_len` a no-op in V1 (20–73 k-token "
+        "documents fall to 5–8 %), `draft_tensor_parallel_size` ignored, `--hf-overrides` (YaRN) not reaching an MTP drafter",
+        (DRAFT_SETTING_IGNORED,),
+        "`DRAFT_SETTING_IGNORED`",
+        "[vllm#52258](https://github.com/vllm-project/vllm/issues/52258), [vllm#31886](https://github.com/vllm-project/vllm/issues/31886), [vllm#58080](https://github.com/vllm-project/vllm/issues/58080) (#35)",
     ),
 )

@@ -16,8 +16,12 @@ from typing import Any
 
 from spectrace.audit.config_dicts import LayerPlan
 from spectrace.audit.curve import ContextBoundary, context_boundaries
+from spectrace.audit import codes
+from spectrace.audit.draft_settings import audit_draft_settings
 from spectrace.audit.dtype import audit_dtype, declared_dtype
+from spectrace.audit.fields import drafter_fields, field_findings, is_speculators
 from spectrace.audit.findings import Finding
+from spectrace.audit.vocab import audit_vocab_map
 from spectrace.audit.layout import audit_model_layout, config_findings, layout_status
 from spectrace.audit.load import explain_load_error
 from spectrace.audit.pair import audit_pair
@@ -49,6 +53,15 @@ class RunFacts:
     runs_in: dict[str, str | None] | None = None
     # per role, the dtype most of its checkpoint's tensors hold (safetensors headers); None: not read
     checkpoint_dtypes: dict[str, str | None] | None = None
+    # the drafter's config after each step of vLLM's resolution (``vllm_objects.configs.drafter_stages``,
+    # ``audit.fields.Stage``); None: not computed here, no field-by-field audit
+    drafter_stages: list[Any] | None = None
+    # (checkpoint read, {"d2t": VocabTensor, "t2d": VocabTensor}) of the drafter (``vllm_objects.weights.
+    # read_vocab_maps``); None: not read here, no vocabulary-map audit
+    vocab_maps: tuple[bool, dict[str, Any]] | None = None
+    # settings asked for the drafter against what it resolved to (``audit.draft_settings``' keyword arguments,
+    # e.g. ``hf_overrides`` from ``vllm_objects.configs.hf_override_facts``); None: not known here
+    draft_settings: dict[str, Any] | None = None
 
 
 @dataclass
@@ -83,6 +96,14 @@ def judge(facts: RunFacts) -> Judgement:
         target_max_model_len=facts.max_model_len,
     )
     findings += _audit_model_pair(facts, target, draft)
+    field_diffs, drafter_findings = _audit_drafter(facts, target, draft, findings, diffs)
+    diffs += field_diffs
+    if drafter_findings and is_speculators(draft.get("declared")):
+        # a speculators-format drafter's fields live in transformer_layer_config: the generic top-level
+        # comparison (FIELD_*) sees only half of them, and the field audit names each with vLLM's function
+        findings = [f for f in findings if not (f.model_role == "draft" and f.caused_by is None
+                                                and f.code in (codes.FIELD_DROPPED, codes.FIELD_CHANGED))]
+    findings += drafter_findings
     if facts.load_error is not None:
         findings.append(explain_load_error(facts.load_error, findings))
     if facts.scheduler is not None:
@@ -135,3 +156,47 @@ def _audit_model_pair(facts: RunFacts, target: dict[str, Any], draft: dict[str, 
             target_runs_in=facts.runs_in.get("target"),
         )
     return findings
+
+
+def _vocab_size(config: dict[str, Any] | None) -> Any:
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config")
+    if isinstance(text, dict) and isinstance(text.get("vocab_size"), int):
+        return text["vocab_size"]
+    return config.get("vocab_size")
+
+
+def _audit_drafter(
+    facts: RunFacts, target: dict[str, Any], draft: dict[str, Any], findings: list[Finding], diffs: list[FieldDiff]
+) -> tuple[list[FieldDiff], list[Finding]]:
+    """Every drafter field through vLLM's stages (``audit.fields``) and its vocabulary map (``audit.vocab``)."""
+    if not draft:
+        return [], []
+    rows: list[FieldDiff] = []
+    found: list[Finding] = []
+    declared = draft.get("declared")
+    # an MTP drafter is the target's own layers: SpeculativeConfig.hf_config_override rewrites its config on
+    # purpose (num_hidden_layers 0, n_predict, model_type), so a field-by-field audit would only repeat that
+    if facts.drafter_stages and facts.method != "mtp":
+        fields = drafter_fields(declared, facts.drafter_stages)
+        listed = {d.field for d in diffs if d.model_role == "draft"}
+        rows = [FieldDiff("draft", f.path, f.declared, f.resolved, f.status) for f in fields
+                if f.status != "ok" and f.path not in listed]
+        covered = set() if is_speculators(declared) else {
+            f.evidence.get("field") for f in findings
+            if f.model_role == "draft" and f.code in (codes.FIELD_DROPPED, codes.FIELD_CHANGED)}
+        found += field_findings(declared, fields, covered=covered, causes=findings)
+    if facts.vocab_maps is not None:
+        read, maps = facts.vocab_maps
+        final = (facts.drafter_stages[-1].config if facts.drafter_stages else None) or _resolved(draft, facts.built_from, "draft")
+        found += audit_vocab_map(
+            draft_vocab_size=(final or {}).get("draft_vocab_size"),
+            target_vocab_size=_vocab_size(_resolved(target, facts.built_from, "target")),
+            checkpoint_read=read,
+            d2t=maps.get("d2t"),
+            t2d=maps.get("t2d"),
+        )
+    if facts.draft_settings:
+        found += audit_draft_settings(**facts.draft_settings)
+    return rows, found

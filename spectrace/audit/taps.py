@@ -75,16 +75,21 @@ def audit_taps(
     tapped_ids: list[int] | None,
     input_taps: int | None,
     rule: str = "",
+    default_ids: list[int] | None = None,
+    default_rule: str | None = None,
 ) -> tuple[TapAudit, list[Finding]]:
     """Which target layers the drafter was trained on vs which ones vLLM taps.
 
     ``tapped_ids``: what the loaded target really taps (live), or what vLLM's id
     resolution gives (doctor). ``input_taps``: how many taps the drafter's input
     projection takes. ``rule`` names the vLLM function behind ``tapped_ids``.
+    ``default_ids`` / ``default_rule``: the target's fallback ids and the method giving them
+    (``vllm_objects.taps.default_taps``): taps equal to them with no declared ids read are guessed.
     """
     field_name, declared, offset = declared_taps(draft)
     expected = sorted({i + offset for i in declared}) if declared else None
     tapped = sorted(set(tapped_ids)) if tapped_ids is not None else None
+    guessed = tapped is not None and default_ids is not None and tapped == sorted(set(default_ids))
     findings: list[Finding] = []
     status = "ok"
     evidence = {
@@ -95,6 +100,9 @@ def audit_taps(
         "input_taps": input_taps,
         "target_layers": target_layers,
         "vllm_rule": rule,
+        "guessed": guessed,
+        "default_ids": default_ids,
+        "default_rule": default_rule,
     }
     if expected is not None:
         outside = [i for i in expected if i < 0 or i > target_layers]
@@ -130,8 +138,11 @@ def audit_taps(
                 codes.TAP_DEFAULTED,
                 severity="warning",
                 model_role="draft",
-                message=f"the drafter declares no hidden-state layer ids; vLLM uses its default taps {listed(tapped)} "
-                "(right for some checkpoints, wrong for others)",
+                message=f"vLLM guessed the drafter's taps {listed(tapped)}: the drafter declares no hidden-state layer ids "
+                f"in any field vLLM reads ({', '.join(f for f, _ in TAP_FIELDS[:3])}, ...), so the model runner fell back to "
+                + (f"{default_rule} (the (2, N//2, N-3) heuristic for {target_layers} target layers unless the model "
+                   "overrides it)" if guessed and default_rule else "the target's default ids")
+                + "; right for some checkpoints, wrong for others (vllm#50170)",
                 evidence=evidence,
             )
         )
@@ -148,6 +159,8 @@ def audit_taps(
                 message=f"the drafter was trained on hidden states {listed(expected)} ({field_name} = {listed(declared)}"
                 + (f", +{offset} for the reference convention" if offset else "")
                 + f"), but vLLM taps {listed(tapped)}"
+                + (f" — its guessed default ({default_rule}): {field_name} is not read by this model runner, so it fell "
+                   "back as if nothing were declared" if guessed and default_rule else "")
                 + (": same count, so nothing fails and drafts are silently rejected" if same_count else ""),
                 evidence=evidence,
                 fix="declare the ids in a field this vLLM reads for this model runner "

@@ -83,7 +83,10 @@ def audit_weights(
     if role != "draft" or loaded is None or parameters is None:
         return []
     findings: list[Finding] = []
-    missing = unloaded_parameters(parameters, loaded, shared, inert)
+    # vLLM zero-initialises EAGLE-3's draft_id_to_target_id (no uninitialised memory): a missing d2t maps draft
+    # ids onto the first target tokens, which the vocabulary-map audit (audit.vocab, reading d2t) names
+    missing = [p for p in unloaded_parameters(parameters, loaded, shared, inert)
+               if p.rsplit(".", 1)[-1] != "draft_id_to_target_id"]
     unused = unused_tensors(tensors, loaded) if tensors else []
     base = {"quantization": quantization, "parameters": len(parameters), "loaded": len(loaded),
             "checkpoint_tensors": len(tensors) if tensors is not None else None, "shared_with_target": shared or {}}

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from spectrace import audit
 from spectrace.audit import MODEL_FREE_METHODS, codes
 from spectrace.audit.dtype import declared_dtype, dtype_name
+from spectrace.audit.fields import relink as relink_fields
 from spectrace.audit.rope import rope_of
 from spectrace.audit.weights import audit_weights
 from spectrace.console import bounded
@@ -29,10 +30,10 @@ from spectrace.doctor import sandbox
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
 from spectrace.vllm_objects.configs import (
-    ConfigCapture, assign_roles, config_to_dict, model_configs, same_model, scheduler_facts,
+    ConfigCapture, assign_roles, config_to_dict, drafter_stages, model_configs, same_model, scheduler_facts,
 )
 from spectrace.vllm_objects.taps import RULE_DFLASH_FC
-from spectrace.vllm_objects.weights import Manifest, inert_parameters, read_manifest
+from spectrace.vllm_objects.weights import Manifest, inert_parameters, read_manifest, read_vocab_maps
 
 RUNNERS = ("v1", "v2")
 DEFAULT_RUNNER = "v2"
@@ -155,6 +156,29 @@ def _positive_int(value: Any, name: str) -> int | None:
     if number < 1:
         raise DoctorInputError(f"{name} must be a positive integer, got {value!r}")
     return number
+
+
+def _check_speculators(config: dict[str, Any], path: str) -> None:
+    """A speculators-format drafter (``speculators_model_type``) must name a type the installed vLLM converts
+    and keep its decoder layer's config in an object: one line each, before vLLM sees it."""
+    if "speculators_model_type" not in config and "speculators_config" not in config:
+        return
+    layer = config.get("transformer_layer_config")
+    if layer is not None and not isinstance(layer, dict):
+        raise DoctorInputError(
+            f"{path}/config.json: transformer_layer_config must be an object (the drafter's decoder layer config), "
+            f"got {type(layer).__name__}"
+        )
+    try:
+        from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
+    except ImportError:
+        return
+    kind = config.get("speculators_model_type")
+    if kind not in SUPPORTED_SPECULATORS_TYPES:
+        raise DoctorInputError(
+            f"{path}/config.json: speculators_model_type {str(kind)[:40]!r} is not one this vLLM converts "
+            f"(choose from {', '.join(sorted(SUPPORTED_SPECULATORS_TYPES))})"
+        )
 
 
 def model_methods() -> list[str]:
@@ -344,6 +368,7 @@ def diagnose(
             import vllm  # noqa: F401  (its logger reads VLLM_LOGGING_LEVEL on first import)
         except ImportError as exc:
             raise DoctorInputError(f"doctor applies the installed vLLM's rules, but vLLM cannot be imported: {exc}") from None
+        _check_speculators(declared["draft"], draft)
         if method is not None:
             known = model_methods()
             if method not in known:
@@ -425,6 +450,10 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
             rope=rope.as_dict() if rope is not None else None,
         )
 
+    draft_config = resolved.get("draft")
+    stages = drafter_stages(declared["draft"], config_to_dict(draft_config), (built_from or {}).get("draft"),
+                            type(draft_config).__name__ if draft_config is not None else None)
+
     # 3. the one judge (audit.judge), as the live frontend and engine core call it
     judged = audit.judge(
         audit.RunFacts(
@@ -439,12 +468,15 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
             scheduler=scheduler,
             runs_in=runs_in,
             checkpoint_dtypes={role: dtype_name(m.main_dtype()) for role, m in manifests.items()},
+            drafter_stages=stages,
+            vocab_maps=read_vocab_maps(draft),
         )
     )
     report.layout.update({role: [plan.as_row() for plan in plans] for role, plans in judged.plans.items()})
     for finding in judged.findings:
         _annotate(report, finding, resolved, config_error)
     report.findings = judged.findings + findings + ([build_refusal] if build_refusal is not None else [])
+    relink_fields(report.findings)  # field findings about the taps, next to the tap findings of the meta build
     return report
 
 

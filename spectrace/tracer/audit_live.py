@@ -12,8 +12,8 @@ from typing import Any
 
 from spectrace import audit
 from spectrace.audit.dtype import declared_dtype, dtype_name
-from spectrace.vllm_objects.configs import model_configs, scheduler_facts
-from spectrace.vllm_objects.weights import read_manifest
+from spectrace.vllm_objects.configs import drafter_stages, hf_override_facts, model_configs, scheduler_facts
+from spectrace.vllm_objects.weights import read_manifest, read_vocab_maps
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -64,6 +64,9 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
             scheduler=scheduler_facts(vllm_config) if vllm_config is not None else None,
             runs_in=runs_in(vllm_config),
             checkpoint_dtypes=checkpoint_dtypes(models),
+            drafter_stages=stages_of(models),
+            vocab_maps=vocab_maps_of(models),
+            draft_settings={"method": info.get("method"), "hf_overrides": hf_override_facts(vllm_config)},
         )
     )
     rt.records("config_fields", [d.as_row() for d in judged.diffs], role="frontend")
@@ -86,3 +89,24 @@ def checkpoint_dtypes(models: list[dict[str, Any]]) -> dict[str, str | None]:
         if model.get("model") and declared_dtype(model.get("declared")) is None:
             found[model["model_role"]] = dtype_name(read_manifest(model["model"]).main_dtype())
     return found
+
+
+def _draft(models: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((m for m in models if m.get("model_role") == "draft"), None)
+
+
+def stages_of(models: list[dict[str, Any]]) -> list[Any] | None:
+    """The drafter's config through vLLM's resolution steps (declared → … → ``vllm_resolved``)."""
+    draft = _draft(models)
+    if draft is None or draft.get("declared") is None:
+        return None
+    return drafter_stages(draft["declared"], draft.get("transformers_resolved"), draft.get("vllm_resolved"),
+                          draft.get("transformers_class"))
+
+
+def vocab_maps_of(models: list[dict[str, Any]]) -> tuple[bool, dict[str, Any]] | None:
+    """The drafter checkpoint's d2t / t2d (small tensors, values read), or None without a drafter."""
+    draft = _draft(models)
+    if draft is None or not draft.get("model"):
+        return None
+    return read_vocab_maps(draft["model"])

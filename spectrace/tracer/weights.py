@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from spectrace import audit
+from spectrace.audit.draft_settings import audit_draft_settings
 from spectrace.audit.dtype import declared_dtype
 from spectrace.audit.rope import audit_rope, rope_of, runtime_rope
 from spectrace.audit.weights import audit_weights, unloaded_parameters, unused_tensors
@@ -34,7 +35,7 @@ from spectrace.tracer.hooks import Hook
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import rope as read_rope
 from spectrace.vllm_objects import weights as read_weights
-from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared, same_model
+from spectrace.vllm_objects.configs import config_to_dict, draft_runtime, model_configs, read_declared, same_model
 
 ACTIVE = "active"  # rt.weight_loads key of the load in progress
 
@@ -161,6 +162,9 @@ def record_model_weights(rt, worker: Any, role: str, rank: int | None, span: Any
                 inert=read_weights.inert_parameters(model),
             )
     findings += _runtime_rope(method, configs, models)
+    # draft settings the loaded runner ignores (speculative max_model_len, draft TP): the runtime answers
+    settings = draft_runtime(vllm_config, runner)
+    findings += audit_draft_settings(**settings) if settings else []
     rt.weight_loads.clear()  # hold no model past its engine's load
     rt.records("model_weights", rows, role=role, rank=rank)
     audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)

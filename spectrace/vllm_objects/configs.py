@@ -177,3 +177,102 @@ def assign_roles(captures: list[ConfigCapture], target: str | None, draft: str |
                 want.pop(i)
                 break
     return roles
+
+
+# -- the drafter's config, stage by stage (issue #35) ------------------------------------------------------
+
+RULE_SPECULATIVE = "vllm.config.speculative.SpeculativeConfig.__post_init__"
+RULE_SPECULATORS_CONFIG = "vllm.transformers_utils.configs.speculators.base.SpeculatorsConfig.__init__"
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[str, Any] | None,
+                   final: dict[str, Any] | None, transformers_class: str | None = None) -> list[Any]:
+    """The drafter's config after each step of vLLM's resolution (``spectrace.audit.fields.Stage``), the
+    speculators step computed by running the installed vLLM's own
+    ``SpeculatorsConfig.extract_transformers_pre_trained_config`` (its algorithm updater) on a copy of
+    ``declared``. ``final``: the config vLLM builds the drafter from (``hf_config``), None where it did
+    not resolve. Never raises: a step vLLM refuses is a stage with ``error``.
+    """
+    import copy
+
+    from spectrace.audit.fields import Stage, is_speculators
+
+    stages: list[Stage] = []
+    if is_speculators(declared):
+        try:
+            from vllm.transformers_utils.configs.speculators.algos import SUPPORTED_SPECULATORS_TYPES
+            from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+            updater = SUPPORTED_SPECULATORS_TYPES.get(declared.get("speculators_model_type"))
+            extract = SpeculatorsConfig.extract_transformers_pre_trained_config
+            rule = _qualname(extract) + (f" -> {_qualname(updater)}" if updater is not None else "")
+        except ImportError as exc:  # a vLLM without the speculators format
+            return [Stage("vllm.transformers_utils.configs.speculators", None, f"ImportError: {exc}")]
+        try:
+            built = extract(copy.deepcopy(declared))
+            stages.append(Stage(rule, json.loads(json.dumps(built, default=str)) if isinstance(built, dict) else None))
+        except Exception as exc:
+            stages.append(Stage(rule, None, f"{type(exc).__name__}: {exc}"[:300]))
+            return stages
+        stages.append(Stage(RULE_SPECULATORS_CONFIG, transformers_resolved))
+    else:
+        rule = "vllm.transformers_utils.config.get_config" + (f" -> transformers {transformers_class}" if transformers_class else "")
+        stages.append(Stage(rule, transformers_resolved))
+    stages.append(Stage(RULE_SPECULATIVE, final))
+    return stages
+
+
+def _flat(overrides: dict[str, Any]) -> dict[str, Any]:
+    """A dict ``--hf-overrides`` as dotted keys, one level into nested dicts (``rope_parameters.factor``)."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and value:
+            flat.update({f"{key}.{sub}": v for sub, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def hf_override_facts(vllm_config: Any) -> list[dict[str, Any]] | None:
+    """Per key of the run's dict ``--hf-overrides``: the value asked, the target's and the drafter's resolved
+    values (``audit.draft_settings``); None without a model drafter or with a callable override."""
+    from spectrace.audit.config_dicts import _get
+
+    configs = model_configs(vllm_config) if vllm_config is not None else {}
+    overrides = getattr(configs.get("target"), "hf_overrides", None)
+    if "draft" not in configs or not isinstance(overrides, dict) or not overrides:
+        return None
+    target, draft = config_to_dict(configs["target"].hf_config), config_to_dict(configs["draft"].hf_config)
+    facts = []
+    for key, asked in _flat(overrides).items():
+        found = {role: _get(config, key, None) for role, config in (("target", target), ("draft", draft))}
+        if found["draft"] is None and key.startswith("rope_scaling."):  # transformers 5 keeps it in rope_parameters
+            found["draft"] = _get(draft, "rope_parameters." + key.split(".", 1)[1], None)
+        facts.append({"key": key, "asked": asked, **found})
+    return facts
+
+
+def draft_runtime(vllm_config: Any, runner: Any) -> dict[str, Any]:
+    """(asked, runs with) of the draft settings a loaded model runner can answer: the proposer's
+    ``max_model_len`` and the drafter's tensor-parallel size (its layers' ``tp_size``)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or "draft" not in model_configs(vllm_config):
+        return {}
+    proposer = next((p for p in (getattr(runner, "drafter", None), getattr(runner, "speculator", None)) if p is not None), None)
+    runs_len = getattr(proposer, "max_model_len", None)
+    draft = getattr(proposer, "model", None)
+    tp = None
+    if draft is not None:
+        try:
+            tp = next((int(m.tp_size) for m in draft.modules() if isinstance(getattr(m, "tp_size", None), int)), None)
+        except Exception:
+            tp = None
+    return {
+        "method": spec.method,
+        "max_model_len": (getattr(spec, "max_model_len", None), runs_len if isinstance(runs_len, int) else None),
+        "tensor_parallel_size": (getattr(spec, "draft_tensor_parallel_size", None), tp),
+    }

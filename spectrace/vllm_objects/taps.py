@@ -109,12 +109,31 @@ def input_rule(draft: Any) -> str | None:
     return f"{owner.__module__}.{owner.__qualname__}.__init__"
 
 
+def default_taps(target: Any) -> tuple[list[int] | None, str | None]:
+    """The ids the model runner falls back to when the drafter declares none, and the method that gives them:
+    the target's ``get_eagle3_default_aux_hidden_state_layers`` (``SupportsEagle3``: ``(2, N//2, N-3)``
+    unless the model class overrides it). (None, None) for a target without it."""
+    method = getattr(target, "get_eagle3_default_aux_hidden_state_layers", None)
+    if not callable(method):
+        return None, None
+    try:
+        ids = sorted({int(i) for i in method()})
+    except Exception:
+        return None, None
+    owner = getattr(type(target), "get_eagle3_default_aux_hidden_state_layers", None)
+    rule = f"{owner.__module__}.{owner.__qualname__}" if owner is not None else "get_eagle3_default_aux_hidden_state_layers"
+    return ids, rule
+
+
 def tap_facts(vllm_config: Any, target: Any, draft: Any) -> dict[str, Any]:
     """What ``spectrace.audit.audit_taps`` judges, read from a built target and drafter."""
     from spectrace.vllm_objects.configs import config_to_dict
 
     spec = vllm_config.speculative_config
+    default_ids, default_rule = default_taps(target)
     return {
+        "default_ids": default_ids,
+        "default_rule": default_rule,
         "draft": config_to_dict(spec.draft_model_config.hf_config),
         "target_layers": target_layer_count(target, vllm_config),
         "tapped_ids": tapped_ids(target),

@@ -134,6 +134,83 @@ def read_manifest(model: str | Path) -> Manifest:
     return manifest
 
 
+# -- the vocabulary map (d2t / t2d): small tensors whose values are read ---------------------
+
+MAX_MAP_ELEMENTS = 1 << 22  # a t2d over a 262k-token vocabulary is 262k bytes; 4M elements bounds any real one
+VOCAB_MAP_TENSORS = ("d2t", "t2d")
+_NUMPY_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "U16": "<u2", "U32": "<u4", "BOOL": "?"}
+
+
+def _map_names(names: Any) -> dict[str, str]:
+    """The checkpoint names of the map tensors (``d2t``, or a prefixed ``model.d2t``), shortest first."""
+    found: dict[str, str] = {}
+    for name in sorted(names, key=len):
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in VOCAB_MAP_TENSORS:
+            found.setdefault(leaf, name)
+    return found
+
+
+def read_vocab_maps(model: str | Path) -> tuple[bool, dict[str, Any]]:
+    """(checkpoint read, ``{"d2t": VocabTensor, "t2d": VocabTensor}`` for those present) of a model directory.
+
+    The header gives each map's dtype and shape; its values are read from the file's data section when the
+    dtype is an integer or boolean one and it holds at most ``MAX_MAP_ELEMENTS`` (else ``error`` says why).
+    Never raises: an unreadable checkpoint reads as not read.
+    """
+    from spectrace.audit.vocab import VocabTensor
+
+    manifest = read_manifest(model)
+    if manifest.error is not None:
+        return False, {}
+    names = _map_names(manifest.tensors)
+    found: dict[str, Any] = {}
+    if not names:
+        return True, found
+    directory = _model_dir(str(model))
+    for leaf, name in names.items():
+        dtype, shape = manifest.tensors[name]
+        tensor = VocabTensor(dtype, shape)
+        try:
+            tensor.values = _read_values(directory, name, dtype, shape)
+        except (ManifestError, OSError, ValueError) as exc:
+            tensor.error = str(exc)[:200]
+        found[leaf] = tensor
+    return True, found
+
+
+def _read_values(directory: Path | None, name: str, dtype: str, shape: tuple[int, ...]) -> list[int] | None:
+    import numpy
+
+    count = 1
+    for d in shape:
+        count *= d
+    if dtype not in _NUMPY_DTYPES:
+        raise ValueError(f"{name} is {dtype}: not read")
+    if count > MAX_MAP_ELEMENTS:
+        raise ValueError(f"{name} holds {count} elements (more than {MAX_MAP_ELEMENTS}): not read")
+    if directory is None:
+        return None
+    for file in sorted(p for p in directory.glob("*.safetensors") if p.is_file()):
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > MAX_HEADER_BYTES:
+                raise ManifestError(f"{file.name}: header too long")
+            header = json.loads(handle.read(length).decode("utf-8"))
+            entry = header.get(name)
+            if not isinstance(entry, dict):
+                continue
+            start, end = entry.get("data_offsets", (None, None))
+            item = numpy.dtype(_NUMPY_DTYPES[dtype]).itemsize
+            if not (isinstance(start, int) and isinstance(end, int) and end - start == count * item and start >= 0):
+                raise ManifestError(f"{file.name}: {name} has data offsets that do not fit its shape")
+            handle.seek(8 + length + start)
+            raw = handle.read(end - start)
+            if len(raw) != end - start:
+                raise ManifestError(f"{file.name}: {name} is cut short")
+            return numpy.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype]).astype("int64").tolist()
+    return None
+
 # -- the loaded model ------------------------------------------------------------------------
 
 
