@@ -75,6 +75,12 @@ EVIDENCE_ITEMS = 256  # more than any real model's layers: a longer list in evid
 LISTED_ITEMS = 16  # in a sentence
 
 
+# a recorded config's lists (model_configs, config_fields, the spectrace.config.resolve span) are cut past this many
+# items, with a count: a hostile config.json can hold millions; the audits read the whole dicts; no model has more
+# layers than this
+RECORDED_ITEMS = 1024
+
+
 def bounded(value: Any, limit: int = EVIDENCE_ITEMS) -> Any:
     """``value`` with every list or tuple in it (nested ones too) longer than ``limit`` cut to its first ``limit``
     items and one more that says how many there were (``"... 1899744 more (1900000 in all)"``). What needs no cut

@@ -153,3 +153,15 @@ def test_draft_settings_accepted_and_never_applied_are_named():
     assert audit_draft_settings(method="eagle3", max_model_len=(512, 512), tensor_parallel_size=(None, 1)) == []
     assert audit_draft_settings(method="mtp", hf_overrides=[{**yarn, "draft": "yarn"}]) == []
     assert audit_draft_settings(method="draft_model", hf_overrides=[yarn]) == []
+
+
+def test_tap_ids_that_are_not_layer_ids_are_one_finding_not_a_crash():
+    """#38's probe: NaN, infinity, null or text among declared tap ids raised out of the tap audit (int(nan))."""
+    for bad in (float("nan"), float("inf"), None, "two", True):
+        tap, findings = audit.audit_taps(draft={"eagle_aux_hidden_state_layer_ids": [1, bad, 6]}, target_layers=8,
+                                         tapped_ids=[2, 4, 5], input_taps=3)
+        assert tap.status == "out_of_range" and findings[0].code == "TAP_OUT_OF_RANGE", bad
+        assert repr(bad) in findings[0].message and "not layer ids" in findings[0].message
+    tap, findings = audit.audit_taps(draft={"eagle_aux_hidden_state_layer_ids": [1.0, 3, 6.0]}, target_layers=8,
+                                     tapped_ids=[2, 4, 7], input_taps=3)
+    assert tap.declared_ids == [1, 3, 6] and "TAP_OUT_OF_RANGE" not in [f.code for f in findings]

@@ -27,10 +27,8 @@ pytestmark = [pytest.mark.vllm]
 PASSWORD = "Kx9;live&pw,7"  # a libpq password with every separator that once ended the redaction
 TOKEN = "otlp-bearer-token-live-42"
 IDS = 1_900_000
-# ... but this one, whose rows record the declared and resolved value of each config field that differs (a 5.7 MB
-# cell here): not bounded yet (spectrace/tracer/audit_live.py); the whole configs (model_configs, the
-# spectrace.config.resolve span) are cut at spectrace.tracer.frontend.CONFIG_ITEMS items a list
-WHOLE_CONFIGS = {"config_fields"}
+# (every table: the recorded configs are cut at spectrace.console.RECORDED_ITEMS items a list, with a count)
+WHOLE_CONFIGS: set[str] = set()
 RUN = "hardening-probe"
 HOST = "probehost"
 

@@ -21,6 +21,7 @@ from spectrace.audit.config_dicts import (
     layer_plans,
 )
 from spectrace.audit.findings import Finding
+from spectrace.console import RECORDED_ITEMS, bounded
 
 
 @dataclass
@@ -35,8 +36,9 @@ class FieldDiff:
         return {
             "model_role": self.model_role,
             "field": self.field,
-            "declared": json.dumps(self.declared, default=str),
-            "resolved": json.dumps(self.resolved, default=str),
+            # a field's value as recorded: lists cut past RECORDED_ITEMS with a count (a config can hold millions)
+            "declared": json.dumps(bounded(self.declared, RECORDED_ITEMS), default=str),
+            "resolved": json.dumps(bounded(self.resolved, RECORDED_ITEMS), default=str),
             "status": self.status,
         }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +60,25 @@ class TapAudit:
         }
 
 
+def _layer_id(value: Any) -> int | None:
+    """``value`` as a layer id: an integer (or a float that is one); None for anything else (NaN, inf, text, null)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
 def declared_taps(draft: dict[str, Any] | None) -> tuple[str | None, list[int] | None, int]:
-    """(field, ids, convention offset) the drafter declares its taps in, or (None, None, 0)."""
+    """(field, ids, convention offset) the drafter declares its taps in, or (None, None, 0). A field holding
+    anything but layer ids gives (field, None, offset): declared, not readable (``audit_taps`` says so)."""
     for field_name, offset in TAP_FIELDS:
         ids = _get(draft, field_name, None)
         if isinstance(ids, (list, tuple)) and ids:
-            return field_name, [int(i) for i in ids], offset
+            parsed = [_layer_id(i) for i in ids]
+            return field_name, (None if None in parsed else parsed), offset
     return None, None, 0
 
 
@@ -104,6 +118,17 @@ def audit_taps(
         "default_ids": default_ids,
         "default_rule": default_rule,
     }
+    if field_name is not None and declared is None:  # NaN, inf, text or null among the ids: none can be tapped
+        status = "out_of_range"
+        raw = _get(draft, field_name, None)
+        findings.append(codes.finding(
+            codes.TAP_OUT_OF_RANGE,
+            severity="error",
+            model_role="draft",
+            message=f"{field_name} holds values that are not layer ids ({listed([repr(v) for v in raw if _layer_id(v) is None])}): "
+            "the drafter's taps cannot be read",
+            evidence=evidence,
+        ))
     if expected is not None:
         outside = [i for i in expected if i < 0 or i > target_layers]
         if outside:

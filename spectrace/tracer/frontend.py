@@ -23,16 +23,13 @@ import time
 from typing import Any
 
 import spectrace
-from spectrace.console import bounded
+from spectrace.console import RECORDED_ITEMS, bounded
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.tracer import api_server, audit_live, runtime
 from spectrace.tracer.around import around
 from spectrace.tracer.hooks import Hook
 
 ROLE = "frontend"
-# a recorded config's lists are cut past this many items, with a count (a hostile config.json can hold millions;
-# the audits read the whole dicts, the records and spans keep what a reader can use: no model has more layers)
-CONFIG_ITEMS = 4096
 
 
 # -- hooks -----------------------------------------------------------------------
@@ -168,11 +165,11 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
         attributes = {
             "spectrace.model.role": role,
             "spectrace.model.path": capture.model,
-            "spectrace.config.declared": json.dumps(bounded(declared, CONFIG_ITEMS), sort_keys=True, default=str),
+            "spectrace.config.declared": json.dumps(bounded(declared, RECORDED_ITEMS), sort_keys=True, default=str),
             "spectrace.config.transformers_class": models[-1]["transformers_class"],
-            "spectrace.config.resolved": json.dumps(bounded(transformers_resolved, CONFIG_ITEMS), sort_keys=True, default=str),
+            "spectrace.config.resolved": json.dumps(bounded(transformers_resolved, RECORDED_ITEMS), sort_keys=True, default=str),
             "spectrace.config.vllm_class": models[-1]["vllm_class"],
-            "spectrace.config.vllm_resolved": json.dumps(bounded(final_dict, CONFIG_ITEMS), sort_keys=True, default=str),
+            "spectrace.config.vllm_resolved": json.dumps(bounded(final_dict, RECORDED_ITEMS), sort_keys=True, default=str),
             "spectrace.method": info["method"] if role == "draft" else None,
             "spectrace.num_speculative_tokens": info["num_speculative_tokens"] if role == "draft" else None,
             "spectrace.model_runner": info["model_runner"],
@@ -185,9 +182,9 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
             {
                 **{k: v for k, v in models[-1].items() if k not in ("declared", "transformers_resolved", "vllm_resolved")},
                 "ts": capture.end_ns,
-                "declared": json.dumps(bounded(declared, CONFIG_ITEMS), default=str),
-                "transformers_resolved": json.dumps(bounded(transformers_resolved, CONFIG_ITEMS), default=str),
-                "vllm_resolved": json.dumps(bounded(final_dict, CONFIG_ITEMS), default=str),
+                "declared": json.dumps(bounded(declared, RECORDED_ITEMS), default=str),
+                "transformers_resolved": json.dumps(bounded(transformers_resolved, RECORDED_ITEMS), default=str),
+                "vllm_resolved": json.dumps(bounded(final_dict, RECORDED_ITEMS), default=str),
             },
             role=ROLE,
         )
