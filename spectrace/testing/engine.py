@@ -83,11 +83,13 @@ def method_specs(zoo: dict[str, str], *, enforce_eager: bool = True, k: int = K)
     """
     target = zoo["target"]
 
-    def spec(name: str, speculative: dict[str, Any], model: str = target) -> EngineSpec:
-        return EngineSpec(name=name, target=model, speculative=speculative, enforce_eager=enforce_eager)
+    def spec(name: str, speculative: dict[str, Any], model: str = target, **kwargs: Any) -> EngineSpec:
+        return EngineSpec(name=name, target=model, speculative=speculative, enforce_eager=enforce_eager, **kwargs)
 
     return [
-        spec("self", {"method": "draft_model", "model": zoo["draft_self"], "num_speculative_tokens": k}),
+        # vLLM's own per-request metrics on: tests/test_request_metrics_live.py compares spectrace's request by request
+        spec("self", {"method": "draft_model", "model": zoo["draft_self"], "num_speculative_tokens": k},
+             extra_llm_kwargs={"per_request_spec_decode_metrics": "summary"}),
         spec("seeded", {"method": "draft_model", "model": zoo["draft_seeded"], "num_speculative_tokens": k}),
         spec("eagle3", {"method": "eagle3", "model": zoo["eagle3_zero"], "num_speculative_tokens": k}, zoo["target_zero"]),
         spec("dflash", {"method": "dflash", "model": zoo["dflash_zero"], "num_speculative_tokens": k}, zoo["target_zero"]),
