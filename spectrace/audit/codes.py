@@ -508,7 +508,7 @@ CAUSES: tuple[Cause, ...] = (
         "an EAGLE-3 drafter with a reduced vocabulary whose `d2t` map is missing or wrong: draft ids land on the first N target tokens, acceptance collapses",
         (DRAFT_VOCAB_MAP_MISSING, DRAFT_VOCAB_MAP_INVALID),
         "`DRAFT_VOCAB_MAP_MISSING`, `DRAFT_VOCAB_MAP_INVALID`",
-        "[NeMo-Automodel#2447](https://github.com/NVIDIA-NeMo/Automodel/issues/2447), [verl#67](https://github.com/volcengine/verl/issues/67), [SpecForge#534](https://github.com/sgl-project/SpecForge/issues/534) (#35)",
+        "[NeMo-Automodel#2447](https://github.com/NVIDIA-NeMo/Automodel/pull/2447), [verl-SpeCo#66](https://github.com/verl-project/verl-SpeCo/pull/66), [SpecForge#534](https://github.com/sgl-project/SpecForge/pull/534) (#35)",
     ),
     Cause(
         "EAGLE-3 taps guessed as `(2, N//2, N-3)` when the checkpoint declares no ids (Llama-3.3-70B-Eagle3: 1.21 % acceptance against 58.9 %)",
