@@ -401,7 +401,7 @@ class VerifyCapture(Capture):
         """``request_counts`` per request; ``request_slices`` once per request, at its first verified step."""
         now = time.time_ns()
         count_rows, slice_rows = [], []
-        by_slice: dict[str, dict[tuple[str, str], list[int]]] = defaultdict(dict)  # this flush, for the metrics
+        by_slice: dict[str, dict[tuple[str, str], tuple[int, int]]] = defaultdict(dict)  # this flush, for the metrics
         commons: dict[str, dict] = {}
         for (run_id, req_id), (steps, drafted, accepted, emitted, histogram) in per_request.items():
             common = commons.get(run_id)
@@ -418,11 +418,10 @@ class VerifyCapture(Capture):
             if labels is not None:
                 self.judge.run(run_id).slices.add(labels, new, drafted, accepted)
                 if rt.metrics is not None:
-                    flush_counts = by_slice[run_id]
+                    flush_counts = by_slice[run_id]  # (dimension, value) -> (drafted, accepted) of this flush
                     for item in labels.items():
-                        counts = flush_counts.setdefault(item, [0, 0])
-                        counts[0] += drafted
-                        counts[1] += accepted
+                        before_drafted, before_accepted = flush_counts.get(item, (0, 0))
+                        flush_counts[item] = (before_drafted + drafted, before_accepted + accepted)
         if rt.metrics is not None:
             for run_id, counts in by_slice.items():
                 rt.metrics.slices(counts, rt.labels(run_id))
