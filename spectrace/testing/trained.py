@@ -2,7 +2,7 @@
 
 ``spectrace/testing/zoo/`` holds what ``make zoo`` (``tools/zoo.py``) wrote: ``target/``
 (a 4-layer, hidden-128 Qwen3ForCausalLM trained on the synthetic corpus of
-``tools/zoo_corpus.py``, with its tokenizer), ``dflash/`` and ``eagle3/`` (speculators-format
+``spectrace/testing/zoo_corpus.py``, with its tokenizer), ``dflash/`` and ``eagle3/`` (speculators-format
 checkpoints as speculators' trainer saved them, loaded by vLLM as they are) and
 ``manifest.json`` (sha256 of every file, the seeds, the settings, the build's seconds).
 
