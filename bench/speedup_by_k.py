@@ -28,7 +28,8 @@ equal requests instead measures its own artefacts: at k = 0 every request finish
 eight prefill together, while with speculation they finish apart, and the last wave drains at a shrinking batch —
 about a fifth of the steps at k = 5 in the first version of this benchmark, at half the tokens per step.)
 
-Drafters: ``noisy`` (the zoo target plus 3 % noise: intermediate acceptance, as costly as the target),
+Drafters: ``trained`` (the trained zoo's DFlash drafter, window declared, on its corpus' prompts: what k pays
+on a drafter someone could deploy), ``noisy`` (the zoo target plus 3 % noise: intermediate acceptance, as costly as the target),
 ``cheap`` (the first two layers of a target whose later layers add little: intermediate acceptance at a
 quarter of the cost), ``self`` (the target drafting for itself, 100 %), ``seeded`` (another seed: ~0 %).
 """
@@ -55,9 +56,12 @@ def prompts(n: int) -> list[str]:
 def build(root):
     from spectrace.testing.models import build_zoo, noisy_copy, shallow_target
 
+    from spectrace.testing import trained
+
     zoo = build_zoo(root / "zoo")
     shallow = shallow_target(root / "shallow-target", zoo["target"])
     return {
+        "trained": (trained.paths()["target"], trained.dflash_declared(root / "trained-dflash", "fixed")),
         "noisy": (zoo["target"], noisy_copy(root / "noisy", zoo["target"], scale=0.03)),
         "cheap": (shallow, noisy_copy(root / "cheap", shallow, scale=0.0, keep_layers=2)),
         "self": (zoo["target"], zoo["target"]),
@@ -66,13 +70,16 @@ def build(root):
 
 
 def specs(name, target, drafter, ks, *, requests, repeat):
+    from spectrace.testing import trained
     from spectrace.testing.engine import EngineSpec
 
     sampling = [{"ignore_eos": True, "max_tokens": n} for n in LENGTHS]
+    # the trained zoo's DFlash drafter (spectrace/testing/zoo) on held-out prompts of its own corpus
+    method, asked = ("dflash", trained.prompts(requests, 200)) if name == "trained" else ("draft_model", prompts(requests))
 
     def spec(k):
-        speculative = {"method": "draft_model", "model": str(drafter), "num_speculative_tokens": k} if k else None
-        return EngineSpec(name=f"{name}-k{k}", target=str(target), speculative=speculative, prompts=prompts(requests),
+        speculative = {"method": method, "model": str(drafter), "num_speculative_tokens": k} if k else None
+        return EngineSpec(name=f"{name}-k{k}", target=str(target), speculative=speculative, prompts=asked,
                           max_tokens=max(LENGTHS), repeat=repeat, sampling=sampling,
                           extra_llm_kwargs={"max_num_seqs": 8})  # fmt: skip
 

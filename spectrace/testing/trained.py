@@ -1,0 +1,111 @@
+"""The trained zoo: a small Qwen3 target and the drafters speculators trained for it.
+
+``spectrace/testing/zoo/`` holds what ``make zoo`` (``tools/zoo.py``) wrote: ``target/``
+(a 4-layer, hidden-128 Qwen3ForCausalLM trained on the synthetic corpus of
+``spectrace/testing/zoo_corpus.py``, with its tokenizer), ``dflash/`` and ``eagle3/`` (speculators-format
+checkpoints as speculators' trainer saved them, loaded by vLLM as they are) and
+``manifest.json`` (sha256 of every file, the seeds, the settings, the build's seconds).
+
+Unlike :mod:`spectrace.testing.models` (random weights), these drafters accept for real, so a
+finding's claimed cost can be checked against a real drop in acceptance.
+
+:func:`dflash_declared` writes the trained DFlash drafter again as a plain
+``DFlashDraftModel`` directory whose config declares its window one of two ways:
+
+- ``"as-shipped"``: ``sliding_window`` with no ``use_sliding_window`` and no ``layer_types``,
+  as the seed's drafter did: transformers' Qwen3Config drops the window and derives every
+  layer as full attention, so the drafter attends to the whole context it was never trained
+  to see;
+- ``"fixed"``: ``layer_types``, ``sliding_window`` and ``use_sliding_window: true``: its
+  layer slides, as it did in training.
+
+Nothing here imports torch or vLLM (the weights are copied, not loaded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+ZOO = Path(__file__).parent / "zoo"
+MANIFEST = ZOO / "manifest.json"
+DECLARATIONS = ("as-shipped", "fixed")
+
+
+def manifest() -> dict[str, Any]:
+    return json.loads(MANIFEST.read_text())
+
+
+def paths() -> dict[str, str]:
+    """``target``, ``dflash``, ``eagle3``: the committed model directories."""
+    return {name: str(ZOO / name) for name in ("target", "dflash", "eagle3")}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def window() -> int:
+    """The sliding window the DFlash drafter was trained with."""
+    config = json.loads((ZOO / "dflash" / "config.json").read_text())
+    return int(config["transformer_layer_config"]["sliding_window"])
+
+
+def declared_fields(declaration: str) -> dict[str, Any]:
+    """The window fields of each declaration (what the demo prints)."""
+    w = window()
+    if declaration == "as-shipped":
+        return {"sliding_window": w}
+    if declaration == "fixed":
+        return {"layer_types": ["sliding_attention"], "sliding_window": w, "use_sliding_window": True}
+    raise ValueError(f"declaration must be one of {DECLARATIONS}, got {declaration!r}")
+
+
+def dflash_declared(out_dir: str | Path, declaration: str) -> Path:
+    """The trained DFlash drafter as a plain ``DFlashDraftModel`` directory (see module doc).
+
+    Everything but the window fields is what vLLM's speculators loader would make of the
+    checkpoint: the layer shape from ``transformer_layer_config``, ``dflash_config`` with the
+    mask token, ``target_layer_ids`` (the taps minus one, vLLM's DFlash indexing) and
+    ``causal: true`` (speculators trains causal sliding layers), so the two declarations differ
+    in their window fields alone.
+    """
+    source = json.loads((ZOO / "dflash" / "config.json").read_text())
+    layer = dict(source["transformer_layer_config"])
+    for key in ("layer_types", "sliding_window", "use_sliding_window", "max_window_layers"):
+        layer.pop(key, None)
+    config = {
+        **layer,
+        "architectures": ["DFlashDraftModel"],
+        "dtype": "float32",
+        "draft_vocab_size": source.get("draft_vocab_size"),
+        "dflash_config": {
+            "mask_token_id": source["mask_token_id"],
+            "target_layer_ids": [i - 1 for i in source["aux_hidden_state_layer_ids"]],
+            "causal": not source.get("sliding_window_non_causal", False),
+            "sample_from_anchor": bool(source.get("sample_from_anchor", False)),
+        },
+        **declared_fields(declaration),
+    }
+    target = json.loads((ZOO / "target" / "config.json").read_text())
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        config[key] = target.get(key)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    shutil.copyfile(ZOO / "dflash" / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+def prompts(n: int, min_chars: int, seed: int = 7) -> list[str]:
+    """Held-out prompts from the zoo's corpus generator (a seed the training never used)."""
+    from spectrace.testing.zoo_corpus import prompts as corpus_prompts
+
+    return corpus_prompts(seed, n, min_chars)
