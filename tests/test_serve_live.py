@@ -71,7 +71,7 @@ def test_api_server_run_with_links_to_request_traces(zoo, scratch, cache_root):
                 {"traceparent": f"00-{TRACE_ID}-b7ad6b7169203331-01"},
             )
             assert reply["choices"][0]["finish_reason"] == "length"
-            time.sleep(2)  # one flush interval
+            _wait_for_both_sides(store)
         finally:
             os.killpg(server.pid, signal.SIGINT)
             try:
@@ -96,3 +96,18 @@ def test_api_server_run_with_links_to_request_traces(zoo, scratch, cache_root):
         "select source, sum(drafted) from verify_counts where run_id = ? group by 1", [run_id]
     ).fetchall())
     assert by_source["engine_core"] == by_source["worker"] > 0
+
+
+def _wait_for_both_sides(store, timeout_s: float = 60.0) -> None:
+    """Until the engine core's and the worker's flushes of the request's steps are both in the store (each process
+    flushes on its own clock: under load one flush interval was not always enough for the worker's last step)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            sides = dict(spectrace.store.open(store).execute(
+                "select source, sum(drafted) from verify_counts group by 1").fetchall())
+        except spectrace.store.StoreError:
+            sides = {}
+        if sides.get("engine_core") and sides.get("engine_core") == sides.get("worker"):
+            return
+        time.sleep(0.5)
