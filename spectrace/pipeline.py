@@ -351,12 +351,12 @@ class Pipeline:
     # -- the flush --------------------------------------------------------------
 
     def add_sink(self, sink: Sink, *, first: bool = False) -> None:
-        """Add a sink (``first``: before the others, as the metrics sink goes before the sinks that read them)."""
-        with self._flush_lock:
-            if first:
-                self.sinks.insert(0, sink)
-            else:
-                self.sinks.append(sink)
+        """Add a sink (``first``: before the others, as the metrics sink goes before the sinks that read them).
+
+        Copy on write, no lock: a flush iterates the list it started with, and the runtime adds the metrics sink
+        while it builds its telemetry under its own lock, which a flush's drain may wait for (taking the flush
+        lock here deadlocked a worker right after its model loaded, once, under load)."""
+        self.sinks = [sink, *self.sinks] if first else [*self.sinks, sink]
 
     def sink(self, name: str) -> Sink | None:
         return next((s for s in self.sinks if s.name == name), None)

@@ -61,3 +61,21 @@ def test_counts_recorded_at_once_equal_one_record_per_request_step(temporality):
     # and the numbers are the flushes' own: r1 after the first flush, cumulative reader
     first = loop[0][1][tuple(sorted(LABELS.items()))]
     assert first[2] == 1047 and first[1] == 40 + 14 + 4000 and first[0][:5] == (40, 7, 0, 1000, 0)
+
+
+def test_the_metrics_sink_is_added_while_a_flush_holds_the_flush_lock():
+    """The runtime adds the metrics sink while it builds its telemetry under its own lock, and a flush's drain
+    may wait for that lock (a span): adding a sink must never wait for the flush (a worker deadlocked so, once)."""
+    import threading
+
+    from spectrace.pipeline import Pipeline, Sink
+
+    pipeline = Pipeline(flush_interval_s=60, max_buffer_rows=10)
+    first, second = Sink(), Sink()
+    pipeline.add_sink(first)
+    with pipeline._flush_lock:  # a flush in progress on another thread
+        adding = threading.Thread(target=pipeline.add_sink, args=(second,), kwargs={"first": True})
+        adding.start()
+        adding.join(timeout=5)
+        assert not adding.is_alive()
+    assert pipeline.sinks == [second, first]
