@@ -54,7 +54,7 @@ test: $(STAMP) prometheus postgres tmux docs
 
 # The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.
 unit: $(STAMP)
-	$(BIN)/python -m pytest --unit -q
+	$(BIN)/python -m pytest --unit -q -n $(TEST_WORKERS)
 
 demo: $(STAMP)
 	$(BIN)/python -m spectrace.demo

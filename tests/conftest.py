@@ -33,6 +33,7 @@ LANE_OF_FIXTURE = {
     "prometheus_binaries": "server", "postgres_binaries": "server",
 }  # fmt: skip
 _heavy_key = pytest.StashKey[str | None]()  # in the unit lane: the first node after which HEAVY was imported
+_heavy_names_key = pytest.StashKey[list]()  # ... and which of HEAVY (an xdist worker's, reported to the controller)
 
 
 def module_marks(path: Path) -> set[str]:
@@ -116,14 +117,26 @@ def pytest_runtest_protocol(item):
 
 
 def pytest_sessionfinish(session):
-    if session.config.stash.get(_heavy_key, None) is not None and session.exitstatus == pytest.ExitCode.OK:
+    culprit = session.config.stash.get(_heavy_key, None)
+    if culprit is not None and hasattr(session.config, "workeroutput"):  # an xdist worker: tell the controller
+        session.config.workeroutput["spectrace_heavy"] = (culprit, [name for name in HEAVY if name in sys.modules])
+    if culprit is not None and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker's unit-lane failure (torch or vLLM imported there) fails the whole run."""
+    heavy = getattr(node, "workeroutput", {}).get("spectrace_heavy")
+    if heavy is not None and _heavy_key in node.config.stash and node.config.stash[_heavy_key] is None:
+        node.config.stash[_heavy_key] = heavy[0]
+        node.config.stash[_heavy_names_key] = heavy[1]
 
 
 def pytest_terminal_summary(terminalreporter, config):
     culprit = config.stash.get(_heavy_key, None)
     if culprit is not None:
-        imported = ", ".join(name for name in HEAVY if name in sys.modules)
+        imported = ", ".join(config.stash.get(_heavy_names_key, None) or [name for name in HEAVY if name in sys.modules])
         terminalreporter.write_line(f"FAILED unit lane: {imported} imported, first seen after {culprit or 'conftest'}"
                                     " (mark it vllm, or import lazily)", red=True, bold=True)
 

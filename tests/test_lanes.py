@@ -65,5 +65,9 @@ def test_unit_guard_fails_a_run_that_imports_torch_and_skips_marked_modules(tmp_
     assert unit.returncode == 1, unit.stdout + unit.stderr
     assert "2 passed" in unit.stdout
     assert "FAILED unit lane: torch imported, first seen after test_heavy.py::test_imports_torch" in unit.stdout
+    # the same under two xdist workers (make unit): the worker's finding reaches the controller
+    parallel = subprocess.run([*run, "--unit", "-n", "2"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert parallel.returncode == 1, parallel.stdout + parallel.stderr
+    assert "FAILED unit lane: torch imported, first seen after test_heavy.py::test_imports_torch" in parallel.stdout
     light = subprocess.run([*run, "--unit", "-k", "plain"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert light.returncode == 0 and "1 passed, 1 deselected" in light.stdout, light.stdout + light.stderr
