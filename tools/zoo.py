@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from spectrace.testing.trained import sha256
 from spectrace.testing.zoo_corpus import documents
 
 SEEDS = {"corpus": 0, "tokenizer_corpus": 1, "target": 0, "drafter_data": 2, "dflash": 0, "eagle3": 0}
@@ -59,33 +60,15 @@ def corpus_digest(seed: int, n: int = 500) -> str:
     return hashlib.sha256("\x00".join(documents(seed, n)).encode()).hexdigest()
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ------------------------------------------------------------------ tokenizer, target
 
 
 def build_tokenizer(out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB - len(SPECIAL),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-        show_progress=False,
-    )
-    tok.train_from_iterator(documents(SEEDS["tokenizer_corpus"], 3000), trainer)
-    tok.add_special_tokens(list(SPECIAL))
-    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    from spectrace.testing.models import train_byte_bpe
+
+    tok = train_byte_bpe(documents(SEEDS["tokenizer_corpus"], 3000), VOCAB, SPECIAL)
     PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=SPECIAL[0], bos_token=SPECIAL[1], pad_token=SPECIAL[2],
         mask_token=SPECIAL[3], model_max_length=2048,

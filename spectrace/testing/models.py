@@ -283,26 +283,34 @@ def _not_none(**items: Any) -> dict[str, Any]:
 # -------------------------------------------------------------------------- builders
 
 
-def build_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
-    """Train a deterministic 512-token byte-level BPE and save it as a
-    ``PreTrainedTokenizerFast`` (special tokens eos/bos/pad/mask take ids 508-511,
-    so id 0 is an ordinary token)."""
+def train_byte_bpe(corpus: Iterable[str], vocab_size: int, special: Sequence[str]):
+    """A deterministic byte-level BPE ``tokenizers.Tokenizer`` of exactly ``vocab_size`` ids trained on
+    ``corpus``, the ``special`` tokens taking the last ids (the test zoo's and the trained zoo's, tools/zoo.py)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(_SPECIAL_TOKENS),
+        vocab_size=vocab_size - len(special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer)
-    tok.add_special_tokens(list(_SPECIAL_TOKENS))
-    if tok.get_vocab_size() != VOCAB_SIZE:
-        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, want {VOCAB_SIZE}")
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_special_tokens(list(special))
+    if tok.get_vocab_size() != vocab_size:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, want {vocab_size}")
+    return tok
+
+
+def build_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
+    """Train a deterministic 512-token byte-level BPE and save it as a
+    ``PreTrainedTokenizerFast`` (special tokens eos/bos/pad/mask take ids 508-511,
+    so id 0 is an ordinary token)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = train_byte_bpe(_corpus(), VOCAB_SIZE, _SPECIAL_TOKENS)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,
