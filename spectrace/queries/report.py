@@ -112,7 +112,7 @@ def _requests(con, run_id: str) -> list[str]:
         proposed, verified = budget
         lines.append(f"  drafts: {proposed} proposed, {verified} verified ({ratio(proposed - verified, proposed)} not, "
                      "each finished request's last proposal included)")
-    lines += _worst_requests(con, run_id)
+    lines += _worst_requests(con, run_id, {dimension for dimension, *_ in rows})
     if lines and not rows:
         lines.insert(0, "Requests")
     return lines
@@ -122,9 +122,10 @@ WORST_REQUESTS = 5  # the requests the report lists, lowest draft acceptance fir
 MIN_STEPS = 3  # ... among those with at least this many verify steps
 
 
-def _worst_requests(con, run_id: str) -> list[str]:
+def _worst_requests(con, run_id: str, differ: set[str]) -> list[str]:
     """Per request in vLLM's schema (the view ``request_spec_decode``): what the run's requests emitted per step
-    against their acceptance length, and the requests that accepted least, with their slice."""
+    against their acceptance length, and the requests that accepted least, with their slice (its dimensions in
+    ``differ``: those where the run's requests differ, the slice table's)."""
     whole = con.execute(
         "select count(*), sum(num_spec_steps), sum(num_accepted_draft_tokens), sum(emitted_tokens) "
         "from request_spec_decode where run_id = ?", [run_id]).fetchone()
@@ -141,9 +142,6 @@ def _worst_requests(con, run_id: str) -> list[str]:
         "emitted_per_step, \"slice\" from request_spec_decode where run_id = ? and num_spec_steps >= ? "
         "order by draft_acceptance_rate, request_id limit ?", [run_id, MIN_STEPS, WORST_REQUESTS]).fetchall()
     if len(worst) > 1:
-        differ = {d for (d,) in con.execute(  # the slice dimensions where the run's requests differ
-            "select dimension from acceptance_by_slice where run_id = ? group by dimension having count(*) > 1",
-            [run_id]).fetchall()}
         lines.append(f"  lowest acceptance (requests with {MIN_STEPS}+ verify steps):")
         table = [(rid, n, number(rate, ".1%"), number(length, ".2f"), number(per_step, ".2f"), _slice_text(s, differ))
                  for rid, n, rate, length, per_step, s in worst]

@@ -238,7 +238,7 @@ class Runtime:
                 from spectrace.sinks.metrics import Metrics, MetricsSink
 
                 self.metrics = Metrics(readers, resource)
-                self.pipeline.add_sink(MetricsSink(self.metrics, self.labels, self._run_k), first=True)
+                self.pipeline.add_sink(MetricsSink(self.metrics, self.labels, self.run_k), first=True)
             self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
 
     def _add_span_processor(self, processor) -> None:
@@ -262,7 +262,9 @@ class Runtime:
             self.metrics.errors(self.errors)
         self._dropped_reported = dropped
 
-    def _run_k(self, run_id: str | None) -> int | None:
+    def run_k(self, run_id: str | None) -> int | None:
+        """The run's num_speculative_tokens, where the run is known (steps of no run: a frontend whose engine
+        start was not traced, or a fault injected there)."""
         run = self.run_by_id(run_id)
         return run.info.get("num_speculative_tokens") if run is not None else None
 

@@ -95,7 +95,7 @@ class VerifyCapture(Capture):
             for run_id in list(judge.runs):  # the run's configs are read only where a rule needs them
                 scheduler = lambda run_id=run_id: self.config_of(run_id).scheduler()  # noqa: E731
                 self._emit(rt, run_id, judge.switch_findings(run_id, scheduler) + judge.curve_findings(run_id)
-                           + judge.slice_findings(run_id, int(_run_k(rt, run_id) or 1), _method(rt, run_id)))
+                           + judge.slice_findings(run_id, int(rt.run_k(run_id) or 1), _method(rt, run_id)))
 
     def _emit(self, rt, run_id: str | None, findings: list, *, role: str = ENGINE, rank: int | None = None, span=None) -> None:
         if findings:
@@ -169,7 +169,7 @@ class VerifyCapture(Capture):
     def _request_span(self, rt, run_id: str | None, req_id: str, request: "RequestTotals", end_ns: int) -> None:
         """One finished request as a span: vLLM's per-request speculative metrics under its own leaf names
         (``spectrace.spec_decode.*``, as ``RequestSpecDecodeMetrics.to_dict`` names them), and what it emitted."""
-        k = _run_k(rt, run_id) or len(request.histogram) - 1
+        k = rt.run_k(run_id) or len(request.histogram) - 1
         histogram = request.histogram + [0] * max(k + 1 - len(request.histogram), 0)
         prefix = "spectrace.spec_decode."
         attributes = {
@@ -484,7 +484,7 @@ class VerifyCapture(Capture):
                                                 "verified": v, "steps": steps, "new_requests": budget.new_requests})
             budget.requests += budget.new_requests
             budget.new_requests = 0
-            self._emit(rt, run_id, self.judge.budget_findings(run_id, int(_run_k(rt, run_id) or 1),
+            self._emit(rt, run_id, self.judge.budget_findings(run_id, int(rt.run_k(run_id) or 1),
                                                               self.config_of(run_id).scheduler))
 
     # -- agreement ---------------------------------------------------------------
@@ -500,7 +500,6 @@ class VerifyCapture(Capture):
         with self._lock:
             for run_id, findings in self.judge.agreement(exclude=exclude):
                 self._emit(rt, run_id, findings)
-
 
 
 def _band_positions(common: dict, run_id: str, arr: np.ndarray, steps: list[tuple[str, int]]) -> list[dict]:
@@ -523,13 +522,6 @@ def _band_positions(common: dict, run_id: str, arr: np.ndarray, steps: list[tupl
 
 NO_FLAGS = (None, None)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # (greedy, structured output) of a request the hook never saw added
-
-
-def _run_k(rt, run_id: str | None) -> int | None:
-    """The run's num_speculative_tokens, where the run is known (steps of no run: a frontend
-    whose engine start was not traced, or a fault injected there)."""
-    run = rt.run_by_id(run_id)
-    return run.info.get("num_speculative_tokens") if run is not None else None
 
 
 def _method(rt, run_id: str | None) -> str | None:

@@ -41,7 +41,7 @@ class StepTimes:
         for timing in timings:
             step_ns = timing.execute_ns + timing.sample_ns
             if timing.run_id not in run_k:
-                run_k[timing.run_id] = _run_k(rt, timing.run_id)
+                run_k[timing.run_id] = rt.run_k(timing.run_id)
             shape = _decode_shape(timing, run_k[timing.run_id])
             if shape is not None:
                 key = (timing.run_id, timing.rank, timing.requests, shape)
@@ -92,11 +92,6 @@ class StepTimes:
         run = rt.run_by_id(run_id)
         return speedup.speedup_by_k([int(a) for a in counts.accepted_at], counts.request_steps, cost,
                                     method=run.info.get("method") if run is not None else None)
-
-
-def _run_k(rt, run_id: str | None) -> int | None:
-    run = rt.run_by_id(run_id)
-    return run.info.get("num_speculative_tokens") if run is not None else None
 
 
 def _decode_shape(timing: StepTiming, k: int | None) -> int | None:
