@@ -68,14 +68,15 @@ def declared_fields(declaration: str) -> dict[str, Any]:
     raise ValueError(f"declaration must be one of {DECLARATIONS}, got {declaration!r}")
 
 
-def dflash_declared(out_dir: str | Path, declaration: str) -> Path:
+def dflash_declared(out_dir: str | Path, declaration: str, *, rope_theta: float | None = None) -> Path:
     """The trained DFlash drafter as a plain ``DFlashDraftModel`` directory (see module doc).
 
     Everything but the window fields is what vLLM's speculators loader would make of the
     checkpoint: the layer shape from ``transformer_layer_config``, ``dflash_config`` with the
     mask token, ``target_layer_ids`` (the taps minus one, vLLM's DFlash indexing) and
     ``causal: true`` (speculators trains causal sliding layers), so the two declarations differ
-    in their window fields alone.
+    in their window fields alone. ``rope_theta``: a RoPE base other than the one it was trained
+    with (and the target runs), as a config copied from another model declares one.
     """
     source = json.loads((ZOO / "dflash" / "config.json").read_text())
     layer = dict(source["transformer_layer_config"])
@@ -94,6 +95,8 @@ def dflash_declared(out_dir: str | Path, declaration: str) -> Path:
         },
         **declared_fields(declaration),
     }
+    if rope_theta is not None:
+        config["rope_parameters"] = {**config["rope_parameters"], "rope_theta": rope_theta}
     target = json.loads((ZOO / "target" / "config.json").read_text())
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         config[key] = target.get(key)
@@ -109,3 +112,82 @@ def prompts(n: int, min_chars: int, seed: int = 7) -> list[str]:
     from spectrace.testing.zoo_corpus import prompts as corpus_prompts
 
     return corpus_prompts(seed, n, min_chars)
+
+
+# -- the EAGLE-3 drafter, served right and served wrong ----------------------------------------------------------------
+
+EAGLE3_VARIANTS = ("trained", "vocab-mapped", "d2t-missing", "rope-theta", "norm-nested")
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    return header, raw[8 + n:]
+
+
+def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    """``{name: (dtype, shape, little-endian bytes)}`` as a safetensors file (no torch)."""
+    header: dict[str, Any] = {}
+    data = bytearray()
+    for name, (dtype, shape, blob) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(data))
+
+
+def draft_vocabulary() -> list[int]:
+    """The target ids the drafter-data corpus uses (each document alone, and documents joined as prompts join
+    them), ascending: a reduced draft vocabulary as speculators builds one from its training data."""
+    from tokenizers import Tokenizer
+
+    from spectrace.testing.zoo_corpus import documents
+
+    tokenizer = Tokenizer.from_file(str(ZOO / "target" / "tokenizer.json"))
+    docs = documents(manifest()["seeds"]["drafter_data"], 2000)
+    ids = set(tokenizer.encode("\n\n".join(docs)).ids)
+    for doc in docs:
+        ids.update(tokenizer.encode(doc).ids)
+    return sorted(ids)
+
+
+def eagle3_variant(out_dir: str | Path, variant: str) -> Path:
+    """The trained EAGLE-3 drafter as it was saved, or with one thing wrong (a speculators-format directory).
+
+    - ``trained``: as speculators saved it (full vocabulary, no ``d2t``);
+    - ``vocab-mapped``: the same drafter with a reduced draft vocabulary (:func:`draft_vocabulary`): the lm_head
+      rows of those ids, ``d2t`` (offsets) and ``t2d`` (mask) as speculators writes them;
+    - ``d2t-missing``: ``vocab-mapped`` without its ``d2t``/``t2d`` tensors;
+    - ``rope-theta``: the drafter's ``rope_theta`` 100× the target's (and its training's);
+    - ``norm-nested``: ``norm_before_fc`` moved into ``transformer_layer_config``;
+    """
+    if variant not in EAGLE3_VARIANTS:
+        raise ValueError(f"variant must be one of {EAGLE3_VARIANTS}, got {variant!r}")
+    source = ZOO / "eagle3"
+    config = json.loads((source / "config.json").read_text())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    header, data = _read_safetensors(source / "model.safetensors")
+    tensors = {name: (h["dtype"], h["shape"], data[h["data_offsets"][0]:h["data_offsets"][1]])
+               for name, h in header.items() if name != "__metadata__"}
+    layer = config["transformer_layer_config"]
+    if variant in ("vocab-mapped", "d2t-missing"):
+        keep = draft_vocabulary()
+        dtype, (vocab, hidden), blob = tensors["lm_head.weight"]
+        row = len(blob) // vocab
+        tensors["lm_head.weight"] = (dtype, [len(keep), hidden], b"".join(blob[i * row:(i + 1) * row] for i in keep))
+        config["draft_vocab_size"] = len(keep)
+        if variant == "vocab-mapped":
+            tensors["d2t"] = ("I64", [len(keep)], b"".join((t - d).to_bytes(8, "little", signed=True)
+                                                          for d, t in enumerate(keep)))
+            kept = set(keep)
+            tensors["t2d"] = ("BOOL", [vocab], bytes(int(i in kept) for i in range(vocab)))
+    elif variant == "rope-theta":
+        layer["rope_parameters"] = {**layer["rope_parameters"], "rope_theta": layer["rope_parameters"]["rope_theta"] * 100}
+    elif variant == "norm-nested":
+        layer["norm_before_fc"] = config.pop("norm_before_fc")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _write_safetensors(out / "model.safetensors", tensors)
+    return out
