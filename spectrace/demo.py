@@ -2,17 +2,20 @@
 
 The zoo in ``spectrace/testing/zoo`` (``make zoo`` trains it): a small Qwen3 target trained on a
 synthetic corpus, and a DFlash drafter that the speculators library trained for it with a
-sliding window on its layer. The demo serves that one drafter twice with real vLLM and
-``SPECTRACE=1``, declared two ways:
+sliding window on its layer. The demo serves that one drafter with real vLLM and
+``SPECTRACE=1``, declared three ways:
 
 - ``as-shipped`` declares its window the way the seed's drafter did (``sliding_window`` with no
   ``use_sliding_window``): transformers' Qwen3Config drops the window and derives every layer
   as full attention, so at run time the drafter attends to context it was never trained on;
 - ``fixed`` declares ``layer_types``, the window and ``use_sliding_window: true``: its layer
-  slides, as it did in training.
+  slides, as it did in training;
+- ``rope-copied`` is ``fixed`` with the RoPE base of a config copied from Qwen3 (``rope_theta``
+  10⁶; the target and the training use 10⁴): another way a drafter config loses what it was
+  trained with.
 
 Same weights, same prompts (short and long held-out ones), k = 3, greedy. Then it prints
-``spectrace report`` for both runs and what the numbers mean.
+``spectrace report`` for the first two runs and what the numbers mean.
 
     python -m spectrace.demo [--dir DIR]
 """
@@ -31,6 +34,8 @@ K = 3
 SHORT_CHARS, LONG_CHARS = 60, 1200  # held-out prompts: ~25 and ~500 tokens of context
 PROMPTS_EACH = 6
 MAX_TOKENS = 48
+COPIED_THETA = 1e6  # Qwen3's default RoPE base; the zoo's target and drafters use 1e4
+DRAFTERS = ("as-shipped", "fixed", "rope-copied")
 
 
 def _step(n: int, total: int, text: str) -> None:
@@ -63,12 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"      target:  Qwen3, {manifest['settings']['target_layers']} layers, hidden 128, trained on a synthetic corpus "
           "(counting, code, repeated patterns, copies)")
     print(f"      drafter: DFlash, 1 layer, trained by speculators 0.9.0 on the target's hidden states, sliding window {window}")
-    print("      the same drafter declared two ways:")
+    print("      the same drafter declared three ways:")
     paths = {}
     for name in trained.DECLARATIONS:
         paths[name] = trained.dflash_declared(models / f"drafter-{name}", name)
         note = "  (no use_sliding_window, no layer_types: the seed's config)" if name == "as-shipped" else ""
         print(f"        {name + ':':12} {json.dumps(trained.declared_fields(name))}{note}")
+    paths["rope-copied"] = trained.dflash_declared(models / "drafter-rope-copied", "fixed", rope_theta=COPIED_THETA)
+    trained_theta = json.loads((trained.ZOO / "dflash" / "config.json").read_text())["transformer_layer_config"]["rope_parameters"]["rope_theta"]
+    print(f"        {'rope-copied:':12} fixed, with \"rope_theta\": {COPIED_THETA:.0f}  (Qwen3's default; trained with {trained_theta:.0f})")
 
     shutil.rmtree(store, ignore_errors=True)
     log = root / "vllm.log"
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=MAX_TOKENS,
             max_model_len=2048,
         )
-        for name in trained.DECLARATIONS
+        for name in DRAFTERS
     ]
     results = run_engines(specs, store=store, log_file=log, cache_root=root / "vllm-cache")
     for result in results.values():
@@ -95,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
     _step(3, 4, f"reports from the store at {store}")
     con = open_store(store)
-    for result in results.values():
+    for name in trained.DECLARATIONS:
+        result = results[name]
         print()
         print("=" * 100)
         print(f"drafter {result.name}")
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     _step(4, 4, "the story in numbers")
-    summary = {name: _summary(con, results[name]) for name in trained.DECLARATIONS}
+    summary = {name: _summary(con, results[name]) for name in DRAFTERS}
     for name, s in summary.items():
         before = ", ".join(f"{code} ({lead:.1f} s before the first verification step)" for code, lead in s["before"])
         print(f"      {name + ':':12} named before the first request: {before or 'nothing'}")
@@ -115,11 +124,12 @@ def main(argv: list[str] | None = None) -> int:
               f"mean acceptance length {s['mean_length']:.2f}")
         for label, rate in s["by_context"]:
             print(f"      {'':12}   {label}: {rate:.1%}")
-    shipped, fixed = summary["as-shipped"], summary["fixed"]
+    shipped, fixed, copied = summary["as-shipped"], summary["fixed"], summary["rope-copied"]
     print()
     long = {name: dict(summary[name]["by_context"]).get("long prompts (context ≥ 200 tokens)") for name in summary}
+    copied_named = ", ".join(code for code, _ in copied["before"]) or "nothing"
     print(
-        f"Both runs serve the same trained weights on the same prompts; only the declaration differs.\n"
+        f"All three runs serve the same trained weights on the same prompts; only the declaration differs.\n"
         f"- Acceptance: the share of drafted tokens the target accepted (vLLM's own counters; spectrace counted the\n"
         f"  same). With its window the drafter keeps {fixed['rate']:.1%}; declared as the seed's was, {shipped['rate']:.1%}"
         + (f", and on the long\n  prompts {long['as-shipped']:.1%} against {long['fixed']:.1%}" if None not in long.values() else "") + ".\n"
@@ -132,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         f"  and its layer runs full attention, reading context it never saw in training: the longer the prompt, the\n"
         f"  worse. spectrace named the cause (SWA_DROPPED) from the configs when the engine started, before any\n"
         f"  request" + ("; ACCEPTANCE_COLLAPSE is the symptom it saw while serving." if codes.ACCEPTANCE_COLLAPSE in shipped["during"] else ".")
+        + f"\n- rope-copied: the window declared right, but the RoPE base of a config copied from Qwen3: the drafter\n"
+        f"  rotates positions as it was never trained to. Named before the first request: {copied_named};\n"
+        f"  acceptance {copied['rate']:.1%} against {fixed['rate']:.1%}"
+        + (f" ({long['rope-copied']:.1%} against {long['fixed']:.1%} on the long prompts)" if None not in long.values() else "")
+        + "."
     )
     print(f"Query it yourself:  spectrace query --dir {store} \"select code, severity, message from findings\"")
     print(f"done in {time.time() - started:.0f} s")
