@@ -295,6 +295,18 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("draft_ns", "BIGINT"),
         ("scheduled_tokens", "BIGINT"),
     ],
+    # Per flush, run and process role (engine_core, frontend): the host time a step takes outside the worker — the
+    # engine core's Scheduler.schedule + update_from_output, the frontend's OutputProcessor.process_outputs (one
+    # engine step's chunks joined) — with the sums that fit it as affine in the tokens the step emitted: what k pays
+    # prices it beside the worker's step (spectrace.speedup.HostCost; issue #36).
+    "host_steps": [
+        ("ts", "TIMESTAMP_NS"),
+        ("steps", "BIGINT"),
+        ("host_ns", "BIGINT"),
+        ("tokens", "BIGINT"),
+        ("tokens_sq", "DOUBLE"),
+        ("tokens_x_ns", "DOUBLE"),
+    ],
     # Per model and rank, after load: its checkpoint (safetensors headers only), what vLLM loaded into it,
     # whose embeddings and head the drafter uses, the dtype and RoPE it runs with (issue #24).
     "model_weights": [

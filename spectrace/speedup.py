@@ -24,8 +24,10 @@ The step time at ``k'`` comes from one of two sources (``step_source``):
   (prefill chunks are its only spread) and priced at ``requests * (1 + k')``. On hardware whose cost is not
   affine in the tokens per request (the CPU build: BENCHMARKS.md, "What k pays") it prices ``step(0)`` high.
 
-The speed-up is the run's time per token at ``k'`` over its time without drafts. Decode steps take ``step(k') /
-L(k')`` a token; with ``baseline`` the run's steps that carried a prefill chunk are held fixed beside them: what
+The speed-up is the run's time per token at ``k'`` over its time without drafts. Decode steps take ``(step(k') +
+host(k')) / L(k')`` a token, where ``host(k')`` is the step's host time outside the worker (``host_steps``: the
+engine core's scheduling and output handling, the frontend's output processing; :class:`HostCost`), fitted per
+process role as affine in the tokens a step emits, ``L(k') / L(k)`` of the run's mean at ``k'``; with ``baseline`` the run's steps that carried a prefill chunk are held fixed beside them: what
 they cost beyond a decode step of their batch size at ``k`` (``chunk_steps``; prefills do not change with k),
 as a ratio ``rho`` of the run's decode time, so ``speedup = (u(0) + rho u(k)) / (u(k') + rho u(k))`` with
 ``u(k') = step(k') / L(k')`` (``chunk_share`` = ``rho / (1 + rho)``; ``rho = 0``: ``L(k') step(0) / step(k')``).
@@ -99,6 +101,32 @@ class StepCost:
         return verify + (draft if parallel or k <= 0 else draft * k_new / k)
 
 
+@dataclass(frozen=True)
+class HostCost:
+    """One process role's host time per step over a run (``host_steps``): the engine core's scheduling and output
+    handling, or the frontend's output processing — the part of a step the worker's clock does not see. Fitted as
+    affine in the tokens a step emitted (``a + b * tokens``, :func:`spectrace.acceptance.verify_fit`); a step at
+    ``k'`` emits ``L(k') / L(k)`` of the run's mean."""
+
+    steps: float
+    ns: float
+    tokens: float
+    tokens_sq: float
+    tokens_x_ns: float
+
+    def step_ns(self, scale: float) -> float:
+        """Host time of one step that emits ``scale`` times the run's mean tokens per step."""
+        if self.steps <= 0:
+            return 0.0
+        a, b = acceptance.verify_fit(self.steps, self.tokens, self.tokens_sq, self.tokens_x_ns, self.ns)
+        return max(a + b * (self.tokens / self.steps) * scale, 0.0)
+
+
+def host_ns_at(host: Sequence[HostCost], scale: float) -> float:
+    """Every role's host time of one step at ``scale`` times the run's mean tokens per step."""
+    return sum(h.step_ns(scale) for h in host)
+
+
 MIN_BASELINE_STEPS = 20  # steps without drafts, at the run's batch sizes, before they price step(0)
 
 
@@ -133,13 +161,16 @@ class Baseline:
 
 
 def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost, *, method: str | None = None,
-                 extra: int = EXTRAPOLATE, baseline: Baseline | None = None, k: int | None = None) -> list[dict]:
+                 extra: int = EXTRAPOLATE, baseline: Baseline | None = None, k: int | None = None,
+                 host: Sequence[HostCost] = ()) -> list[dict]:
     """Per ``k'``: expected accepted length, step time and speed-up over decoding without drafts
     (``L(k') * step(0) / step(k')``). At ``k' = k`` this is the run's own estimate (``speculation_cost``) when no
     prefill chunk shared the drafted steps; a chunk's tokens stay in ``step(0)`` here, where that estimate
     prices the step without drafts at one token per request. With a ``baseline`` (measured decode-only steps,
     module docstring) the step times are priced from it instead. ``k``: the k in force, which the step costs were
-    measured at, where the counts stop short of it (a batch-size band that drafted fewer under dynamic speculation)."""
+    measured at, where the counts stop short of it (a batch-size band that drafted fewer under dynamic speculation).
+    ``host``: the run's host time per step outside the worker, per process role (:class:`HostCost`), priced into
+    every k' beside the worker's step (``host_ms``); empty: the worker's step alone, as before issue #36."""
     k = k or len(accepted_at)
     if not accepted_at or cost.steps <= 0 or cost.step_ns <= 0:
         return []
@@ -152,20 +183,24 @@ def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost,
     # The run's time per token at k' is its decode steps' (step(k') / L(k')) plus the prefill chunks' part, which
     # does not change with k: measured as a ratio ``rho`` of the decode time at k (0: decode steps alone).
     rho = use.chunk_ratio() if use is not None and at_k else 0.0
-    per_token_k = price(k, k, parallel=parallel) / at_k if at_k else 0.0
+    # host time per step outside the worker: a step at k' emits L(k') / L(k) of the run's mean tokens per step
+    reference = at_k or max(length for _, length, extrapolated in lengths if not extrapolated)
+    plain_host = host_ns_at(host, 1.0 / reference)
+    # the prefill chunks' time per token (worker time, the same at every k'), from the decode time at k
+    chunk = rho * price(k, k, parallel=parallel) / at_k if rho else 0.0
     rows = []
     for k_new, length, extrapolated in lengths:
         step = price(k, k_new, parallel=parallel)
+        step_host = host_ns_at(host, length / reference)
         if step <= 0:
             speedup = None
-        elif rho:
-            speedup = (plain / per_token_k + rho) / (step / length / per_token_k + rho)
         else:
-            speedup = length * plain / step
+            speedup = (plain + plain_host + chunk) / ((step + step_host) / length + chunk)
         rows.append({
             "k": k_new,
             "expected_length": round(length, 4),
             "step_ms": round(step / 1e6, 4),
+            "host_ms": round(step_host / 1e6, 4),
             "speedup": round(speedup, 4) if speedup is not None else None,
             "extrapolated": extrapolated,
             "in_force": k_new == k,
@@ -182,14 +217,15 @@ ALL = "all"  # the whole run, every batch size
 
 
 def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True, batch_band: str = ALL,
-               chunks: bool = True) -> list[dict]:
+               chunks: bool = True, host: bool = True) -> list[dict]:
     """:func:`speedup_by_k` for one run of a store connection (``spectrace.store.open``): acceptance from the
     engine core's ``verify_counts``, step costs from the measured decode-only steps (:func:`baseline_from_store`)
     where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``.
     ``batch_band`` (one of ``spectrace.acceptance.BATCH_BANDS``): the run's steps at that batch size only, their
     acceptance (``band_positions``) and measured step costs; the fit, where it prices, is the whole run's.
     ``chunks=False``: the decode steps alone, without the prefill chunks held fixed beside them (the benchmark's
-    comparison of the two models)."""
+    comparison of the two models). ``host=False``: the worker's step alone, without the engine core's and frontend's
+    host time per step (``host_steps``, the whole run's at every band; the benchmark's comparison)."""
     if batch_band == ALL:
         counts = con.execute(
             "SELECT position, sum(drafted), sum(accepted) FROM verify_counts WHERE run_id = ? AND source = 'engine_core' "
@@ -217,7 +253,7 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
     if measured is not None and not chunks:
         measured = replace(measured, chunk_ns=0.0)
     rows = speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra, k=k,
-                        baseline=measured)
+                        baseline=measured, host=host_from_store(con, run_id) if host else ())
     return [{**r, "batch_band": batch_band} for r in rows]
 
 
@@ -239,3 +275,11 @@ def baseline_from_store(con, run_id: str, batch_band: str = ALL) -> Baseline | N
         return None
     return Baseline(float(row[0]), float(row[1]), float(row[2]), float(row[3]), int(row[4]), float(row[5] or 0),
                     float(row[6] or 0))
+
+
+def host_from_store(con, run_id: str) -> list[HostCost]:
+    """The run's host time per step outside the worker, per process role (``host_steps``; none in a store
+    written before it was recorded)."""
+    rows = con.execute("SELECT sum(steps), sum(host_ns), sum(tokens), sum(tokens_sq), sum(tokens_x_ns) FROM host_steps "
+                       "WHERE run_id = ? GROUP BY process_role ORDER BY process_role", [run_id]).fetchall()
+    return [HostCost(*[float(x or 0) for x in row]) for row in rows if row[0]]

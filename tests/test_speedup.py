@@ -95,10 +95,14 @@ def test_prefill_chunks_are_held_fixed_and_pull_the_speedup_toward_one():
 BANDS = {"5-8": (9, [8, 6, 4, 2]), "3-4": (1, [1, 1, 0, 0])}  # band -> request-steps, accepted per position
 
 
-def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None, chunks=()):
+def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None, chunks=(), host=()):
     """One run's rows as the drain writes them: decode_steps (requests, drafts, steps, step_ns, draft_ns), and
     for a run at k its engine-core counts (accepted 8, 6, ... per position of 10 request-steps; by batch-size band
-    :data:`BANDS`) and step sums."""
+    :data:`BANDS`) and step sums; ``host``: (process role, [(host ns, tokens) per step]) as ``host_steps`` rows."""
+    for role, steps in host:
+        writer.append("host_steps", {"run_id": run_id, "process_role": role, "host": "h", "ts": 2, "steps": len(steps),
+                                     "host_ns": sum(ns for ns, _ in steps), "tokens": sum(t for _, t in steps),
+                                     "tokens_sq": sum(t * t for _, t in steps), "tokens_x_ns": sum(t * ns for ns, t in steps)})
     writer.append("runs", {"run_id": run_id, "process_role": "frontend", "started_at": 1, "target_model": target,
                            "method": "draft_model" if k else None, "num_speculative_tokens": k})
     for requests, drafts, steps, step_ns, draft_ns in decode:
@@ -132,7 +136,10 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     decode = [(8, 4, 9, 9 * 26_000_000, 9 * 8_000_000), (3, 4, 1, 20_000_000, 5_000_000)]
     # prefill chunks: three steps of 8 at 40 ms (14 ms over a decode step at k), one that verified nothing (20 ms)
     _write_run(writer, "priced", "t", k=4, decode=decode, timing=sums, chunks=[(8, True, 3, 120_000_000), (8, False, 1, 20_000_000)])
-    _write_run(writer, "alone", "other-target", k=4, decode=decode, timing=sums)
+    # host time outside the worker: the engine core's 0.3 ms + 10 us a token emitted (8..32 tokens, mean 20), the
+    # frontend's 0.1 ms whatever it emits (no spread: its mean)
+    host = [("engine_core", [(300_000 + 10_000 * t, t) for t in (8, 16, 24, 32) * 5]), ("frontend", [(100_000, 24)] * 20)]
+    _write_run(writer, "alone", "other-target", k=4, decode=decode, timing=sums, host=host)
     _write_run(writer, "plain", "t", decode=[(8, 0, 30, 30 * 12_000_000, 0), (5, 0, 4, 4 * 10_000_000, 0)])
     writer.flush()
     con = spectrace.store.open(tmp_path)
@@ -141,8 +148,8 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
                                  ("priced", "3-4", "fit"), ("alone", "5-8", "fit")):  # no step without drafts at 3
         py = [r for r in from_store(con, run_id, batch_band=band) if not r["extrapolated"]]
         assert {r["step_source"] for r in py} == {source}
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"], r["chunk_share"])
-                for r in py] == \
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["host_ms"], r["speedup"], r["step_source"],
+                 r["chunk_share"]) for r in py] == \
             [row[3:] for row in sql if row[0] == run_id and row[1] == "all" and row[2] == band], (run_id, band)
     assert [row[2] for row in sql if row[0] == "priced" and row[1] == "all" and row[3] == 0] == ["all", "3-4", "5-8"]
     assert list(by_band(con, "priced")) == ["3-4", "5-8"]
@@ -157,6 +164,17 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     per_token = 26 / 3.0  # L(4) = 3
     assert priced[2]["speedup"] == pytest.approx((12 / per_token + rho) / (19 / 2.4 / per_token + rho), abs=1e-4)
     assert {r["chunk_share"] for r in from_store(con, "alone")} == {0.0}  # the fit prices decode steps alone
+    # host time: a step at k' emits L(k') / L(4) of the run's mean 20 tokens (L(4) = 3); k' = 0 one token a request
+    alone = {r["k"]: r for r in from_store(con, "alone") if not r["extrapolated"]}
+    for k_new, length in ((0, 1.0), (1, 1.8), (2, 2.4), (4, 3.0)):
+        assert alone[k_new]["host_ms"] == pytest.approx((300_000 + 10_000 * 20 * length / 3 + 100_000) / 1e6, abs=1e-4)
+        assert alone[k_new]["speedup"] == pytest.approx(
+            length * (alone[0]["step_ms"] + alone[0]["host_ms"]) / (alone[k_new]["step_ms"] + alone[k_new]["host_ms"]), abs=2e-4)
+    worker_only = {r["k"]: r for r in from_store(con, "alone", host=False)}  # the model before host time was priced
+    for k_new, length in ((1, 1.8), (4, 3.0)):
+        assert worker_only[k_new]["host_ms"] == 0.0 and worker_only[k_new]["step_ms"] == alone[k_new]["step_ms"]
+        assert worker_only[k_new]["speedup"] == pytest.approx(length * alone[0]["step_ms"] / alone[k_new]["step_ms"], abs=2e-4)
+        assert worker_only[k_new]["speedup"] != alone[k_new]["speedup"]
 
 
 def test_k_better_names_the_k_that_pays_clearly_more_from_measured_steps_only():

@@ -85,8 +85,8 @@ def test_named_query_is_the_python_model(k_runs):
     for name, result in drafting.items():
         py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
         mine = [r for r in sql if r[0] == result.run_id and r[1] == "all" and r[2] == "all"]
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"],
-                 r["chunk_share"]) for r in py] == \
+        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["host_ms"], r["speedup"],
+                 r["step_source"], r["chunk_share"]) for r in py] == \
             [row[3:] for row in mine], name
         assert {r["step_source"] for r in py} == {"baseline"}, name  # target-k0 measured step(0)
         ranges = {r[1] for r in sql if r[0] == result.run_id}
@@ -94,8 +94,8 @@ def test_named_query_is_the_python_model(k_runs):
         bands = by_band(con, result.run_id)
         assert set(bands) == {r[2] for r in sql if r[0] == result.run_id} - {"all"} and "5-8" in bands, name
         for band, rows in bands.items():  # each band: its own acceptance, the same model
-            assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["speedup"], r["step_source"], r["chunk_share"])
-                    for r in rows if not r["extrapolated"]] == \
+            assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["host_ms"], r["speedup"], r["step_source"],
+                     r["chunk_share"]) for r in rows if not r["extrapolated"]] == \
                 [row[3:] for row in sql if row[0] == result.run_id and row[1] == "all" and row[2] == band], (name, band)
 
 
@@ -180,3 +180,27 @@ def test_chunk_steps_hold_every_step_decode_steps_do_not(k_runs):
         if name != "target-k0":
             share = {r["chunk_share"] for r in from_store(con, result.run_id)}
             assert len(share) == 1 and 0 < share.pop() < 0.9, name
+
+
+def test_host_steps_time_the_engine_core_and_the_frontend_at_every_step(k_runs):
+    """The host time outside the worker that "What k pays" prices (issue #36): the engine core's scheduling and
+    output handling, the frontend's output processing, each with the tokens its steps emitted."""
+    con, results = k_runs
+    for name, result in results.items():
+        rows = {r[0]: r[1:] for r in con.execute(
+            "select process_role, sum(steps), sum(host_ns), sum(tokens) from host_steps where run_id = ? group by all",
+            [result.run_id]).fetchall()}
+        assert set(rows) == {"engine_core", "frontend"}, name
+        output_tokens = sum(map(len, result.tokens))
+        assert output_tokens == 12 * 32, name  # ignore_eos: every request its max_tokens
+        steps, host_ns, tokens = rows["frontend"]
+        assert tokens == output_tokens, name  # every token the engine emitted passed the frontend once
+        assert 10_000 < host_ns / steps < 20_000_000, name  # 10 us .. 20 ms a step
+        core_steps, core_ns, core_tokens = rows["engine_core"]
+        # sampled before vLLM trims the last step at max_tokens: at least what the requests got
+        assert core_tokens >= output_tokens and core_steps >= 32 * 2 / (K + 1), name
+        assert 10_000 < core_ns / core_steps < 20_000_000, name
+        if name != "target-k0":
+            rows = from_store(con, result.run_id)
+            in_force = next(r for r in rows if r["in_force"])
+            assert 0 < rows[0]["host_ms"] <= in_force["host_ms"], name  # a step at k' = 0 emits the fewest tokens

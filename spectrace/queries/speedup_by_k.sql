@@ -2,7 +2,8 @@
 -- ranges) and batch-size band ('all', then each band the run verified at: acceptance and step costs of the steps
 -- at that batch size, spectrace.acceptance.BATCH_BANDS), the expected accepted length at k' (exact from the per-position counts: a request-step that
 -- accepted j of k drafts accepts min(j, k') of k'), the step time at k' (verification priced per scheduled
--- token, drafting per draft position, one pass for dflash) and the speed-up over decoding without drafts.
+-- token, drafting per draft position, one pass for dflash), the host time per step outside the worker at k' (engine
+-- core and frontend, host_steps: affine in the tokens a step emits) and the speed-up over decoding without drafts.
 -- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
 -- "What k pays". The step cost is the run's whole for every context range and the band's own for a band, priced from measured
 -- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
@@ -49,6 +50,22 @@ WITH acc AS (
            CASE WHEN decode_ns > 0 AND chunk_ns > 0 THEN chunk_ns / decode_ns ELSE 0 END AS rho
     FROM speedup_baseline
     WHERE baseline_steps >= 20 AND plain_ns > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
+), host AS (  -- host time per step outside the worker, per process role (spectrace.speedup.HostCost)
+    SELECT run_id, process_role, sum(steps)::DOUBLE AS n, sum(host_ns)::DOUBLE AS v, sum(tokens)::DOUBLE AS t,
+           sum(tokens_sq) AS t2, sum(tokens_x_ns) AS tv
+    FROM host_steps GROUP BY run_id, process_role HAVING sum(steps) > 0
+), host_fit AS (
+    SELECT *, CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
+                   THEN greatest((n * tv - t * v) / (n * t2 - t * t), 0) ELSE 0 END AS b
+    FROM host
+), reference AS (  -- L(k), or the longest measured where the counts stop short of k
+    SELECT c.run_id, c.context_range, c.batch_band, arg_max(c.expected_length, c.k_new) AS lk
+    FROM curve c JOIN k_run k USING (run_id) WHERE c.k_new <= k.k GROUP BY ALL
+), host_at AS (  -- a step at k' emits L(k') / L(k) of the run's mean tokens per step
+    SELECT c.run_id, c.context_range, c.batch_band, c.k_new,
+           sum(greatest((h.v - h.b * h.t) / h.n + h.b * (h.t / h.n) * (c.expected_length / r.lk), 0)) AS host_ns
+    FROM curve c JOIN reference r USING (run_id, context_range, batch_band) JOIN host_fit h USING (run_id)
+    GROUP BY ALL
 ), fitted AS (
     SELECT c.run_id, c.context_range, c.batch_band, c.k_new, k.k, c.expected_length,
            greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)
@@ -70,23 +87,28 @@ WITH acc AS (
 ), priced AS (
     SELECT run_id, context_range, batch_band, k_new, k, expected_length,
            coalesce(base_step_ns, step_ns) AS step_ns, coalesce(base_plain_ns, plain_ns) AS plain_ns,
+           coalesce(h.host_ns, 0) AS host_ns,
            CASE WHEN base_step_ns IS NOT NULL THEN 'baseline' ELSE 'fit' END AS step_source,
            CASE WHEN base_step_ns IS NOT NULL THEN coalesce(rho, 0) ELSE 0 END AS rho
-    FROM fitted
-), whole AS (  -- the run's time per token at k (its decode steps'): prefill chunks priced beside it (rho)
+    FROM fitted LEFT JOIN host_at h USING (run_id, context_range, batch_band, k_new)
+), whole AS (  -- the run's worker time per token at k (its decode steps'): prefill chunks priced beside it (rho)
     SELECT *, max(CASE WHEN k_new = k THEN step_ns / expected_length END)
-                OVER (PARTITION BY run_id, context_range, batch_band) AS per_token_k
+                OVER (PARTITION BY run_id, context_range, batch_band) AS per_token_k,
+              max(CASE WHEN k_new = 0 THEN host_ns END) OVER (PARTITION BY run_id, context_range, batch_band) AS plain_host_ns
     FROM priced
+), chunked AS (
+    SELECT *, CASE WHEN rho > 0 AND per_token_k > 0 THEN rho * per_token_k ELSE 0 END AS chunk_ns
+    FROM whole
 )
 SELECT run_id, context_range, batch_band, k_new AS k, k_new = k AS in_force,
        round(expected_length, 4) AS expected_length,
        round(step_ns / 1e6, 4) AS step_ms,
+       round(host_ns / 1e6, 4) AS host_ms,
        CASE WHEN step_ns <= 0 THEN NULL
-            WHEN rho > 0 AND per_token_k > 0
-            THEN round((plain_ns / per_token_k + rho) / (step_ns / expected_length / per_token_k + rho), 4)
-            ELSE round(expected_length * plain_ns / step_ns, 4) END AS speedup,
+            ELSE round((plain_ns + coalesce(plain_host_ns, 0) + chunk_ns)
+                       / ((step_ns + host_ns) / expected_length + chunk_ns), 4) END AS speedup,
        step_source,
        round(CASE WHEN per_token_k > 0 THEN rho / (1 + rho) ELSE 0 END, 4) AS chunk_share
-FROM whole
+FROM chunked
 ORDER BY run_id, context_range = 'all' DESC, context_range,
          list_position({{batch_bands}}, batch_band), k;

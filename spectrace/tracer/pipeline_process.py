@@ -111,7 +111,7 @@ def _apply_spans(rt, spans: list) -> None:
 
 
 def _apply_capture(capture, message: dict) -> None:
-    from spectrace.tracer.verify.capture import StepTiming
+    from spectrace.tracer.verify.capture import HostStep, StepTiming
 
     with capture._lock:  # one drain at a time: the records of a message arrive together
         capture.run_facts.update(message.get("configs") or {})
@@ -128,6 +128,7 @@ def _apply_capture(capture, message: dict) -> None:
             timing.sample_ns, timing.draft_ns = sample_ns, draft_ns
             capture.worker_timings.append(timing)
         capture.proposals.extend(message.get("proposals") or ())
+        capture.host_steps.extend(HostStep(*h) for h in message.get("host") or ())
         capture.dropped_steps += message.get("dropped_steps", 0)
 
 

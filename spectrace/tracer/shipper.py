@@ -43,7 +43,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from spectrace.pipeline import Pipeline
-from spectrace.tracer.verify.capture import Cached, ReadRequest
+from spectrace.tracer.verify.capture import Cached, ReadRequest, host_tokens
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -339,6 +339,9 @@ class Shipper:
             proposals = capture.take_proposals()
             if proposals:
                 message["proposals"] = proposals
+            host = capture.take_host_steps()
+            if host:  # tokens counted here (the frontend's are its outputs' lists), off vLLM's thread
+                message["host"] = [(h.run_id, h.role, h.ns, host_tokens(h), h.stamp) for h in host]
             dropped_steps = capture.take_dropped()
             if dropped_steps:
                 message["dropped_steps"] = dropped_steps
@@ -350,7 +353,7 @@ class Shipper:
             if configs:
                 self._configs_sent.update(configs)
                 message["configs"] = configs
-            records += len(engine) + len(worker) + len(timings) + len(proposals)
+            records += len(engine) + len(worker) + len(timings) + len(proposals) + len(host)
         rows, columns, dropped = self.pipeline.take()
         if rows:
             message["rows"] = rows

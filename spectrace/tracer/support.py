@@ -93,6 +93,12 @@ SUPPORT: dict[str, Support] = {
         ),
         site="verification, engine core (either model runner)",
     ),
+    "engine_core.schedule": Support(params=("self",), site="… engine core host time per step: scheduling (what k pays)"),
+    "frontend.process_outputs": Support(
+        params=("self", "engine_core_outputs", "engine_core_timestamp"),
+        reads=(Reads("vllm.v1.engine:EngineCoreOutput", ("new_token_ids",)),),
+        site="frontend host time per step: output processing, the tokens it emitted (what k pays)",
+    ),
     "engine_core.add_request": Support(
         params=("self", "request"),
         reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output", "lora_request")),),

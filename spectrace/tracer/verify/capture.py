@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 ENGINE = "engine_core"
 WORKER = "worker"
+FRONTEND = "frontend"
 
 MAX_BUFFERED_STEPS = 100_000  # per deque: beyond it a step is dropped and counted
 MAX_REQUEST_FLAGS = 100_000  # requests remembered (greedy, structured; trace headers)
@@ -104,6 +105,29 @@ class StepTiming:
         self.requests = requests
 
 
+class HostStep(NamedTuple):
+    """One step's host time outside the worker (what k pays prices it beside the worker's step): the engine core's
+    ``Scheduler.schedule`` plus ``update_from_output``, or the frontend's ``OutputProcessor.process_outputs``."""
+
+    run_id: str | None
+    role: str  # ENGINE or FRONTEND
+    ns: int  # host clock (perf_counter_ns) around the timed calls
+    # the tokens the step emitted: an int, a list of per-row lengths (engine core, a step that verified drafts),
+    # or the frontend's list of engine-core outputs (each ``new_token_ids`` counted in the drain)
+    tokens: Any
+    stamp: float | None = None  # frontend: the engine step's timestamp (AsyncLLM processes one step in chunks)
+
+
+def host_tokens(step: HostStep) -> int:
+    """The tokens one host step emitted (read in the drain, never on vLLM's thread)."""
+    tokens = step.tokens
+    if isinstance(tokens, int):
+        return tokens
+    if step.role == FRONTEND:
+        return sum(len(getattr(output, "new_token_ids", None) or ()) for output in tokens)
+    return sum(tokens)
+
+
 class Capture:
     """The per-process buffers the hot path appends to (one per runtime; a forked child builds its own)."""
 
@@ -120,6 +144,8 @@ class Capture:
         self.request_traces: dict[str, dict[str, str]] = {}  # request id -> W3C trace headers
         self.new_requests: deque[RequestNote] = deque()  # requests added since the last drain
         self.proposals: deque[Proposal] = deque()
+        self.host_steps: deque[HostStep] = deque()  # engine core and frontend host time per step (what k pays)
+        self.schedule_ns = 0  # the engine core's last Scheduler.schedule, added to its update_from_output
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
 
@@ -152,6 +178,10 @@ class Capture:
 
     def take_proposals(self) -> list[Proposal]:
         queue = self.proposals
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def take_host_steps(self) -> list[HostStep]:
+        queue = self.host_steps
         return [queue.popleft() for _ in range(len(queue))]
 
     def take_dropped(self) -> int:

@@ -88,6 +88,9 @@ class VerifyCapture(Capture):
             if proposals or engine:
                 self._drain_budget(rt, proposals, engine)
             yielded = self._drain_worker(rt, worker) if worker else {}
+            host = self.take_host_steps()
+            if host:  # before the worker's timings: the live estimate prices this flush's host steps too
+                self.step_times.drain_host(rt, host)
             timings = self.take_timings()
             if timings:
                 self.step_times.drain(rt, timings, yielded, self.judge, self._emit)

@@ -40,17 +40,28 @@ import time
 
 from spectrace.tracer import runtime
 from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import MAX_BUFFERED_STEPS, MAX_REQUEST_FLAGS, WORKER, EngineStep, Proposal, RequestNote, StepTiming
+from spectrace.tracer.verify.capture import (
+    ENGINE,
+    FRONTEND,
+    MAX_BUFFERED_STEPS,
+    MAX_REQUEST_FLAGS,
+    WORKER,
+    EngineStep,
+    HostStep,
+    Proposal,
+    RequestNote,
+    StepTiming,
+)
 from spectrace.vllm_objects.steps import bookkeeping_sampled
 
 
 def wrap_update_from_output(original, hook: str):
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
-        step = None
+        step = rt = None
         try:
-            drafts = scheduler_output.scheduled_spec_decode_tokens
-            rt = runtime.active(hook) if drafts else None
-            if rt is not None:
+            rt = runtime.active(hook)
+            drafts = scheduler_output.scheduled_spec_decode_tokens if rt is not None else None
+            if drafts:
                 sampled = model_runner_output.sampled_token_ids
                 finished = len(getattr(self, "finished_req_ids", ()))
                 step = (rt, sampled, finished, (
@@ -64,8 +75,16 @@ def wrap_update_from_output(original, hook: str):
                     self.num_sampled_tokens_per_step,
                 ))
         except Exception as exc:
+            rt = None
             runtime.count_hook_error(hook, exc)
+        started = time.perf_counter_ns()
         outputs = original(self, scheduler_output, model_runner_output, *args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
+        if rt is not None:
+            try:
+                _host_step(rt, elapsed, step, model_runner_output)
+            except Exception as exc:
+                runtime.count_hook_error(hook, exc)
         if step is not None:
             try:
                 rt, sampled, finished, (ts, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled) = step
@@ -87,6 +106,65 @@ def wrap_update_from_output(original, hook: str):
         return outputs
 
     return update_from_output
+
+
+def _host_step(rt, elapsed: int, step, model_runner_output) -> None:
+    """The engine core's host time of one step: its ``schedule`` (timed by ``wrap_schedule``) and
+    ``update_from_output``, with the tokens the step sampled (the rows' lengths where it verified drafts)."""
+    capture = rt.verify
+    if capture is None:
+        return
+    ns, capture.schedule_ns = capture.schedule_ns + elapsed, 0
+    if len(capture.host_steps) < MAX_BUFFERED_STEPS:
+        if step is not None and step[3][3] is not None:
+            tokens = step[3][3]  # sampled_lens, already taken
+        else:
+            sampled = model_runner_output.sampled_token_ids
+            tokens = len(sampled) if sampled else 0
+        capture.host_steps.append(HostStep(step[3][1] if step is not None else (rt.run.run_id if rt.run is not None else None),
+                                           ENGINE, ns, tokens))
+
+
+def wrap_schedule(original, hook: str):
+    """``Scheduler.schedule``: its host time, added to the step's ``update_from_output`` (``_host_step``; with async
+    scheduling the next step's schedule may run first: the sum over steps is still whole)."""
+
+    def schedule(self, *args, **kwargs):
+        started = time.perf_counter_ns()
+        result = original(self, *args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
+        try:
+            rt = runtime.active(hook)
+            if rt is not None and rt.verify is not None:
+                rt.verify.schedule_ns += elapsed
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return result
+
+    return schedule
+
+
+def wrap_process_outputs(original, hook: str):
+    """The frontend's ``OutputProcessor.process_outputs`` (detokenizing, stop strings, request outputs): its host
+    time per call with the outputs it processed (their tokens counted in the drain). AsyncLLM processes one engine
+    step's outputs in chunks; ``engine_core_timestamp`` (the step's) joins them into one step in the drain."""
+
+    def process_outputs(self, engine_core_outputs, *args, **kwargs):
+        started = time.perf_counter_ns()
+        result = original(self, engine_core_outputs, *args, **kwargs)
+        elapsed = time.perf_counter_ns() - started
+        try:
+            rt = runtime.active(hook)
+            capture = rt.verify if rt is not None else None
+            if capture is not None and engine_core_outputs and len(capture.host_steps) < MAX_BUFFERED_STEPS:
+                stamp = args[0] if args else kwargs.get("engine_core_timestamp")
+                capture.host_steps.append(HostStep(rt.run.run_id if rt.run is not None else None, FRONTEND, elapsed,
+                                                   engine_core_outputs, stamp))
+        except Exception as exc:
+            runtime.count_hook_error(hook, exc)
+        return result
+
+    return process_outputs
 
 
 def wrap_add_request(original, hook: str):
@@ -214,6 +292,8 @@ HOOKS = [
     Hook("worker.sample_tokens", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens", _timed("sample_ns", True)),
     Hook("worker.propose_drafts", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids", _timed("draft_ns", False)),
     Hook("engine_core.verify", "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", wrap_update_from_output),
+    Hook("engine_core.schedule", "vllm.v1.core.sched.scheduler:Scheduler.schedule", wrap_schedule),
+    Hook("frontend.process_outputs", "vllm.v1.engine.output_processor:OutputProcessor.process_outputs", wrap_process_outputs),
     Hook("engine_core.add_request", "vllm.v1.core.sched.scheduler:Scheduler.add_request", wrap_add_request),
     Hook("engine_core.proposals", "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids", wrap_update_draft_token_ids),
     Hook("worker.verify", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", wrap_bookkeeping_sync),

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from spectrace import speedup
-from spectrace.tracer.verify.capture import WORKER, StepTiming
+from spectrace.tracer.verify.capture import WORKER, HostStep, StepTiming, host_tokens
 
 
 class StepTimes:
@@ -21,6 +21,7 @@ class StepTimes:
     def __init__(self) -> None:
         self.by_k_counts: dict[tuple[str | None, int | None], AcceptedSoFar] = {}
         self.by_k_costs: dict[tuple[str | None, int | None], dict[str, float]] = {}
+        self.host: dict[tuple[str | None, str], HostSums] = {}  # (run, role): this process's host steps over the run
 
     def accepted(self, run_id: str | None, rank: int | None, accepted_at: np.ndarray, request_steps: int) -> None:
         """A flush's verified counts of one worker rank, per position (what k pays)."""
@@ -83,6 +84,36 @@ class StepTimes:
                 rt.metrics.speedup_estimate(window["speedup_estimate"] if window else None, rank, rt.labels(run_id))
             emit(rt, run_id, not_paying, role=WORKER, rank=rank)
 
+    def drain_host(self, rt, steps: list[HostStep]) -> None:
+        """A flush's host steps (engine core, frontend): one ``host_steps`` row per (run, role) with the sums that fit
+        a step's host time as affine in the tokens it emitted (``spectrace.speedup.HostCost``)."""
+        sums: dict[tuple[str | None, str], HostSums] = {}
+        last = None  # the frontend's chunks of one engine step (same stamp) are one step
+        for step in steps:
+            key = (step.run_id, step.role)
+            tokens = host_tokens(step)
+            if last is not None and step.stamp is not None and step.stamp == last[0].stamp and key == last[1]:
+                last[2][0] += step.ns
+                last[2][1] += tokens
+                continue
+            if last is not None:
+                (sums.get(last[1]) or sums.setdefault(last[1], HostSums())).add(*last[2])
+            last = (step, key, [step.ns, tokens])
+        if last is not None:
+            (sums.get(last[1]) or sums.setdefault(last[1], HostSums())).add(*last[2])
+        now = time.time_ns()
+        for (run_id, role), s in sums.items():
+            rt.pipeline.append("host_steps", {**rt.common(role, run_id=run_id), "ts": now, "steps": s.steps,
+                                              "host_ns": s.ns, "tokens": s.tokens, "tokens_sq": s.tokens_sq,
+                                              "tokens_x_ns": s.tokens_x_ns})
+            whole = self.host.get((run_id, role)) or self.host.setdefault((run_id, role), HostSums())
+            whole.merge(s)
+
+    def host_costs(self, run_id: str | None) -> list[speedup.HostCost]:
+        """This process's host steps over the run, per role (the live estimate prices what it sees: the engine
+        core's where the worker runs in its process; the frontend's only where it does too)."""
+        return [s.cost() for (run, _), s in self.host.items() if run == run_id and s.steps]
+
     def speedup_by_k(self, rt, run_id: str | None, rank: int | None) -> list[dict]:
         """What k pays over the run so far, from this worker's counts and step sums (``spectrace.speedup``)."""
         counts, whole = self.by_k_counts.get((run_id, rank)), self.by_k_costs.get((run_id, rank))
@@ -91,7 +122,8 @@ class StepTimes:
         cost = speedup.StepCost(**{key: float(whole[key]) for key in speedup.StepCost.__dataclass_fields__})
         run = rt.run_by_id(run_id)
         return speedup.speedup_by_k([int(a) for a in counts.accepted_at], counts.request_steps, cost,
-                                    method=run.info.get("method") if run is not None else None)
+                                    method=run.info.get("method") if run is not None else None,
+                                    host=self.host_costs(run_id))
 
 
 def _decode_shape(timing: StepTiming, k: int | None) -> int | None:
@@ -144,3 +176,27 @@ class AcceptedSoFar:
             self.accepted_at = np.concatenate([self.accepted_at, np.zeros(k - len(self.accepted_at), dtype=np.int64)])
         self.accepted_at[:k] += accepted_at
         self.request_steps += request_steps
+
+
+class HostSums:
+    """Host steps of one (run, role): how many, their time, and the token sums of the fit (``speedup.HostCost``)."""
+
+    __slots__ = ("steps", "ns", "tokens", "tokens_sq", "tokens_x_ns")
+
+    def __init__(self) -> None:
+        self.steps = self.ns = self.tokens = self.tokens_sq = self.tokens_x_ns = 0
+
+    def add(self, ns: int, tokens: int) -> None:
+        self.steps += 1
+        self.ns += ns
+        self.tokens += tokens
+        self.tokens_sq += tokens * tokens
+        self.tokens_x_ns += tokens * ns
+
+    def merge(self, other: "HostSums") -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def cost(self) -> speedup.HostCost:
+        return speedup.HostCost(float(self.steps), float(self.ns), float(self.tokens), float(self.tokens_sq),
+                                float(self.tokens_x_ns))
