@@ -69,7 +69,7 @@ def build(root):
     }
 
 
-def specs(name, target, drafter, ks, *, requests, repeat):
+def specs(name, target, drafter, ks, *, requests, repeat, batch=8):
     from spectrace.testing import trained
     from spectrace.testing.engine import EngineSpec
 
@@ -81,7 +81,7 @@ def specs(name, target, drafter, ks, *, requests, repeat):
         speculative = {"method": method, "model": str(drafter), "num_speculative_tokens": k} if k else None
         return EngineSpec(name=f"{name}-k{k}", target=str(target), speculative=speculative, prompts=asked,
                           max_tokens=max(LENGTHS), repeat=repeat, sampling=sampling,
-                          extra_llm_kwargs={"max_num_seqs": 8})  # fmt: skip
+                          extra_llm_kwargs={"max_num_seqs": batch})  # fmt: skip
 
     return [spec(k) for k in ks]
 
@@ -152,7 +152,7 @@ def abba(a: Engine, b: Engine) -> dict[str, list[float]]:
     return {clock: [a1[clock] / b1[clock], a2[clock] / b2[clock]] for clock in ("cpu", "wall")}
 
 
-def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
+def run_drafter(name, target, drafter, root, *, requests, rounds, log, batch=8) -> dict:
     import spectrace.store
     from bench.ab_windows import summary
     from spectrace.speedup import from_store
@@ -162,8 +162,10 @@ def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
     shutil.rmtree(store, ignore_errors=True)  # this drafter's runs only (the baseline is looked up by target)
     traced_env = base_env(store, traced=True, cache_root=root / "vllm-cache")
     plain_env = base_env(None, traced=False, cache_root=root / "vllm-cache")
-    traced = {k: Engine(spec, traced_env, log) for k, spec in zip((0, K), specs(name, target, drafter, [0, K], requests=requests, repeat=1))}
-    plain = {k: Engine(spec, plain_env, log) for k, spec in enumerate(specs(name, target, drafter, range(K + 1), requests=requests, repeat=1))}
+    traced = {k: Engine(spec, traced_env, log)
+              for k, spec in zip((0, K), specs(name, target, drafter, [0, K], requests=requests, repeat=1, batch=batch))}
+    plain = {k: Engine(spec, plain_env, log)
+             for k, spec in enumerate(specs(name, target, drafter, range(K + 1), requests=requests, repeat=1, batch=batch))}
     for engine in [*traced.values(), *plain.values()]:  # built one after another: each reports ready in turn
         engine.ready()
     for engine in [*traced.values(), *plain.values()]:  # one warm-up window each
@@ -184,15 +186,26 @@ def run_drafter(name, target, drafter, root, *, requests, rounds, log) -> dict:
     con = spectrace.store.open(store)
     predicted, alone = from_store(con, run_ids[K]), from_store(con, run_ids[K], baseline=False)
     decode_only = from_store(con, run_ids[K], chunks=False)
+    worker_only = from_store(con, run_ids[K], host=False)  # the model before host time was priced (issue #36)
+    host_share = _host_share(con, run_ids[K])
     con.close()
     measured = {0: {"ratio": 1.0, "ci95": [1.0, 1.0]}, **{k: summary(v) for k, v in ratios.items()}}
     measured_wall = {0: {"ratio": 1.0, "ci95": [1.0, 1.0]}, **{k: summary(v) for k, v in walls.items()}}
     return {"baseline": compare(predicted, measured), "decode_only": compare(decode_only, measured),
+            "worker_only": compare(worker_only, measured), "host_share": host_share,
             "baseline_wall": compare(predicted, measured_wall), "decode_only_wall": compare(decode_only, measured_wall),
             "fit": compare(alone, measured), "chunk_share": predicted[0]["chunk_share"] if predicted else None,
             "measured": {k: {key: m[key] for key in ("ratio", "ci95")} | {"pairs": len(ratios.get(k, []))}
                          for k, m in measured.items()},
             "traced_speedup_k5": summary(traced_ratio)}  # the traced engines' own CPU ratio, k = 0 over k = 5
+
+
+def _host_share(con, run_id: str) -> dict:
+    """The traced run's host time per step outside the worker (engine core, frontend) against the worker's step."""
+    host = dict(con.execute("SELECT process_role, sum(host_ns) / sum(steps) / 1e6 FROM host_steps WHERE run_id = ? "
+                            "GROUP BY ALL", [run_id]).fetchall())
+    worker = con.execute("SELECT sum(step_ns) / sum(steps) / 1e6 FROM speculation_steps WHERE run_id = ?", [run_id]).fetchone()[0]
+    return {"host_ms": {role: round(ms, 4) for role, ms in host.items()}, "worker_step_ms": round(worker or 0, 4)}
 
 
 def main() -> None:
@@ -202,6 +215,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--name", default="speedup_by_k")
+    parser.add_argument("--batch", type=int, default=8, help="max_num_seqs: the serving steady state's batch size")
     args = parser.parse_args()
     names = args.drafters or (["noisy"] if args.quick else ["noisy", "cheap", "self", "seeded"])
     rounds = 2 if args.quick else args.rounds
@@ -212,15 +226,17 @@ def main() -> None:
     with open(root / "engines.log", "w") as log:
         for name in names:
             target, drafter = models[name]
-            results[name] = got = run_drafter(name, target, drafter, root, requests=args.requests, rounds=rounds, log=log)
+            results[name] = got = run_drafter(name, target, drafter, root, requests=args.requests, rounds=rounds, log=log,
+                                              batch=args.batch)
             print(name, "chunk share", got["chunk_share"], flush=True)
-            for source in ("baseline", "decode_only", "fit", "baseline_wall", "decode_only_wall"):
+            print(name, "host per step", got["host_share"], flush=True)
+            for source in ("baseline", "worker_only", "decode_only", "fit", "baseline_wall", "decode_only_wall"):
                 g = got[source]
                 print(name, source, "within ±15 %:", g["within"], "of", g["of"],
                       json.dumps([(r["k"], r["speedup"], r["measured"], r["measured_ci95"], r["error"]) for r in g["rows"]]),
                       "best measured", g["measured_best"], "predicted", g["predicted_best"], "pick within", g["pick_within"],
                       flush=True)
-    path = write_result(args.name, {"k": K, "requests": args.requests, "lengths": list(LENGTHS), "rounds": rounds,
+    path = write_result(args.name, {"k": K, "batch": args.batch, "requests": args.requests, "lengths": list(LENGTHS), "rounds": rounds,
                                     "windows": "ABBA, one generate call each", "load": [load_before, loadavg()],
                                     "results": results})  # fmt: skip
     print("wrote", path)

@@ -424,7 +424,8 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
         best = max(frame.speedup_by_k.items(), key=lambda kv: kv[1][0])
         text = "What k pays: " + "  ".join(
             f"k'={k} {v:.2f}x{'*' if ext else ''}" for k, (v, ext) in frame.speedup_by_k.items())
-        parts.append(Text(text + f"  (best k'={best[0]}; * extrapolated; priced by the run alone)"))
+        parts.append(Text(text + f"  (highest k'={best[0]}; * extrapolated; priced by the run alone: not advice, "
+                                 "see spectrace report)"))
 
     if frame.findings:
         t = Table(title="Findings", title_justify="left", box=style, pad_edge=False)

@@ -241,3 +241,34 @@ def test_a_request_that_stops_inside_a_draft_counts_what_it_emitted_and_ends_in_
         "num_accepted_draft_tokens": 6, "num_draft_tokens": 6, "mean_acceptance_length": 4.0,
         "draft_acceptance_rate": 1.0, "emitted_tokens": 5}
     assert attributes["spectrace.request.id"] == "a" and attributes["spectrace.run_id"] == RUN
+    # b finishes in a later step that drafted nothing (its last token, or a step without speculation): its span too
+    rt.verify.finished.append((RUN, 2_000, ["b"]))
+    rt.flush()
+    spans = {json.loads(s["attributes"])["spectrace.request.id"]: json.loads(s["attributes"])
+             for s in rows(sink, "spans") if s["name"] == "spectrace.request"}
+    assert set(spans) == {"a", "b"} and spans["b"]["spectrace.spec_decode.acceptance_histogram"] == [1, 1, 0, 0]
+    assert not rt.verify.request_totals  # nothing left waiting for an end
+
+
+def test_host_steps_sum_per_run_and_role_and_join_an_engine_steps_chunks(traced):
+    """What k pays prices the host time outside the worker (issue #36): the engine core's steps count the tokens
+    they sampled (rows' lengths, or one a row), the frontend's the tokens of the outputs it processed, and
+    AsyncLLM's chunks of one engine step (the same timestamp) are one step."""
+    from spectrace.tracer.verify.capture import ENGINE, FRONTEND, HostStep
+
+    rt, sink = traced
+    out = lambda *lens: [SimpleNamespace(new_token_ids=[0] * n) for n in lens]  # noqa: E731
+    rt.verify.host_steps.extend([
+        HostStep(RUN, ENGINE, 300, [4, 2]),  # a step that verified drafts: its rows' lengths
+        HostStep(RUN, ENGINE, 100, 3),  # one without: one token a row
+        HostStep(RUN, FRONTEND, 50, out(4, 2), 7.0),
+        HostStep(RUN, FRONTEND, 30, out(1), 7.0),  # the same engine step, a second chunk
+        HostStep(RUN, FRONTEND, 40, out(1, 1, 1), 8.0),
+    ])
+    rt.flush()
+    got = {r["process_role"]: (r["steps"], r["host_ns"], r["tokens"], r["tokens_sq"], r["tokens_x_ns"])
+           for r in rows(sink, "host_steps", run_id=RUN)}
+    assert got == {"engine_core": (2, 400, 9, 6 * 6 + 3 * 3, 6 * 300 + 3 * 100),
+                   "frontend": (2, 120, 10, 7 * 7 + 3 * 3, 7 * 80 + 3 * 40)}
+    costs = rt.verify.step_times.host_costs(RUN)
+    assert sorted(c.steps for c in costs) == [2.0, 2.0]

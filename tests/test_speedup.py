@@ -270,6 +270,11 @@ def test_report_calls_speedups_within_two_percent_of_the_best_a_tie():
     assert line == "  best: k = 4 (1.02x); k' = 0, 1, 2, 3 within 2 % of it: a tie, not advice", line
     clear = speedup_by_k([2, 1, 0, 0], 10, fit, extra=0, baseline=_replace(base, draft_ns=10 * 8e6))
     assert next(line for line in _by_k(clear, {}) if line.startswith("  best: ")) == "  best: no speculation (1.00x)"
+    # priced by the run alone (no step without drafts measured): the fit's pick is shown, never as advice
+    alone = speedup_by_k([10, 10, 10, 10], 10, fit, extra=0)
+    text = _by_k(alone, {})
+    assert not any(line.startswith("  best: ") for line in text)
+    assert any(line.startswith("  highest by the fit: ") and "not advice" in line for line in text), text
 
 
 def test_band_sql_is_rendered_from_the_one_definition():

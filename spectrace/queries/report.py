@@ -421,13 +421,18 @@ def _by_k(verdicts: StoreVerdicts) -> list[str]:
     if rows[0].get("chunk_share"):
         lines.append(f"  prefill chunks: {number(rows[0]['chunk_share'], '.0%')} of the run's worker time, held fixed at every k")
     table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
-              number(r["expected_length"], ".2f"), number(r["step_ms"], ".2f"),
+              number(r["expected_length"], ".2f"), number(r["step_ms"], ".2f"), number(r.get("host_ms") or 0.0, ".2f"),
               "-" if r["speedup"] is None else number(r["speedup"], ".2f") + "x")
              for r in rows]  # fmt: skip
-    lines.append(_indent(format_table(["k", "expected length", "step ms", "speed-up"], table)))
+    lines.append(_indent(format_table(["k", "expected length", "worker step ms", "host ms", "speed-up"], table)))
     if pick is not None:
-        lines.append("  best: " + ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({number(pick['speedup'], '.2f')}x)"
-                     + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, not advice" if close else ""))
+        said = ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({number(pick['speedup'], '.2f')}x)"
+        if rows[0]["step_source"] == "baseline":
+            lines.append("  best: " + said + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, "
+                                              "not advice" if close else ""))
+        else:  # the fit prices step(0) high where a step's cost is not affine in its tokens (docs: "What k pays")
+            lines.append(f"  highest by the fit: {said}; not advice: trace one run of this target without speculation "
+                         "to price a step without drafts")
     if len(bands) > 1:
         ks = sorted({r["k"] for band_rows in bands.values() for r in band_rows})
         lines.append("  by batch size (each band's own acceptance and measured step times; the fit, where it prices, is the run's)")

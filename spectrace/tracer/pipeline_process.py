@@ -121,6 +121,7 @@ def _apply_capture(capture, message: dict) -> None:
                 capture.request_flags[note.request_id] = flags
             if traces:
                 capture.request_traces[note.request_id] = traces
+        capture.finished.extend(message.get("finished") or ())
         capture.engine_steps.extend(message.get("engine") or ())
         capture.worker_steps.extend(message.get("worker") or ())
         for run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, tokens, requests in message.get("timings") or ():

@@ -322,6 +322,9 @@ class Shipper:
         records = 0
         capture = rt.verify
         if capture is not None:
+            finished = capture.take_finished()  # before the engine steps: the steps each request drafted in come along
+            if finished:
+                message["finished"] = finished
             engine = capture.take_engine_steps()  # first: every request these steps verified was scheduled before
             if engine:
                 message["engine"] = [

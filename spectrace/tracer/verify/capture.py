@@ -145,6 +145,8 @@ class Capture:
         self.new_requests: deque[RequestNote] = deque()  # requests added since the last drain
         self.proposals: deque[Proposal] = deque()
         self.host_steps: deque[HostStep] = deque()  # engine core and frontend host time per step (what k pays)
+        # (run, ts, request ids) finished in an engine step without drafts (those with drafts: EngineStep.finished)
+        self.finished: deque[tuple[str | None, int, list[str]]] = deque()
         self.schedule_ns = 0  # the engine core's last Scheduler.schedule, added to its update_from_output
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
@@ -178,6 +180,11 @@ class Capture:
 
     def take_proposals(self) -> list[Proposal]:
         queue = self.proposals
+        return [queue.popleft() for _ in range(len(queue))]
+
+    def take_finished(self) -> list[tuple[str | None, int, list[str]]]:
+        """Taken before the engine steps: every step a taken request verified drafts in was appended before it."""
+        queue = self.finished
         return [queue.popleft() for _ in range(len(queue))]
 
     def take_host_steps(self) -> list[HostStep]:

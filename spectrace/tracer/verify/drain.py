@@ -73,6 +73,7 @@ class VerifyCapture(Capture):
                 self.judge = RunJudge(collapse_threshold=settings.collapse_threshold,
                                       collapse_window_tokens=settings.collapse_window_tokens,
                                       collapse_min_tokens=settings.collapse_min_tokens)
+            finished = self.take_finished()  # first: the steps before each are in the engine steps taken next
             engine = self.take_engine_steps()
             worker = self.take_worker_steps()
             dropped = self.take_dropped()
@@ -85,6 +86,8 @@ class VerifyCapture(Capture):
             proposals = self.take_proposals()
             if engine:
                 self._drain_engine(rt, engine)
+            for run_id, ts, requests in finished:
+                self._end_requests(rt, run_id, ts, requests)
             if proposals or engine:
                 self._drain_budget(rt, proposals, engine)
             yielded = self._drain_worker(rt, worker) if worker else {}
@@ -164,10 +167,14 @@ class VerifyCapture(Capture):
         if per_request:
             self._drain_slices(rt, per_request)
         for run_id, ts, finished in ended:
-            for req_id in finished:
-                request = self.request_totals.pop(req_id, None)
-                if request is not None:
-                    self._request_span(rt, run_id, req_id, request, ts)
+            self._end_requests(rt, run_id, ts, finished)
+
+    def _end_requests(self, rt, run_id: str | None, ts: int, finished: list[str]) -> None:
+        """Requests that finished in a step: the span of each that verified drafts (its totals leave)."""
+        for req_id in finished:
+            request = self.request_totals.pop(req_id, None)
+            if request is not None:
+                self._request_span(rt, run_id, req_id, request, ts)
 
     def _request_span(self, rt, run_id: str | None, req_id: str, request: "RequestTotals", end_ns: int) -> None:
         """One finished request as a span: vLLM's per-request speculative metrics under its own leaf names

@@ -58,12 +58,14 @@ from spectrace.vllm_objects.steps import bookkeeping_sampled
 def wrap_update_from_output(original, hook: str):
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
         step = rt = None
+        finished = 0
         try:
             rt = runtime.active(hook)
             drafts = scheduler_output.scheduled_spec_decode_tokens if rt is not None else None
+            if rt is not None:
+                finished = len(getattr(self, "finished_req_ids", ()))
             if drafts:
                 sampled = model_runner_output.sampled_token_ids
-                finished = len(getattr(self, "finished_req_ids", ()))
                 step = (rt, sampled, finished, (
                     time.time_ns(),
                     rt.run.run_id if rt.run is not None else None,
@@ -83,6 +85,10 @@ def wrap_update_from_output(original, hook: str):
         if rt is not None:
             try:
                 _host_step(rt, elapsed, step, model_runner_output)
+                if step is None:  # a step without drafts: requests may finish in it too (their span, their totals)
+                    done = getattr(self, "finished_req_ids", ())
+                    if len(done) > finished and len(rt.verify.finished) < MAX_BUFFERED_STEPS:
+                        rt.verify.finished.append((rt.run.run_id if rt.run is not None else None, time.time_ns(), list(done)))
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         if step is not None:
