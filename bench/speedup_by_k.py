@@ -41,7 +41,7 @@ import json
 import shutil
 import statistics
 
-from bench.common import SCRATCH, loadavg, write_result
+from bench.common import RESULTS, SCRATCH, loadavg, write_result
 
 K = 5
 LENGTHS = (20, 28, 36, 44, 52)  # max_tokens per request, cycled (requests finish one at a time)
@@ -208,6 +208,42 @@ def _host_share(con, run_id: str) -> dict:
     return {"host_ms": {role: round(ms, 4) for role, ms in host.items()}, "worker_step_ms": round(worker or 0, 4)}
 
 
+MODELS = {  # the model's variants, as spectrace.speedup.from_store prices them (reprice)
+    "baseline": {},  # as shipped: host time and the tokens a request-step gives
+    "worker_only": {"host": False},
+    "accepted_length": {"emitted": False},  # host time priced, per accepted length
+    "before_36": {"host": False, "emitted": False},  # the worker's step, per accepted length
+}
+
+
+def reprice(name: str) -> None:
+    """Price a finished run's traced k = 5 engine again with every model variant (:data:`MODELS`), from the stores
+    the run left under the bench scratch folder, against the windows it measured; written back into the results."""
+    import spectrace.store
+    from spectrace.speedup import from_store
+
+    path = RESULTS / f"{name}.json"
+    data = json.loads(path.read_text())
+    root = SCRATCH / "speedup-by-k"
+    for drafter, got in data["results"].items():
+        store = root / f"store-{drafter}"
+        if not store.is_dir():
+            print(drafter, "no store left at", store)
+            continue
+        con = spectrace.store.open(store)
+        run_id = con.execute("SELECT run_id FROM runs WHERE num_speculative_tokens = ? ORDER BY started_at DESC LIMIT 1",
+                             [K]).fetchone()[0]
+        measured = {int(k): m for k, m in got["measured"].items()}
+        got["repriced"] = {variant: compare(from_store(con, run_id, **kwargs), measured) for variant, kwargs in MODELS.items()}
+        con.close()
+        for variant, g in got["repriced"].items():
+            print(drafter, variant, "within ±15 %:", g["within"], "of", g["of"],
+                  [(r["k"], r["speedup"], r["measured"], r["error"]) for r in g["rows"]], "pick", g["predicted_best"],
+                  "measured best", g["measured_best"], flush=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print("wrote", path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -216,7 +252,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--name", default="speedup_by_k")
     parser.add_argument("--batch", type=int, default=8, help="max_num_seqs: the serving steady state's batch size")
+    parser.add_argument("--reprice", action="store_true",
+                        help="price the last run of --name again with every model variant, from the stores it left")
     args = parser.parse_args()
+    if args.reprice:
+        reprice(args.name)
+        return
     names = args.drafters or (["noisy"] if args.quick else ["noisy", "cheap", "self", "seeded"])
     rounds = 2 if args.quick else args.rounds
     root = SCRATCH / "speedup-by-k"

@@ -127,6 +127,30 @@ def host_ns_at(host: Sequence[HostCost], scale: float) -> float:
     return sum(h.step_ns(scale) for h in host)
 
 
+@dataclass(frozen=True)
+class Emitted:
+    """What a run's requests got against what their drafts gave (issue #36). Over its verify request-steps: the
+    drafts accepted and the tokens emitted (a stop inside an accepted draft cuts it: EOS, a stop string,
+    ``max_tokens``); over its finished requests: their output tokens. A user gets fewer tokens a request-step than
+    ``L``: a request's last step emits less than it accepted, and its first (the prefill) emits one whatever k is."""
+
+    request_steps: float
+    accepted: float
+    emitted: float
+    requests: float = 0.0
+    output_tokens: float = 0.0
+
+    def per_request_step(self, length: float, at_k: float) -> float:
+        """Tokens a request gets per step at ``L(k') = length``: the accepted length less what stops cut (the run's
+        share at ``L(k) = at_k``, in proportion to the drafts a step accepts), over a request's steps with its
+        prefill step (``N`` output tokens: ``N`` over ``1 + (N - 1) / E``)."""
+        given = self.accepted + self.request_steps
+        waste = min(max(1 - self.emitted / given, 0.0), 1.0) if given > 0 else 0.0
+        e = length * (1 - waste * (length - 1) / (at_k - 1)) if at_k > 1 else length
+        n = self.output_tokens / self.requests if self.requests > 0 else 0.0
+        return n * e / (e + n - 1) if n > 1 else e
+
+
 MIN_BASELINE_STEPS = 20  # steps without drafts, at the run's batch sizes, before they price step(0)
 
 
@@ -162,7 +186,7 @@ class Baseline:
 
 def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost, *, method: str | None = None,
                  extra: int = EXTRAPOLATE, baseline: Baseline | None = None, k: int | None = None,
-                 host: Sequence[HostCost] = ()) -> list[dict]:
+                 host: Sequence[HostCost] = (), emitted: Emitted | None = None) -> list[dict]:
     """Per ``k'``: expected accepted length, step time and speed-up over decoding without drafts
     (``L(k') * step(0) / step(k')``). At ``k' = k`` this is the run's own estimate (``speculation_cost``) when no
     prefill chunk shared the drafted steps; a chunk's tokens stay in ``step(0)`` here, where that estimate
@@ -170,7 +194,9 @@ def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost,
     module docstring) the step times are priced from it instead. ``k``: the k in force, which the step costs were
     measured at, where the counts stop short of it (a batch-size band that drafted fewer under dynamic speculation).
     ``host``: the run's host time per step outside the worker, per process role (:class:`HostCost`), priced into
-    every k' beside the worker's step (``host_ms``); empty: the worker's step alone, as before issue #36."""
+    every k' beside the worker's step (``host_ms``); empty: the worker's step alone, as before issue #36.
+    ``emitted`` (:class:`Emitted`): the tokens a request-step really gives at ``k'`` (``emitted_length``) price the
+    speed-up instead of ``L(k')``; None: ``L(k')``."""
     k = k or len(accepted_at)
     if not accepted_at or cost.steps <= 0 or cost.step_ns <= 0:
         return []
@@ -183,22 +209,27 @@ def speedup_by_k(accepted_at: Sequence[int], request_steps: int, cost: StepCost,
     # The run's time per token at k' is its decode steps' (step(k') / L(k')) plus the prefill chunks' part, which
     # does not change with k: measured as a ratio ``rho`` of the decode time at k (0: decode steps alone).
     rho = use.chunk_ratio() if use is not None and at_k else 0.0
-    # host time per step outside the worker: a step at k' emits L(k') / L(k) of the run's mean tokens per step
     reference = at_k or max(length for _, length, extrapolated in lengths if not extrapolated)
-    plain_host = host_ns_at(host, 1.0 / reference)
+    # the tokens a request-step gives at k' (what stops cut and prefill steps taken out, where measured)
+    gives = (lambda length: emitted.per_request_step(length, reference)) if emitted is not None else (lambda length: length)
+    given = gives(reference)
+    # host time per step outside the worker: a step at k' emits gives(k') / gives(k) of the run's mean tokens per step
+    plain_host = host_ns_at(host, gives(1.0) / given)
     # the prefill chunks' time per token (worker time, the same at every k'), from the decode time at k
-    chunk = rho * price(k, k, parallel=parallel) / at_k if rho else 0.0
+    chunk = rho * price(k, k, parallel=parallel) / gives(at_k) if rho else 0.0
     rows = []
     for k_new, length, extrapolated in lengths:
         step = price(k, k_new, parallel=parallel)
-        step_host = host_ns_at(host, length / reference)
+        tokens = gives(length)
+        step_host = host_ns_at(host, tokens / given)
         if step <= 0:
             speedup = None
         else:
-            speedup = (plain + plain_host + chunk) / ((step + step_host) / length + chunk)
+            speedup = (plain + plain_host + chunk) / ((step + step_host) / tokens + chunk)
         rows.append({
             "k": k_new,
             "expected_length": round(length, 4),
+            "emitted_length": round(tokens, 4),
             "step_ms": round(step / 1e6, 4),
             "host_ms": round(step_host / 1e6, 4),
             "speedup": round(speedup, 4) if speedup is not None else None,
@@ -217,7 +248,7 @@ ALL = "all"  # the whole run, every batch size
 
 
 def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = True, batch_band: str = ALL,
-               chunks: bool = True, host: bool = True) -> list[dict]:
+               chunks: bool = True, host: bool = True, emitted: bool = True) -> list[dict]:
     """:func:`speedup_by_k` for one run of a store connection (``spectrace.store.open``): acceptance from the
     engine core's ``verify_counts``, step costs from the measured decode-only steps (:func:`baseline_from_store`)
     where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``.
@@ -225,7 +256,8 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
     acceptance (``band_positions``) and measured step costs; the fit, where it prices, is the whole run's.
     ``chunks=False``: the decode steps alone, without the prefill chunks held fixed beside them (the benchmark's
     comparison of the two models). ``host=False``: the worker's step alone, without the engine core's and frontend's
-    host time per step (``host_steps``, the whole run's at every band; the benchmark's comparison)."""
+    host time per step (``host_steps``, the whole run's at every band; the benchmark's comparison). ``emitted=False``:
+    priced per accepted length ``L(k')`` instead of the tokens a request-step gives (:func:`emitted_from_store`)."""
     if batch_band == ALL:
         counts = con.execute(
             "SELECT position, sum(drafted), sum(accepted) FROM verify_counts WHERE run_id = ? AND source = 'engine_core' "
@@ -253,7 +285,8 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
     if measured is not None and not chunks:
         measured = replace(measured, chunk_ns=0.0)
     rows = speedup_by_k(accepted_at, request_steps, cost, method=method[0] if method else None, extra=extra, k=k,
-                        baseline=measured, host=host_from_store(con, run_id) if host else ())
+                        baseline=measured, host=host_from_store(con, run_id) if host else (),
+                        emitted=emitted_from_store(con, run_id) if emitted else None)
     return [{**r, "batch_band": batch_band} for r in rows]
 
 
@@ -283,3 +316,15 @@ def host_from_store(con, run_id: str) -> list[HostCost]:
     rows = con.execute("SELECT sum(steps), sum(host_ns), sum(tokens), sum(tokens_sq), sum(tokens_x_ns) FROM host_steps "
                        "WHERE run_id = ? GROUP BY process_role ORDER BY process_role", [run_id]).fetchall()
     return [HostCost(*[float(x or 0) for x in row]) for row in rows if row[0]]
+
+
+def emitted_from_store(con, run_id: str) -> Emitted | None:
+    """The run's accepted and emitted tokens over its verify request-steps (``request_counts``) and its finished
+    requests' output tokens (``request_outputs``; none in a store written before they were recorded)."""
+    row = con.execute("SELECT sum(request_steps), sum(accepted), sum(emitted) FROM request_counts WHERE run_id = ?",
+                      [run_id]).fetchone()
+    if row is None or not row[0]:
+        return None
+    out = con.execute("SELECT count(*), sum(output_tokens) FROM request_outputs WHERE run_id = ? AND output_tokens IS NOT NULL",
+                      [run_id]).fetchone()
+    return Emitted(float(row[0]), float(row[1] or 0), float(row[2] or 0), float(out[0] or 0), float(out[1] or 0))

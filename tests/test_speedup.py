@@ -95,10 +95,16 @@ def test_prefill_chunks_are_held_fixed_and_pull_the_speedup_toward_one():
 BANDS = {"5-8": (9, [8, 6, 4, 2]), "3-4": (1, [1, 1, 0, 0])}  # band -> request-steps, accepted per position
 
 
-def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None, chunks=(), host=()):
+def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None, chunks=(), host=(), requests=()):
     """One run's rows as the drain writes them: decode_steps (requests, drafts, steps, step_ns, draft_ns), and
     for a run at k its engine-core counts (accepted 8, 6, ... per position of 10 request-steps; by batch-size band
-    :data:`BANDS`) and step sums; ``host``: (process role, [(host ns, tokens) per step]) as ``host_steps`` rows."""
+    :data:`BANDS`) and step sums; ``host``: (process role, [(host ns, tokens) per step]) as ``host_steps`` rows;
+    ``requests``: (request-steps, accepted, emitted, output tokens) per request (request_counts, request_outputs)."""
+    for i, (steps, accepted, emitted, output) in enumerate(requests):
+        writer.append("request_counts", {"run_id": run_id, "process_role": "engine_core", "ts": 2, "request_id": f"r{i}",
+                                         "request_steps": steps, "drafted": 4 * steps, "accepted": accepted, "emitted": emitted})
+        writer.append("request_outputs", {"run_id": run_id, "process_role": "frontend", "ts": 3, "request_id": f"r{i}",
+                                          "output_tokens": output})
     for role, steps in host:
         writer.append("host_steps", {"run_id": run_id, "process_role": role, "host": "h", "ts": 2, "steps": len(steps),
                                      "host_ns": sum(ns for ns, _ in steps), "tokens": sum(t for _, t in steps),
@@ -139,7 +145,9 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     # host time outside the worker: the engine core's 0.3 ms + 10 us a token emitted (8..32 tokens, mean 20), the
     # frontend's 0.1 ms whatever it emits (no spread: its mean)
     host = [("engine_core", [(300_000 + 10_000 * t, t) for t in (8, 16, 24, 32) * 5]), ("frontend", [(100_000, 24)] * 20)]
-    _write_run(writer, "alone", "other-target", k=4, decode=decode, timing=sums, host=host)
+    # its requests: 10 request-steps that accepted 20 drafts gave 27 tokens (3 cut by stops), 8 tokens out each
+    _write_run(writer, "alone", "other-target", k=4, decode=decode, timing=sums, host=host,
+               requests=[(5, 10, 14, 8), (5, 10, 13, 8)])
     _write_run(writer, "plain", "t", decode=[(8, 0, 30, 30 * 12_000_000, 0), (5, 0, 4, 4 * 10_000_000, 0)])
     writer.flush()
     con = spectrace.store.open(tmp_path)
@@ -148,8 +156,8 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
                                  ("priced", "3-4", "fit"), ("alone", "5-8", "fit")):  # no step without drafts at 3
         py = [r for r in from_store(con, run_id, batch_band=band) if not r["extrapolated"]]
         assert {r["step_source"] for r in py} == {source}
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["host_ms"], r["speedup"], r["step_source"],
-                 r["chunk_share"]) for r in py] == \
+        assert [(r["k"], r["in_force"], r["expected_length"], r["emitted_length"], r["step_ms"], r["host_ms"], r["speedup"],
+                 r["step_source"], r["chunk_share"]) for r in py] == \
             [row[3:] for row in sql if row[0] == run_id and row[1] == "all" and row[2] == band], (run_id, band)
     assert [row[2] for row in sql if row[0] == "priced" and row[1] == "all" and row[3] == 0] == ["all", "3-4", "5-8"]
     assert list(by_band(con, "priced")) == ["3-4", "5-8"]
@@ -164,17 +172,30 @@ def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     per_token = 26 / 3.0  # L(4) = 3
     assert priced[2]["speedup"] == pytest.approx((12 / per_token + rho) / (19 / 2.4 / per_token + rho), abs=1e-4)
     assert {r["chunk_share"] for r in from_store(con, "alone")} == {0.0}  # the fit prices decode steps alone
-    # host time: a step at k' emits L(k') / L(4) of the run's mean 20 tokens (L(4) = 3); k' = 0 one token a request
+    # what a request-step gives: 27 of 30 accepted tokens survived the stops (waste 0.1 at L(4) = 3, in proportion to
+    # L - 1 at other k'); with its prefill step an 8-token request gets 8 E / (E + 7) a step
     alone = {r["k"]: r for r in from_store(con, "alone") if not r["extrapolated"]}
+
+    def gives(length):
+        e = length * (1 - 0.1 * (length - 1) / 2)
+        return 8 * e / (e + 7)
+
     for k_new, length in ((0, 1.0), (1, 1.8), (2, 2.4), (4, 3.0)):
-        assert alone[k_new]["host_ms"] == pytest.approx((300_000 + 10_000 * 20 * length / 3 + 100_000) / 1e6, abs=1e-4)
+        assert alone[k_new]["emitted_length"] == pytest.approx(gives(length), abs=1e-4)
+        # host time: a step at k' emits gives(k') / gives(4) of the run's mean 20 tokens; k' = 0 one token a request
+        assert alone[k_new]["host_ms"] == pytest.approx(
+            (300_000 + 10_000 * 20 * gives(length) / gives(3.0) + 100_000) / 1e6, abs=1e-4)
         assert alone[k_new]["speedup"] == pytest.approx(
-            length * (alone[0]["step_ms"] + alone[0]["host_ms"]) / (alone[k_new]["step_ms"] + alone[k_new]["host_ms"]), abs=2e-4)
-    worker_only = {r["k"]: r for r in from_store(con, "alone", host=False)}  # the model before host time was priced
+            gives(length) * (alone[0]["step_ms"] + alone[0]["host_ms"]) / (alone[k_new]["step_ms"] + alone[k_new]["host_ms"]),
+            abs=2e-4)
+    assert alone[0]["emitted_length"] == 1.0
+    # the model before issue #36: the worker's step alone, per accepted length
+    before = {r["k"]: r for r in from_store(con, "alone", host=False, emitted=False)}
     for k_new, length in ((1, 1.8), (4, 3.0)):
-        assert worker_only[k_new]["host_ms"] == 0.0 and worker_only[k_new]["step_ms"] == alone[k_new]["step_ms"]
-        assert worker_only[k_new]["speedup"] == pytest.approx(length * alone[0]["step_ms"] / alone[k_new]["step_ms"], abs=2e-4)
-        assert worker_only[k_new]["speedup"] != alone[k_new]["speedup"]
+        assert before[k_new]["host_ms"] == 0.0 and before[k_new]["step_ms"] == alone[k_new]["step_ms"]
+        assert before[k_new]["emitted_length"] == length
+        assert before[k_new]["speedup"] == pytest.approx(length * alone[0]["step_ms"] / alone[k_new]["step_ms"], abs=2e-4)
+        assert before[k_new]["speedup"] > alone[k_new]["speedup"]  # fewer tokens a step than accepted: it paid less
 
 
 def test_k_better_names_the_k_that_pays_clearly_more_from_measured_steps_only():

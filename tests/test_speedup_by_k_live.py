@@ -85,8 +85,8 @@ def test_named_query_is_the_python_model(k_runs):
     for name, result in drafting.items():
         py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
         mine = [r for r in sql if r[0] == result.run_id and r[1] == "all" and r[2] == "all"]
-        assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["host_ms"], r["speedup"],
-                 r["step_source"], r["chunk_share"]) for r in py] == \
+        assert [(r["k"], r["in_force"], r["expected_length"], r["emitted_length"], r["step_ms"], r["host_ms"],
+                 r["speedup"], r["step_source"], r["chunk_share"]) for r in py] == \
             [row[3:] for row in mine], name
         assert {r["step_source"] for r in py} == {"baseline"}, name  # target-k0 measured step(0)
         ranges = {r[1] for r in sql if r[0] == result.run_id}
@@ -94,8 +94,8 @@ def test_named_query_is_the_python_model(k_runs):
         bands = by_band(con, result.run_id)
         assert set(bands) == {r[2] for r in sql if r[0] == result.run_id} - {"all"} and "5-8" in bands, name
         for band, rows in bands.items():  # each band: its own acceptance, the same model
-            assert [(r["k"], r["in_force"], r["expected_length"], r["step_ms"], r["host_ms"], r["speedup"], r["step_source"],
-                     r["chunk_share"]) for r in rows if not r["extrapolated"]] == \
+            assert [(r["k"], r["in_force"], r["expected_length"], r["emitted_length"], r["step_ms"], r["host_ms"], r["speedup"],
+                     r["step_source"], r["chunk_share"]) for r in rows if not r["extrapolated"]] == \
                 [row[3:] for row in sql if row[0] == result.run_id and row[1] == "all" and row[2] == band], (name, band)
 
 

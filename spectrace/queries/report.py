@@ -421,10 +421,11 @@ def _by_k(verdicts: StoreVerdicts) -> list[str]:
     if rows[0].get("chunk_share"):
         lines.append(f"  prefill chunks: {number(rows[0]['chunk_share'], '.0%')} of the run's worker time, held fixed at every k")
     table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
-              number(r["expected_length"], ".2f"), number(r["step_ms"], ".2f"), number(r.get("host_ms") or 0.0, ".2f"),
+              number(r["expected_length"], ".2f"), number(r.get("emitted_length") or r["expected_length"], ".2f"),
+              number(r["step_ms"], ".2f"), number(r.get("host_ms") or 0.0, ".2f"),
               "-" if r["speedup"] is None else number(r["speedup"], ".2f") + "x")
              for r in rows]  # fmt: skip
-    lines.append(_indent(format_table(["k", "expected length", "worker step ms", "host ms", "speed-up"], table)))
+    lines.append(_indent(format_table(["k", "expected length", "emitted", "worker step ms", "host ms", "speed-up"], table)))
     if pick is not None:
         said = ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({number(pick['speedup'], '.2f')}x)"
         if rows[0]["step_source"] == "baseline":

@@ -3,7 +3,9 @@
 -- at that batch size, spectrace.acceptance.BATCH_BANDS), the expected accepted length at k' (exact from the per-position counts: a request-step that
 -- accepted j of k drafts accepts min(j, k') of k'), the step time at k' (verification priced per scheduled
 -- token, drafting per draft position, one pass for dflash), the host time per step outside the worker at k' (engine
--- core and frontend, host_steps: affine in the tokens a step emits) and the speed-up over decoding without drafts.
+-- core and frontend, host_steps: affine in the tokens a step emits), the tokens a request-step really gives at k'
+-- (emitted_length: L less what stops cut, a request's prefill step counted; request_counts, request_outputs) and
+-- the speed-up over decoding without drafts, per token given.
 -- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
 -- "What k pays". The step cost is the run's whole for every context range and the band's own for a band, priced from measured
 -- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
@@ -61,10 +63,30 @@ WITH acc AS (
 ), reference AS (  -- L(k), or the longest measured where the counts stop short of k
     SELECT c.run_id, c.context_range, c.batch_band, arg_max(c.expected_length, c.k_new) AS lk
     FROM curve c JOIN k_run k USING (run_id) WHERE c.k_new <= k.k GROUP BY ALL
-), host_at AS (  -- a step at k' emits L(k') / L(k) of the run's mean tokens per step
-    SELECT c.run_id, c.context_range, c.batch_band, c.k_new,
-           sum(greatest((h.v - h.b * h.t) / h.n + h.b * (h.t / h.n) * (c.expected_length / r.lk), 0)) AS host_ns
-    FROM curve c JOIN reference r USING (run_id, context_range, batch_band) JOIN host_fit h USING (run_id)
+), emitted AS (  -- per run: accepted and emitted over verify request-steps, output tokens of finished requests
+    SELECT c.run_id, CASE WHEN sum(c.accepted) + sum(c.request_steps) > 0
+                          THEN least(greatest(1 - sum(c.emitted)::DOUBLE / (sum(c.accepted)::DOUBLE + sum(c.request_steps)::DOUBLE), 0), 1)
+                          ELSE 0 END AS waste,
+           CASE WHEN coalesce(any_value(o.n), 0) > 0 THEN any_value(o.tokens) / any_value(o.n) ELSE 0 END AS out_n
+    FROM request_counts c
+    LEFT JOIN (SELECT run_id, count(*)::DOUBLE AS n, sum(output_tokens)::DOUBLE AS tokens FROM request_outputs
+               WHERE output_tokens IS NOT NULL GROUP BY run_id) o USING (run_id)
+    GROUP BY c.run_id HAVING sum(c.request_steps) > 0
+), cut AS (  -- E: the accepted length less what stops cut, in proportion to the drafts a step accepts
+    SELECT c.run_id, c.context_range, c.batch_band, c.k_new, c.expected_length, r.lk, d.out_n, d.run_id IS NOT NULL AS known,
+           CASE WHEN d.run_id IS NOT NULL AND r.lk > 1
+                THEN c.expected_length * (1 - d.waste * (c.expected_length - 1) / (r.lk - 1)) ELSE c.expected_length END AS e,
+           CASE WHEN d.run_id IS NOT NULL AND r.lk > 1 THEN r.lk * (1 - d.waste * (r.lk - 1) / (r.lk - 1)) ELSE r.lk END AS e_k
+    FROM curve c JOIN reference r USING (run_id, context_range, batch_band) LEFT JOIN emitted d USING (run_id)
+), gives AS (  -- tokens a request-step gives at k' and at k (spectrace.speedup.Emitted): its prefill step counted
+    SELECT run_id, context_range, batch_band, k_new,
+           CASE WHEN known AND out_n > 1 THEN out_n * e / (e + out_n - 1) ELSE e END AS tokens,
+           CASE WHEN known AND out_n > 1 THEN out_n * e_k / (e_k + out_n - 1) ELSE e_k END AS tokens_k
+    FROM cut
+), host_at AS (  -- a step at k' emits tokens(k') / tokens(k) of the run's mean tokens per step
+    SELECT g.run_id, g.context_range, g.batch_band, g.k_new,
+           sum(greatest((h.v - h.b * h.t) / h.n + h.b * (h.t / h.n) * (g.tokens / g.tokens_k), 0)) AS host_ns
+    FROM gives g JOIN host_fit h USING (run_id)
     GROUP BY ALL
 ), fitted AS (
     SELECT c.run_id, c.context_range, c.batch_band, c.k_new, k.k, c.expected_length,
@@ -85,14 +107,15 @@ WITH acc AS (
     LEFT JOIN (SELECT run_id, any_value(method) AS method FROM runs GROUP BY run_id) m USING (run_id)
     WHERE c.k_new <= k.k
 ), priced AS (
-    SELECT run_id, context_range, batch_band, k_new, k, expected_length,
+    SELECT run_id, context_range, batch_band, k_new, k, expected_length, g.tokens,
            coalesce(base_step_ns, step_ns) AS step_ns, coalesce(base_plain_ns, plain_ns) AS plain_ns,
            coalesce(h.host_ns, 0) AS host_ns,
            CASE WHEN base_step_ns IS NOT NULL THEN 'baseline' ELSE 'fit' END AS step_source,
            CASE WHEN base_step_ns IS NOT NULL THEN coalesce(rho, 0) ELSE 0 END AS rho
     FROM fitted LEFT JOIN host_at h USING (run_id, context_range, batch_band, k_new)
+    JOIN gives g USING (run_id, context_range, batch_band, k_new)
 ), whole AS (  -- the run's worker time per token at k (its decode steps'): prefill chunks priced beside it (rho)
-    SELECT *, max(CASE WHEN k_new = k THEN step_ns / expected_length END)
+    SELECT *, max(CASE WHEN k_new = k THEN step_ns / tokens END)
                 OVER (PARTITION BY run_id, context_range, batch_band) AS per_token_k,
               max(CASE WHEN k_new = 0 THEN host_ns END) OVER (PARTITION BY run_id, context_range, batch_band) AS plain_host_ns
     FROM priced
@@ -102,11 +125,12 @@ WITH acc AS (
 )
 SELECT run_id, context_range, batch_band, k_new AS k, k_new = k AS in_force,
        round(expected_length, 4) AS expected_length,
+       round(tokens, 4) AS emitted_length,
        round(step_ns / 1e6, 4) AS step_ms,
        round(host_ns / 1e6, 4) AS host_ms,
        CASE WHEN step_ns <= 0 THEN NULL
             ELSE round((plain_ns + coalesce(plain_host_ns, 0) + chunk_ns)
-                       / ((step_ns + host_ns) / expected_length + chunk_ns), 4) END AS speedup,
+                       / ((step_ns + host_ns) / tokens + chunk_ns), 4) END AS speedup,
        step_source,
        round(CASE WHEN per_token_k > 0 THEN rho / (1 + rho) ELSE 0 END, 4) AS chunk_share
 FROM chunked
