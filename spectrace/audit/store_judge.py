@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectrace import speedup
-from spectrace.audit.curve import best_k, k_better_finding
+from spectrace.audit.curve import K_BETTER_MARGIN, best_k, k_better_finding
 from spectrace.audit.findings import Finding
 from spectrace.audit.ranks import rank_disagreements
 
@@ -33,6 +33,13 @@ class StoreVerdicts:
     by_k_bands: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # ... and per batch-size band
     best: dict[str, Any] | None = None  # the measured k' that pays most (k' = 0: no speculation)
     ties: list[int] = field(default_factory=list)  # other measured k' within TIE of the best: a tie, not advice
+
+    @property
+    def pays_unresolved(self) -> bool:
+        """The best is to speculate, by less than the model's error over no speculation (K_BETTER_MARGIN): it is not
+        shown to pay (docs: "What k pays")."""
+        best = self.best
+        return best is not None and best["k"] > 0 and best["speedup"] < 1 + K_BETTER_MARGIN
 
     @property
     def findings(self) -> list[Finding]:

@@ -9,7 +9,7 @@ from typing import Any
 from spectrace import audit
 from spectrace.acceptance import band_order
 from spectrace.audit import codes
-from spectrace.audit.curve import best_k
+from spectrace.audit.curve import K_BETTER_MARGIN, best_k
 from spectrace.audit.store_judge import TIE, StoreVerdicts, judge_store
 from spectrace.console import format_table, number, ratio
 
@@ -431,6 +431,9 @@ def _by_k(verdicts: StoreVerdicts) -> list[str]:
         if rows[0]["step_source"] == "baseline":
             lines.append("  best: " + said + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, "
                                               "not advice" if close else ""))
+            if verdicts.pays_unresolved:
+                lines.append(f"  no speculation is within the model's error of it ({K_BETTER_MARGIN * 100:.0f} %): "
+                             "speculating is not shown to pay here")
         else:  # the fit prices step(0) high where a step's cost is not affine in its tokens (docs: "What k pays")
             lines.append(f"  highest by the fit: {said}; not advice: trace one run of this target without speculation "
                          "to price a step without drafts")
