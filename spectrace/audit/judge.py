@@ -98,9 +98,10 @@ def judge(facts: RunFacts) -> Judgement:
     findings += _audit_model_pair(facts, target, draft)
     field_diffs, drafter_findings = _audit_drafter(facts, target, draft, findings, diffs)
     diffs += field_diffs
-    if drafter_findings and is_speculators(draft.get("declared")):
+    if (drafter_findings or (facts.drafter_stages and facts.method != "mtp")) and is_speculators(draft.get("declared")):
         # a speculators-format drafter's fields live in transformer_layer_config: the generic top-level
-        # comparison (FIELD_*) sees only half of them, and the field audit names each with vLLM's function
+        # comparison (FIELD_*) sees only half of them, and the field audit (when it ran: the drafter's stages
+        # known) names each with vLLM's function, or found nothing lost (a declared null vLLM leaves out is none)
         findings = [f for f in findings if not (f.model_role == "draft" and f.caused_by is None
                                                 and f.code in (codes.FIELD_DROPPED, codes.FIELD_CHANGED))]
     findings += drafter_findings
