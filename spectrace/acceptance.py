@@ -279,15 +279,32 @@ def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -
     return out
 
 
-def dummy_drafts(rows: int, repeated: int, repeated_drafted: int, repeated_accepted: int, *, min_rows: int = 50, share: float = 0.5, max_rate: float = 0.1) -> bool:
-    """Placeholder drafts: most rows one token repeated, and the target rejects them.
+# Token ids a drafter emits regardless of its input: vLLM's length gate sends token 0 for a whole batch
+# (``GPUModelRunner._input_fits_in_drafter``), and constant logits (a zeroed final norm or head, weights never
+# loaded) argmax to id 0. Any other id is a prediction unless one id fills nearly every row (``constant_share``).
+PLACEHOLDER_IDS = (0,)
 
-    A drafter that follows a target which really repeats a token drafts one id too,
-    and those drafts are accepted: the acceptance of the repeated rows tells them apart.
-    """
-    if rows < min_rows or repeated < share * rows:
-        return False
-    return repeated_accepted < max_rate * max(repeated_drafted, 1)
+
+def dummy_drafts(rows: int, repeated: int, repeated_drafted: int, repeated_accepted: int, by_token: dict[int, int], *,
+                 min_rows: int = 50, share: float = 0.5, constant_share: float = 0.9, max_rate: float = 0.1) -> str | None:
+    """Placeholder drafts, rejected: why they are placeholders (``"placeholder_id"``, ``"constant"``), or None.
+
+    - ``placeholder_id``: at least ``share`` of the rows repeat a :data:`PLACEHOLDER_IDS` id at every position;
+    - ``constant``: at least ``constant_share`` of the rows repeat one and the same id, whatever the request or
+      its context: drafts that never vary with the input.
+
+    A real drafter also repeats its mistakes (a trained EAGLE-3 drafting `` | | |`` in 67 of 142 rows, seven other
+    ids in 34 more, on prompts past its training length): one id repeated within a row is a prediction unless it is
+    a placeholder id or the same in nearly every row. A drafter that follows a target which really repeats a token
+    drafts one id too, and those drafts are accepted: the repeated rows' acceptance tells them apart
+    (``max_rate``)."""
+    if rows < min_rows or repeated < share * rows or repeated_accepted >= max_rate * max(repeated_drafted, 1):
+        return None
+    if sum(by_token.get(t, 0) for t in PLACEHOLDER_IDS) >= share * rows:
+        return "placeholder_id"
+    if by_token and max(by_token.values()) >= constant_share * rows:
+        return "constant"
+    return None
 
 
 # -- does speculation pay? -------------------------------------------------------------------

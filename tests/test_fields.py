@@ -54,6 +54,22 @@ def test_a_nested_norm_overwritten_by_the_top_level_default_and_a_replaced_train
     assert [f for f in drafter_fields(clean, _stages(built, built)) if f.status != "ok"] == []
 
 
+
+def test_training_only_fields_are_not_followed():
+    """speculators writes fields only its trainer reads (``embed_requires_grad`` in every EAGLE-3 config, as in the
+    trained zoo's); vLLM drops them and serving never reads them: no finding, no config_fields row."""
+    declared = {**DECLARED, "embed_requires_grad": False, "enable_sp_ulysses": False,
+                "transformer_layer_config": {**LAYER, "norm_before_fc": False}, "norm_before_residual": False}
+    built = {"model_type": "llama", "hidden_size": 128, "rms_norm_eps": 1e-6, "norm_before_fc": False,
+             "norm_before_residual": False, "draft_vocab_size": 200, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    declared.pop("rope_scaling")
+    declared["transformer_layer_config"]["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    assert [f.path for f in drafter_fields(declared, _stages(built, built)) if f.status != "ok"] == []
+    # the same name outside a speculators config is an ordinary field
+    hf = [Stage("get_config", {"model_type": "llama", "embed_requires_grad": False}), Stage("SpeculativeConfig", {})]
+    assert [f.path for f in drafter_fields({"model_type": "llama", "embed_requires_grad": False}, hf)] == [
+        "embed_requires_grad"]
+
 def test_metadata_is_a_warning_a_purposeful_change_info_and_a_known_cause_is_linked_not_repeated():
     declared = {"model_type": "llama", "initializer_range": 0.02, "max_position_embeddings": 2048, "sliding_window": 64,
                 "rope_theta": 10000.0, "sliding_window_pattern": 6}  # fmt: skip

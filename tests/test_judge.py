@@ -124,3 +124,21 @@ def test_every_finding_code_is_registered_with_its_component_and_severity():
     for finding in made:
         entry = codes.REGISTRY[finding.code]
         assert finding.component == entry.component and finding.severity in entry.severities, finding.code
+
+
+def test_a_speculators_drafter_served_right_gets_no_field_finding():
+    """The trained zoo's EAGLE-3 as speculators writes it: a training-only field and a declared null that vLLM
+    leaves out are no loss; once the field audit ran, the generic FIELD_* comparison stays out of it."""
+    from spectrace.audit.fields import Stage
+
+    layer = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 1, "vocab_size": 512}
+    declared = {"speculators_model_type": "eagle3", "speculators_config": {"algorithm": "eagle3"}, "draft_vocab_size": 512,
+                "target_hidden_size": None, "embed_requires_grad": False, "norm_before_residual": True,
+                "transformer_layer_config": layer}  # fmt: skip
+    built = {**layer, "draft_vocab_size": 512, "norm_before_residual": True}
+    models = [MODELS[0], {"model_role": "draft", "declared": declared, "transformers_resolved": built}]
+    blind = audit.judge(audit.RunFacts(models, "eagle3"))
+    assert ("FIELD_DROPPED", "warning", None) in _codes(blind.findings)  # without the stages: the generic comparison
+    stages = [Stage("extract_transformers_pre_trained_config -> update_eagle3", built), Stage("SpeculativeConfig", built)]
+    judged = audit.judge(audit.RunFacts(models, "eagle3", drafter_stages=stages))
+    assert judged.findings == [] and not [d for d in judged.diffs if d.field == "embed_requires_grad"]

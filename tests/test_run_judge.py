@@ -45,7 +45,9 @@ def test_a_collapse_names_the_runs_root_causes_from_its_curve():
     for _ in range(4):
         findings += judge.observe_positions("r", *_batch(100, 0.0))
     (collapse,) = findings
-    assert collapse.evidence["likely_causes"] == [codes.ROPE_DIFFERS]  # a suspect of a collapse (a window is a cliff's)
+    # a dropped window costs nothing below it, but a collapse past it is its doing first
+    assert collapse.evidence["likely_causes"] == [codes.SWA_DROPPED, codes.ROPE_DIFFERS]
+    assert collapse.caused_by == codes.SWA_DROPPED and "likely cause: SWA_DROPPED, ROPE_DIFFERS" in collapse.message
     assert judge.run("r").curve.drafted_at.tolist() == [400, 400, 400]  # the curve got every batch's positions
 
 
@@ -108,3 +110,25 @@ def test_a_low_slice_is_said_once_per_dimension():
     run_slices.add({"temperature": "0"}, True, 100, 5)
     assert judge.slice_findings("r", k=3, method="eagle3") == []
     assert judge.slice_findings("r", k=3, method="eagle3") == []  # nothing new: not judged again
+
+
+def test_a_missing_vocabulary_map_causes_the_collapse_and_the_one_id_drafts():
+    """The d2t-missing EAGLE-3 of the trained zoo: every draft on a wrong target id, so acceptance collapses; the
+    drafts would only be named dummies where they are one id everywhere, and then as predictions on wrong ids."""
+    judge = _judge()
+    curve, _ = judge.curve("r", lambda: ([], {codes.DRAFT_VOCAB_MAP_MISSING}, "eagle3", False))
+    findings = []
+    for _ in range(4):
+        findings += judge.observe_positions("r", *_batch(100, 0.0))
+    (collapse,) = findings
+    assert (collapse.severity, collapse.caused_by) == ("error", codes.DRAFT_VOCAB_MAP_MISSING)
+    # the drafter's own mistakes in many ids (as measured): no dummy drafts
+    curve.add_shapes({"rows": 186, "repeated": 127, "repeated_drafted": 381, "repeated_accepted": 0,
+                      "by_token": {34: 83, 2: 9, 6: 8, 7: 8, 158: 6, 10: 4, 40: 2, 32: 2, 25: 2, 125: 2, 35: 1}})
+    assert judge.curve_findings("r") == []
+    # draft id 0 scored as target id 0 in every row: one id everywhere, caused by the map
+    curve.add_shapes({"rows": 2000, "repeated": 2000, "repeated_drafted": 6000, "repeated_accepted": 0, "by_token": {0: 2000}})
+    (dummy,) = judge.curve_findings("r")
+    assert (dummy.code, dummy.severity, dummy.caused_by, dummy.fix) == (
+        codes.DUMMY_DRAFTS, "warning", codes.DRAFT_VOCAB_MAP_MISSING, "")
+    assert "predictions land on the wrong target ids" in dummy.message and "placeholder" not in dummy.message

@@ -4,7 +4,10 @@
 - A reduced-vocabulary EAGLE-3 checkpoint without its ``d2t`` map: ``DRAFT_VOCAB_MAP_MISSING`` named before the first
   step, and the acceptance it claims to cost (every draft lands on the wrong token) really lost;
 - the DFlash drafter with the RoPE base of a config copied from Qwen3 (10⁶, trained and served at 10⁴):
-  ``ROPE_MISMATCH``, and the drop it costs;
+  ``ROPE_MISMATCH``, and the drop it costs (its message promises none: it depends on the drafter and the context);
+- the EAGLE-3 drafter served right on shorter prompts, where it repeats a wrong token (`` | | |``) in most rows:
+  a real drafter's mistake, no ``DUMMY_DRAFTS``; and nothing else said of the drafters served right (no training-only
+  field reported dropped);
 - per-request numbers (issue #36's identities, vLLM's own per-request metrics) with requests that stop inside a draft;
 - the per-position curve, falling, and no collapse named on the drafters served right;
 - everywhere: spectrace's counts are vLLM's own counters.
@@ -26,6 +29,7 @@ K = 3
 LONG_CHARS = 1200  # ~500 tokens of context: the DFlash drafter's RoPE base matters there (tools/zoo_measure.py)
 MAX_TOKENS = (32, 9)  # per prompt, cycled: the short requests stop inside a draft
 COPIED_THETA = 1e6  # Qwen3's default RoPE base, where the zoo trains and serves at 10⁴
+SHORT_CHARS = 400  # the trained EAGLE-3 drafts one wrong id repeated in most rows there (101 of 142 measured)
 PER_REQUEST = {"per_request_spec_decode_metrics": "summary"}
 VLLM_FIELDS = ("acceptance_histogram", "num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens",
                "num_spec_tokens", "mean_acceptance_length", "draft_acceptance_rate")
@@ -49,6 +53,9 @@ def served(scratch, cache_root):
                    sampling=[{"max_tokens": n} for n in MAX_TOKENS], extra_llm_kwargs=extra)
         for name, (method, model, extra) in drafters.items()
     ]
+    specs.append(EngineSpec(name="eagle3-short", target=zoo["target"], prompts=trained.prompts(6, SHORT_CHARS),
+                            max_model_len=2048, max_tokens=32,
+                            speculative={"method": "eagle3", "model": str(drafters["eagle3"][1]), "num_speculative_tokens": K}))
     store = scratch / "trained-detection-store"
     results = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "trained-detection.log")
     assert all(r.ok for r in results.values()), {n: r.error for n, r in results.items()}
@@ -82,9 +89,15 @@ def test_a_missing_d2t_map_is_named_before_the_first_step_and_costs_the_acceptan
     assert _rate(missing) <= 0.02, f"without d2t {_rate(missing):.1%}"  # 0 % measured: every draft on the wrong token
     assert _errors(con, plain) == [] and _errors(con, mapped) == []
     errors = _errors(con, missing)
-    assert errors[0] == "DRAFT_VOCAB_MAP_MISSING" and "ACCEPTANCE_COLLAPSE" in errors, errors
-    assert set(errors) <= {"DRAFT_VOCAB_MAP_MISSING", "ACCEPTANCE_COLLAPSE", "DUMMY_DRAFTS"}, errors
+    assert errors == ["DRAFT_VOCAB_MAP_MISSING", "ACCEPTANCE_COLLAPSE"], errors
     assert _named_before_first_step(con, missing, "DRAFT_VOCAB_MAP_MISSING")
+    # what follows from it says so: the collapse (and one-id drafts, were they named) are caused by the missing map
+    followers = con.execute("select code, severity, caused_by, message from findings where run_id = ? "
+                            "and code in ('ACCEPTANCE_COLLAPSE', 'DUMMY_DRAFTS')", [missing.run_id]).fetchall()
+    assert {c for c, *_ in followers} >= {"ACCEPTANCE_COLLAPSE"}
+    for code, severity, caused_by, message in followers:
+        assert caused_by == "DRAFT_VOCAB_MAP_MISSING", (code, caused_by)
+        assert code != "DUMMY_DRAFTS" or (severity == "warning" and "placeholder" not in message), message
     (evidence,) = con.execute("select evidence from findings where run_id = ? and code = 'DRAFT_VOCAB_MAP_MISSING'",
                               [missing.run_id]).fetchone()
     evidence = json.loads(evidence)
@@ -98,8 +111,10 @@ def test_a_copied_rope_base_is_named_and_costs_acceptance(served):
     assert _errors(con, right) == []
     assert _errors(con, copied)[0] == "ROPE_MISMATCH", _errors(con, copied)
     assert _named_before_first_step(con, copied, "ROPE_MISMATCH")
-    (evidence,) = con.execute("select evidence from findings where run_id = ? and code = 'ROPE_MISMATCH'",
-                              [copied.run_id]).fetchone()
+    evidence, message = con.execute("select evidence, message from findings where run_id = ? and code = 'ROPE_MISMATCH'",
+                                    [copied.run_id]).fetchone()
+    # the cost is this drafter's at these contexts (a x100 base cost the trained EAGLE-3 nothing measurable)
+    assert "depends on the drafter and the context length" in message and "degrade" not in message
     evidence = json.loads(evidence)
     assert (evidence["differs"], evidence["target"]["theta"], evidence["draft"]["theta"]) == (["theta"], 1e4, COPIED_THETA)
 
@@ -144,3 +159,19 @@ def test_per_request_numbers_equal_vllms_and_keep_the_identities(served):
             assert mine["output_tokens"] == request["output_tokens"] == len(result.tokens[i]) == MAX_TOKENS[i % 2]
             stopped_inside += mine["emitted_tokens"] < mine["num_accepted_draft_tokens"] + mine["num_spec_steps"]
     assert stopped_inside >= 1  # a request that stopped inside an accepted draft emitted less than it accepted
+
+
+def test_a_drafters_repeated_mistake_is_no_placeholder_and_the_drafters_served_right_get_no_warning(served):
+    con, results = served
+    short = results["eagle3-short"]
+    rows, repeated, drafted, accepted = con.execute(
+        "select sum(rows), sum(repeated_rows), sum(repeated_drafted), sum(repeated_accepted) from draft_shapes "
+        "where run_id = ?", [short.run_id]).fetchone()
+    # most rows one id repeated, nearly all rejected (101 of 142 rows, 27 of 303 drafts measured): the old rule named
+    # these placeholders; they are the drafter's predictions (`` | | |`` and seven other ids), not a stand-in
+    assert rows >= 50 and repeated >= 0.5 * rows and accepted < 0.1 * drafted, (rows, repeated, drafted, accepted)
+    assert _rate(short) >= 0.05, f"{_rate(short):.1%}"  # 10.8 % measured: a drafter that accepts, wrongly repeating
+    for name in ("eagle3", "eagle3-mapped", "eagle3-short", "dflash"):
+        said = con.execute("select code, severity, message from findings where run_id = ? and severity in "
+                           "('error', 'warning')", [results[name].run_id]).fetchall()
+        assert said == [], (name, said)  # no DUMMY_DRAFTS; no embed_requires_grad (training only) reported dropped

@@ -71,6 +71,9 @@ def test_swa_dropped_is_named_for_the_twin_only_with_the_layout_that_explains_it
     # the cause first; the symptom (ACCEPTANCE_COLLAPSE) may follow while it serves, as it really collapses
     shipped = errors("as-shipped")
     assert shipped[0] == "SWA_DROPPED" and set(shipped) <= {"SWA_DROPPED", "ACCEPTANCE_COLLAPSE"}, shipped
+    causes = con.execute("select caused_by from findings where run_id = ? and code = 'ACCEPTANCE_COLLAPSE'",
+                         [results["as-shipped"].run_id]).fetchall()
+    assert causes in ([], [("SWA_DROPPED",)]), causes  # the symptom linked to its cause
     assert errors("fixed") == []
     assert layout("as-shipped") == [(window, "full", "full", None)]
     assert layout("fixed") == [(window, "sliding", "sliding", window)]

@@ -154,7 +154,8 @@ LOAD_FAILED = _code(
 # -- the live acceptance
 ACCEPTANCE_COLLAPSE = _code(
     "ACCEPTANCE_COLLAPSE", "verification", ("error",),
-    "error",
+    "error (`caused_by` the first likely cause the run's configs hold: a missing or wrong vocabulary map, weights "
+    "not loaded, a lossy dtype, a dropped sliding window, a RoPE finding; all of them in `likely_causes`)",
     "live acceptance fell below the threshold",
     "check the run's findings (spectrace report): a dropped sliding window, wrong hidden-state taps "
     "or a mismatched drafter all look like this",
@@ -225,10 +226,13 @@ POSITION_CLIFF = _code(
 DUMMY_DRAFTS = _code(
     "DUMMY_DRAFTS", "verification", ("error", "warning"),
     "error (warning caused by `DRAFT_CONTEXT_SHORT` when they are vLLM's length gate: token 0 for a whole batch once "
-    "its longest context + k passes the drafter's max_model_len)",
-    "≥ 50 % of draft rows (≥ 50 rows of two or more drafts) are one token id repeated and the target rejects them "
-    "(placeholders such as token 0, not predictions); counted in the background from the draft lists vLLM holds, "
-    "no token id stored",
+    "its longest context + k passes the drafter's max_model_len; caused by `DRAFT_VOCAB_MAP_MISSING`, "
+    "`DRAFT_VOCAB_MAP_INVALID` or `DRAFT_WEIGHTS_UNLOADED` when the run has one: predictions on wrong ids)",
+    "≥ 50 % of draft rows (≥ 50 rows of two or more drafts) are one token id repeated, the target rejects them "
+    "(< 10 % accepted), and they are placeholders, not predictions: token 0 (what vLLM sends in place of drafts, "
+    "and what constant logits give) in ≥ 50 % of the rows, or one and the same id in ≥ 90 % of the rows whatever "
+    "the request; a drafter repeating wrong predictions (other ids in other rows) is left to the acceptance "
+    "findings; counted in the background from the draft lists vLLM holds, no token id stored",
     "check the drafter's final norm and lm_head weights; for the length gate, give the drafter the target's context",
 )
 SPECULATION_NOT_PAYING = _code(

@@ -100,25 +100,41 @@ def position_cliff_finding(position: int, drafted_at: list[int], accepted_at: li
     )
 
 
+# roots that make a drafter's drafts wrong ids without making them placeholders, named as the cause of DUMMY_DRAFTS
+DUMMY_CAUSES = (codes.DRAFT_VOCAB_MAP_MISSING, codes.DRAFT_VOCAB_MAP_INVALID, codes.DRAFT_WEIGHTS_UNLOADED)
+
+
 def dummy_drafts_finding(
-    rows: int, repeated: int, by_token: dict[int, int], *, length_gate: ContextBoundary | None = None, roots: set[str] = frozenset()
+    rows: int, repeated: int, by_token: dict[int, int], *, length_gate: ContextBoundary | None = None,
+    roots: set[str] = frozenset(), kind: str = "placeholder_id",
 ) -> Finding:
-    """``DUMMY_DRAFTS``; ``length_gate``: the drafter's own length, when it is shorter than the run's.
+    """``DUMMY_DRAFTS``; ``length_gate``: the drafter's own length, when it is shorter than the run's; ``kind``:
+    ``acceptance.dummy_drafts``' reason (a placeholder id, or one id whatever the input).
 
     vLLM 0.32 (``GPUModelRunner._input_fits_in_drafter``) skips the drafter for the whole
     batch once the batch's longest context + k passes the drafter's max_model_len (its
     ``max_position_embeddings``) and sends token-0 drafts instead: then the short context
-    (``DRAFT_CONTEXT_SHORT``) is the cause.
+    (``DRAFT_CONTEXT_SHORT``) is the cause. A missing or wrong vocabulary map (or weights never
+    loaded) makes the drafter's predictions land on wrong target ids: that finding is the cause.
     """
     token, count = max(by_token.items(), key=lambda item: item[1])
     gated = length_gate is not None and token == 0
-    caused = codes.DRAFT_CONTEXT_SHORT if gated and codes.DRAFT_CONTEXT_SHORT in roots else None
-    reason = (
-        f"; vLLM sends token-0 drafts for a whole batch once its longest context + k passes the drafter's "
-        f"max_model_len ({length_gate.tokens}, its {length_gate.field})"
-        if gated
-        else "; the drafter emits placeholders, not predictions"
-    )
+    if gated and codes.DRAFT_CONTEXT_SHORT in roots:
+        caused = codes.DRAFT_CONTEXT_SHORT
+    else:
+        caused = next((code for code in DUMMY_CAUSES if code in roots), None)
+    if gated:
+        reason = (f"; vLLM sends token-0 drafts for a whole batch once its longest context + k passes the drafter's "
+                  f"max_model_len ({length_gate.tokens}, its {length_gate.field})")
+    elif caused in (codes.DRAFT_VOCAB_MAP_MISSING, codes.DRAFT_VOCAB_MAP_INVALID):
+        reason = (f"; the drafter's predictions land on the wrong target ids ({caused}: its vocabulary map), "
+                  "so one draft id scored as a wrong target id repeats")
+    elif caused == codes.DRAFT_WEIGHTS_UNLOADED:
+        reason = f"; the drafter runs with parameters no checkpoint tensor reached ({caused})"
+    elif kind == "constant":
+        reason = "; the drafter drafts the same id whatever the request or its context: placeholders, not predictions"
+    else:
+        reason = "; token 0 at every position is what vLLM sends in place of drafts and what constant logits give: placeholders, not predictions"
     return codes.finding(
         codes.DUMMY_DRAFTS,
         severity="warning" if caused else "error",
@@ -126,10 +142,11 @@ def dummy_drafts_finding(
         message=f"{repeated / rows:.1%} of draft rows ({repeated} of {rows}) are one token id repeated "
         f"(most often {token}: {count} rows) and the target rejects them{reason}",
         evidence={"rows": rows, "repeated_rows": repeated, "share": round(repeated / rows, 4),
-                  "by_token": {str(k): v for k, v in sorted(by_token.items())},
+                  "by_token": {str(k): v for k, v in sorted(by_token.items())}, "kind": kind,
                   "length_gate": length_gate.as_dict() if gated else None,
                   "vllm_rule": "vllm.v1.worker.gpu_model_runner.GPUModelRunner._input_fits_in_drafter" if gated else None},
         fix="give the drafter the target's context length, or cap --max-model-len at it" if gated
+        else "" if caused
         else "check the drafter's final norm and lm_head weights (a zero norm drafts token 0 everywhere)",
         caused_by=caused,
     )
@@ -203,8 +220,11 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
     )
 
 
-# config findings that, present in a run, are the likely cause of a collapse (named in its message)
-COLLAPSE_SUSPECTS = (codes.DRAFT_WEIGHTS_UNLOADED, codes.DRAFT_DTYPE_LOSSY, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS)
+# config findings that, present in a run, are the likely cause of a collapse (named in its message; the first
+# present is its ``caused_by``): those that make every draft wrong first, then those whose cost depends on the
+# drafter and the context (a dropped window costs nothing below it, a RoPE base more the longer the context)
+COLLAPSE_SUSPECTS = (codes.DRAFT_VOCAB_MAP_MISSING, codes.DRAFT_VOCAB_MAP_INVALID, codes.DRAFT_WEIGHTS_UNLOADED,
+                     codes.DRAFT_DTYPE_LOSSY, codes.SWA_DROPPED, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS)
 
 
 def collapse_finding(event: Any, suspects: Iterable[str] = ()) -> Finding:
@@ -237,5 +257,5 @@ def collapse_finding(event: Any, suspects: Iterable[str] = ()) -> Finding:
             if collapse
             else ""
         ),
-        caused_by=None if collapse else codes.ACCEPTANCE_COLLAPSE,
+        caused_by=(likely[0] if likely else None) if collapse else codes.ACCEPTANCE_COLLAPSE,
     )

@@ -38,6 +38,12 @@ SPECULATORS_STRUCTURE = frozenset({
     "auto_map", "has_no_defaults_at_init", "model_type",
 })
 # model_type names the config class (vLLM rewrites it to "eagle" / "speculators" when it wraps the drafter)
+# Keys of a speculators-format config that only the trainer reads (vllm-project/speculators, the config classes in
+# src/speculators/models/*/config.py): whether the embeddings were trained (Eagle3SpeculatorConfig
+# ``embed_requires_grad``), training's sequence parallelism (``enable_sp_ulysses``), DFlash's loss schedule and loss
+# mask (DFlashSpeculatorConfig ``lambda_base_start``, ``lambda_base_decay_ratio``, ``auf``). Serving never reads
+# them, so vLLM dropping them changes nothing: they are not followed.
+TRAINING_ONLY = frozenset({"embed_requires_grad", "enable_sp_ulysses", "lambda_base_start", "lambda_base_decay_ratio", "auf"})
 NESTED = ("eagle_config", "dflash_config", "rope_parameters", "rope_scaling")
 
 # The trainers' own defaults for fields their serialisers leave out. speculators'
@@ -110,7 +116,7 @@ def _leaves(declared: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
         sources.append(("transformer_layer_config.", layer))
     for prefix, source in sources:
         for key, value in source.items():
-            if key in _BOOKKEEPING or key == "model_type" or (speculators and key in SPECULATORS_STRUCTURE):
+            if key in _BOOKKEEPING or key == "model_type" or (speculators and key in SPECULATORS_STRUCTURE | TRAINING_ONLY):
                 continue
             if key in NESTED and isinstance(value, dict) and value:
                 for sub, sub_value in value.items():

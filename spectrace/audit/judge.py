@@ -19,7 +19,7 @@ from spectrace.audit.curve import ContextBoundary, context_boundaries
 from spectrace.audit import codes
 from spectrace.audit.draft_settings import audit_draft_settings
 from spectrace.audit.dtype import audit_dtype, declared_dtype
-from spectrace.audit.fields import drafter_fields, field_findings, is_speculators
+from spectrace.audit.fields import TRAINING_ONLY, drafter_fields, field_findings, is_speculators
 from spectrace.audit.findings import Finding
 from spectrace.audit.vocab import audit_vocab_map
 from spectrace.audit.layout import audit_model_layout, config_findings, layout_status
@@ -98,9 +98,12 @@ def judge(facts: RunFacts) -> Judgement:
     findings += _audit_model_pair(facts, target, draft)
     field_diffs, drafter_findings = _audit_drafter(facts, target, draft, findings, diffs)
     diffs += field_diffs
-    if drafter_findings and is_speculators(draft.get("declared")):
+    if is_speculators(draft.get("declared")):  # fields only the trainer reads are no loss (fields.TRAINING_ONLY)
+        diffs = [d for d in diffs if not (d.model_role == "draft" and d.field in TRAINING_ONLY)]
+    if (drafter_findings or (facts.drafter_stages and facts.method != "mtp")) and is_speculators(draft.get("declared")):
         # a speculators-format drafter's fields live in transformer_layer_config: the generic top-level
-        # comparison (FIELD_*) sees only half of them, and the field audit names each with vLLM's function
+        # comparison (FIELD_*) sees only half of them, and the field audit (when it ran: the drafter's stages
+        # known) names each with vLLM's function, or found nothing lost (a declared null vLLM leaves out is none)
         findings = [f for f in findings if not (f.model_role == "draft" and f.caused_by is None
                                                 and f.code in (codes.FIELD_DROPPED, codes.FIELD_CHANGED))]
     findings += drafter_findings

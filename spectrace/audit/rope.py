@@ -203,7 +203,8 @@ def audit_rope(method: str | None, target: Rope | None, draft: Rope | None, *, w
                 severity="error",
                 model_role="draft",
                 message=f"the {method} drafter rotates the target's positions differently from the target ({shown}; "
-                f"read from the {where}): its drafts degrade with context or are rejected from the start",
+                f"read from the {where}); what that costs depends on the drafter and the context length and cannot "
+                "be read from the configs: compare the acceptance by context range (spectrace report)",
                 evidence=evidence,
                 fix=_fix(target, differs),
             )

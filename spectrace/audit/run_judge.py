@@ -102,11 +102,13 @@ class RunJudge:
                 codes.POSITION_CLIFF, lambda: acceptance.position_cliff(curve.drafted_at, curve.accepted_at))) is not None:
             findings.append(position_cliff_finding(
                 position, curve.drafted_at.tolist(), curve.accepted_at.tolist(), curve.method, curve.parallel))
-        if records.first(codes.DUMMY_DRAFTS, lambda: acceptance.dummy_drafts(
-                curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted) or None) is not None:
+        if (kind := records.first(codes.DUMMY_DRAFTS, lambda: acceptance.dummy_drafts(
+                curve.draft_rows, curve.repeated_rows, curve.repeated_drafted, curve.repeated_accepted,
+                curve.repeated_by_token))) is not None:
             gate = next((b for b in curve.boundaries if b.model_role == "draft" and b.field == "max_position_embeddings"), None)
             findings.append(dummy_drafts_finding(
-                curve.draft_rows, curve.repeated_rows, curve.repeated_by_token, length_gate=gate, roots=curve.roots))
+                curve.draft_rows, curve.repeated_rows, curve.repeated_by_token, length_gate=gate, roots=curve.roots,
+                kind=kind))
         return findings
 
     def agreement(self, *, exclude: str | None = None) -> list[tuple[str, list[Finding]]]:

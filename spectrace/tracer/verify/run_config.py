@@ -72,10 +72,12 @@ def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list,
     ``runtime_layers``: what the models run, where a worker loaded them in this process
     (``note_layout``). With workers in other processes (tensor parallelism, the
     multiprocess executor) the engine core holds no built model and no layer rows reach it,
-    so it judges the layout from the configs alone and a LAYOUT_MISMATCH cannot be a root here.
+    so it judges the layout from the configs alone and a LAYOUT_MISMATCH cannot be a root here. The drafter's
+    vocabulary map is read here too (``DRAFT_VOCAB_MAP_*``: the root of a collapse and of one-id drafts).
     """
     from spectrace.audit.dtype import dtype_name
     from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
+    from spectrace.vllm_objects.weights import read_vocab_maps
 
     configs = model_configs(vllm_config)
     spec = vllm_config.speculative_config
@@ -85,7 +87,9 @@ def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list,
     ]
     facts = audit.RunFacts(models, getattr(spec, "method", None), max_model_len=vllm_config.model_config.max_model_len,
                            runtime_layers=runtime_layers,
-                           runs_in={role: dtype_name(getattr(c, "dtype", None)) for role, c in configs.items()})
+                           runs_in={role: dtype_name(getattr(c, "dtype", None)) for role, c in configs.items()},
+                           # the d2t map (small, bounded): a missing one is the root of a collapse and of wrong-id drafts
+                           vocab_maps=read_vocab_maps(configs["draft"].model) if "draft" in configs else None)
     judged = audit.judge(facts)
     # an independent drafter's own RoPE is info, not a root cause, but the likely one of a cliff or collapse
     roots = judged.roots | {f.code for f in judged.findings if f.code == audit.codes.ROPE_DIFFERS}
