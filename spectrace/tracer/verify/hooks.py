@@ -84,11 +84,7 @@ def wrap_update_from_output(original, hook: str):
         elapsed = time.perf_counter_ns() - started
         if rt is not None:
             try:
-                _host_step(rt, elapsed, step, model_runner_output)
-                if step is None:  # a step without drafts: requests may finish in it too (their span, their totals)
-                    done = getattr(self, "finished_req_ids", ())
-                    if len(done) > finished and len(rt.verify.finished) < MAX_BUFFERED_STEPS:
-                        rt.verify.finished.append((rt.run.run_id if rt.run is not None else None, time.time_ns(), list(done)))
+                _host_step(rt, elapsed, step, self, model_runner_output, finished)
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         if step is not None:
@@ -114,12 +110,17 @@ def wrap_update_from_output(original, hook: str):
     return update_from_output
 
 
-def _host_step(rt, elapsed: int, step, model_runner_output) -> None:
+def _host_step(rt, elapsed: int, step, scheduler, model_runner_output, finished: int) -> None:
     """The engine core's host time of one step: its ``schedule`` (timed by ``wrap_schedule``) and
-    ``update_from_output``, with the tokens the step sampled (the rows' lengths where it verified drafts)."""
+    ``update_from_output``, with the tokens the step sampled (the rows' lengths where it verified drafts); and, for a
+    step without drafts, the requests that finished in it (``finished``: how many had before), for their spans."""
     capture = rt.verify
     if capture is None:
         return
+    if step is None:
+        done = getattr(scheduler, "finished_req_ids", ())
+        if len(done) > finished and len(capture.finished) < MAX_BUFFERED_STEPS:
+            capture.finished.append((rt.run.run_id if rt.run is not None else None, time.time_ns(), list(done)))
     ns, capture.schedule_ns = capture.schedule_ns + elapsed, 0
     if len(capture.host_steps) < MAX_BUFFERED_STEPS:
         if step is not None and step[3][3] is not None:
