@@ -24,13 +24,16 @@ The step time at ``k'`` comes from one of two sources (``step_source``):
   (prefill chunks are its only spread) and priced at ``requests * (1 + k')``. On hardware whose cost is not
   affine in the tokens per request (the CPU build: BENCHMARKS.md, "What k pays") it prices ``step(0)`` high.
 
-The speed-up is the run's time per token at ``k'`` over its time without drafts. Decode steps take ``(step(k') +
-host(k')) / L(k')`` a token, where ``host(k')`` is the step's host time outside the worker (``host_steps``: the
-engine core's scheduling and output handling, the frontend's output processing; :class:`HostCost`), fitted per
-process role as affine in the tokens a step emits, ``L(k') / L(k)`` of the run's mean at ``k'``; with ``baseline`` the run's steps that carried a prefill chunk are held fixed beside them: what
-they cost beyond a decode step of their batch size at ``k`` (``chunk_steps``; prefills do not change with k),
-as a ratio ``rho`` of the run's decode time, so ``speedup = (u(0) + rho u(k)) / (u(k') + rho u(k))`` with
-``u(k') = step(k') / L(k')`` (``chunk_share`` = ``rho / (1 + rho)``; ``rho = 0``: ``L(k') step(0) / step(k')``).
+The speed-up is the run's time per token given at ``k'`` over its time without drafts. Decode steps take
+``u(k') = (step(k') + host(k')) / G(k')`` a token, where ``G(k')`` is what a request-step gives the user
+(:class:`Emitted`: ``L(k')`` less what stops cut, a request's prefill step counted; ``L(k')`` where not recorded)
+and ``host(k')`` the step's host time outside the worker (``host_steps``: the engine core's scheduling and output
+handling, the frontend's output processing; :class:`HostCost`), fitted per process role as affine in the tokens a
+step emits, ``G(k') / G(k)`` of the run's mean at ``k'``. With ``baseline`` the run's steps that carried a prefill
+chunk are held fixed beside them: what they cost beyond a decode step of their batch size at ``k``
+(``chunk_steps``; prefills do not change with k), as a ratio ``rho`` of the run's decode time, so ``speedup =
+(u(0) + c) / (u(k') + c)`` with ``c = rho step(k) / G(k)`` (``chunk_share`` = ``rho / (1 + rho)``). docs/speedup.md
+has the whole model and its measured accuracy.
 """
 
 from __future__ import annotations
