@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -16,6 +17,35 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results"
 SCRATCH = Path(os.environ.get("SPECTRACE_BENCH_SCRATCH", "/tmp/spectrace-bench"))
+
+
+@contextlib.contextmanager
+def base_checkout(commit: str, folder: str, tool: str):
+    """``commit`` checked out beside this one (a detached git worktree under the bench scratch folder, ``folder``),
+    removed afterwards. A commit that cannot be checked out ends the tool with one line (exit 2)."""
+    path = SCRATCH / folder
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, capture_output=True)
+    made = subprocess.run(["git", "worktree", "add", "--detach", "-f", str(path), commit], cwd=REPO,
+                          capture_output=True, text=True)
+    if made.returncode:
+        print(f"{tool}: cannot check {commit} out: {made.stderr.strip()}", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO, capture_output=True)
+
+
+def run_in_checkout(checkout: Path, child: str, args: list[str], tool: str, label: str) -> Any:
+    """Run ``child`` (Python source) in a fresh process of ``checkout`` (its package first on the path, no SPECTRACE
+    setting inherited) and return the JSON it printed after ``RESULT ``."""
+    env = {k: v for k, v in {**os.environ, "PYTHONPATH": str(checkout)}.items() if not k.startswith("SPECTRACE")}
+    proc = subprocess.run([sys.executable, "-c", child, *args], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=900)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"{tool}: the {label} run failed:\n{proc.stderr[-2000:]}")
+    return json.loads(line[7:])
 
 
 def loadavg() -> list[float]:

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 from bench.ab_windows import summary
-from bench.common import REPO, SCRATCH, loadavg, write_result
+from bench.common import REPO, base_checkout, loadavg, run_in_checkout, write_result
 
 CHILD = """
 import json, shutil, sys
@@ -41,14 +39,8 @@ print("RESULT " + json.dumps(out))
 
 
 def run(checkout: Path, name: str, batches: list[int]) -> dict[int, float]:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    env = {k: v for k, v in env.items() if not k.startswith("SPECTRACE")}
-    proc = subprocess.run([sys.executable, "-c", CHILD, name, json.dumps(batches)], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=900)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"drain_pair: the {name} run failed:\n{proc.stderr[-2000:]}")
-    return {int(k): v for k, v in json.loads(line[7:]).items()}
+    got = run_in_checkout(checkout, CHILD, [name, json.dumps(batches)], "drain_pair", name)
+    return {int(k): v for k, v in got.items()}
 
 
 def main(argv=None) -> int:
@@ -57,25 +49,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     args = parser.parse_args(argv)
-    base = SCRATCH / "drain-pair-checkout"
-    if base.exists():
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, capture_output=True)
-    made = subprocess.run(["git", "worktree", "add", "--detach", "-f", str(base), args.base], cwd=REPO,
-                          capture_output=True, text=True)
-    if made.returncode:
-        print(f"drain_pair: cannot check {args.base} out: {made.stderr.strip()}", file=sys.stderr)
-        return 2
     rounds = []
     load = loadavg()
-    try:
+    with base_checkout(args.base, "drain-pair-checkout", "drain_pair") as base:
         for i in range(args.rounds):
             order = ("base", "new") if i % 2 == 0 else ("new", "base")
             got = {name: run(base if name == "base" else REPO, name, args.batches) for name in order}
             rounds.append(got)
             print(f"round {i + 1}: " + "  ".join(
                 f"B={b}: base {got['base'][b]:.0f} µs, new {got['new'][b]:.0f} µs" for b in args.batches), flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, capture_output=True)
     by_batch = {}
     for b in args.batches:
         s = summary([r["new"][b] / r["base"][b] for r in rounds])

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from bench.ab_windows import t95
-from bench.common import REPO, SCRATCH, loadavg, write_result
+from bench.common import REPO, base_checkout, loadavg, run_in_checkout, write_result
 
 CHILD = """
 import json, shutil, statistics, sys, time
@@ -72,14 +70,8 @@ print("RESULT " + json.dumps(out))
 
 
 def run(checkout: Path, name: str, batches: list[int]) -> dict[int, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    env = {k: v for k, v in env.items() if not k.startswith("SPECTRACE")}
-    proc = subprocess.run([sys.executable, "-c", CHILD, name, json.dumps(batches)], cwd=checkout, env=env,
-                          capture_output=True, text=True, timeout=900)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        raise SystemExit(f"hook_pair: the {name} run failed:\n{proc.stderr[-2000:]}")
-    return {int(k): v for k, v in json.loads(line[7:]).items()}
+    got = run_in_checkout(checkout, CHILD, [name, json.dumps(batches)], "hook_pair", name)
+    return {int(k): v for k, v in got.items()}
 
 
 def main(argv=None) -> int:
@@ -88,12 +80,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     args = parser.parse_args(argv)
-    base = SCRATCH / "hook-pair-base"
-    subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, capture_output=True)
-    subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=REPO, check=True, capture_output=True)
     load_before = loadavg()
     diffs: dict[int, dict[str, list[float]]] = {b: {"engine_core": [], "frontend": []} for b in args.batches}
-    try:
+    with base_checkout(args.base, "hook-pair-base", "hook_pair") as base:
         for rnd in range(args.rounds):
             order = [("base", base), ("new", REPO)] if rnd % 2 == 0 else [("new", REPO), ("base", base)]
             got = {name: run(checkout, name, args.batches) for name, checkout in order}
@@ -101,8 +90,6 @@ def main(argv=None) -> int:
                 for role in ("engine_core", "frontend"):
                     diffs[b][role].append(got["new"][b][role] - got["base"][b][role])
             print("round", rnd, {b: {r: round(v[-1], 3) for r, v in d.items()} for b, d in diffs.items()}, flush=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, capture_output=True)
     result = {}
     for b, d in diffs.items():
         result[b] = {}
