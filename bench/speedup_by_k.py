@@ -223,7 +223,10 @@ def reprice(name: str) -> None:
     from spectrace.speedup import from_store
 
     path = RESULTS / f"{name}.json"
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"speedup_by_k: cannot read {path}: {exc}") from None
     root = SCRATCH / "speedup-by-k"
     for drafter, got in data["results"].items():
         store = root / f"store-{drafter}"
