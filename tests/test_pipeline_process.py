@@ -73,3 +73,22 @@ def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
     con = spectrace.store.open(tmp_path / "store")
     steps = {r[0] for r in con.execute("select distinct step from verify_steps").fetchall()}
     assert steps == {0, 1, 2, 7, 8}  # the four lost steps, and only those, are missing
+
+
+def test_a_message_is_pickled_record_by_record_with_pauses_for_the_gil(monkeypatch):
+    from spectrace.tracer import shipper
+
+    drafts = {"a": [1, 2], "b": [3]}
+    engine = [EngineStep(1, i, RUN, drafts, [2, 1], {"a": 0, "b": 1}, None, None, 1) for i in range(4)]
+    message = {"seq": 7, "engine": engine, "worker": [("w", drafts)], "state": {"run": RUN}}
+    pauses = []
+    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 0)  # a pause after every record
+    payload = shipper.dumps_message(message, pause=pauses.append)
+    assert pauses == [shipper.YIELD_S] * 5
+    assert message == {"seq": 7, "engine": engine, "worker": [("w", drafts)], "state": {"run": RUN}}  # untouched
+    back = shipper.loads_message(payload)
+    assert back == message and list(back) == ["seq", "state", "engine", "worker"]
+    # one memo across the records: the drafts dict every record shares arrives once, shared again
+    assert back["engine"][0].drafts is back["engine"][3].drafts is back["worker"][0][1]
+    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 10**12)
+    assert shipper.dumps_message(dict(message), pause=pauses.append) and len(pauses) == 5

@@ -7,7 +7,8 @@ A traced engine-core or worker process at a GPU engine's rates cannot afford the
 GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
 <spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
 this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s), takes what the hooks and
-the low-rate code buffered and writes it, pickled (a C-level pass), to one pipeline process
+the low-rate code buffered and writes it, pickled record by record with short pauses that hand
+the GIL to a waiting engine thread (:func:`dumps_message`), to one pipeline process
 it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the real
 runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and the
 exposition file are the engine's) and does everything else: the verification drain, every judge,
@@ -30,6 +31,7 @@ engine's exit ends the pipeline process by EOF after a last flush and waits for 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -55,6 +57,15 @@ STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped wit
 
 _FRAME = struct.Struct("!Q")
 
+# A message's per-step records are pickled one at a time by one pickler (its memo shared: a request id or a dict
+# two records hold is written once), and between them, once ``YIELD_AFTER_NS`` of pickling has passed, the
+# shipper sleeps ``YIELD_S``: a waiting engine thread takes the GIL then. One ``pickle.dumps`` of the whole message
+# holds the GIL in C for its whole length (~0.6 ms at batch 256, 5 steps), and an engine thread that woke in it
+# waited all of it (bench/gpu_rates.py: +0.15 ms of GIL wait a step); now it waits one record's pickling at most.
+PARTS = ("engine", "worker")  # the message's keys pickled record by record
+YIELD_AFTER_NS = 50_000
+YIELD_S = 20e-6
+
 
 # -- frames: a length and a pickle ------------------------------------------------
 
@@ -63,6 +74,37 @@ def write_frame(out, payload: bytes) -> None:
     out.write(_FRAME.pack(len(payload)))
     out.write(payload)
     out.flush()
+
+
+def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
+    """A message as one payload: the message without its :data:`PARTS`, then their records one by one, pickled by
+    one pickler (a memo shared by all), with a pause for the GIL whenever ``YIELD_AFTER_NS`` of pickling passed."""
+    parts = {key: message.pop(key) for key in PARTS if key in message}
+    message["parts"] = [(key, len(records)) for key, records in parts.items()]
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dump(message)
+    clock = time.perf_counter_ns
+    mark = clock()
+    for records in parts.values():
+        for record in records:
+            pickler.dump(record)
+            now = clock()
+            if now - mark >= YIELD_AFTER_NS:
+                pause(YIELD_S)
+                mark = clock()
+    message.update(parts)  # the caller's message as it was
+    del message["parts"]
+    return out.getvalue()
+
+
+def loads_message(payload: bytes) -> dict:
+    """:func:`dumps_message`'s message again (one unpickler: the memo spans the records)."""
+    unpickler = pickle.Unpickler(io.BytesIO(payload))
+    message = unpickler.load()
+    for key, n in message.pop("parts", ()):
+        message[key] = [unpickler.load() for _ in range(n)]
+    return message
 
 
 def read_frame(inp) -> bytes | None:
@@ -348,6 +390,7 @@ class Shipper:
             dropped_steps = capture.take_dropped()
             if dropped_steps:
                 message["dropped_steps"] = dropped_steps
+            time.sleep(YIELD_S)  # the GIL for a waiting engine thread, between the takes and the requests' reads
             requests = self._requests(capture)
             if requests:
                 message["requests"] = requests
@@ -431,8 +474,9 @@ class Shipper:
             self._seq += 1
             seq = message["seq"] = self._seq
             message["flush"] = wait or final
+            time.sleep(YIELD_S)  # and again between collecting and pickling
             try:
-                payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+                payload = dumps_message(message)
             except Exception as exc:
                 self.rt.count_error("shipper.pickle", exc)
                 self._lost(records)
