@@ -30,11 +30,15 @@ def context_bucket(context_len: int) -> str:
 
 
 def position_counts(drafted: np.ndarray, accepted: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-position drafted and accepted totals for arrays of request-steps."""
-    positions = np.arange(k)
-    drafted_at = (drafted[:, None] > positions[None, :]).sum(axis=0)
-    accepted_at = (accepted[:, None] > positions[None, :]).sum(axis=0)
-    return drafted_at.astype(np.int64), accepted_at.astype(np.int64)
+    """Per-position drafted and accepted totals for arrays of request-steps: at position p, the request-steps
+    that drafted (accepted) more than p tokens -- a histogram of the counts (``bincount``), summed from the top."""
+    return _above(drafted, k), _above(accepted, k)
+
+
+def _above(counts: np.ndarray, k: int) -> np.ndarray:
+    """For p in 0..k-1: how many of ``counts`` exceed p."""
+    histogram = np.bincount(np.clip(np.asarray(counts, dtype=np.int64), 0, k), minlength=k + 1)
+    return np.cumsum(histogram[::-1])[::-1][1:].astype(np.int64)
 
 
 @dataclass

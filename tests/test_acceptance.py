@@ -145,3 +145,15 @@ def test_collapse_names_its_onset_and_recovery():
     event = detector.observe(np.array([300, 300, 300]), np.array([290, 280, 270]), [mark(9, 90, 99, 30, 27, 10, 10)])
     assert event.code == "ACCEPTANCE_RECOVERED"
     assert (event.evidence["onset_step"], event.evidence["recovered_step"]) == (2, 9)
+
+
+def test_position_counts_equal_the_comparison_they_replace():
+    rng = np.random.default_rng(3)
+    for k in (0, 1, 4, 7):
+        drafted = rng.integers(0, k + 3, 500)  # some past k: they count at every position
+        accepted = np.minimum(drafted, rng.integers(-1, k + 1, 500))  # and some below 0: at none
+        d, a = position_counts(drafted, accepted, k)
+        p = np.arange(k)
+        assert d.tolist() == (drafted[:, None] > p).sum(axis=0).tolist()
+        assert a.tolist() == (accepted[:, None] > p).sum(axis=0).tolist()
+        assert d.dtype == a.dtype == np.int64 and len(d) == k
