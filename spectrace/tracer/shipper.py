@@ -57,13 +57,15 @@ STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped wit
 
 _FRAME = struct.Struct("!Q")
 
-# A message's per-step records are pickled one at a time by one pickler (its memo shared: a request id or a dict
-# two records hold is written once), and between them, once ``YIELD_AFTER_NS`` of pickling has passed, the
-# shipper sleeps ``YIELD_S``: a waiting engine thread takes the GIL then. One ``pickle.dumps`` of the whole message
-# holds the GIL in C for its whole length (~0.6 ms at batch 256, 5 steps), and an engine thread that woke in it
-# waited all of it (bench/gpu_rates.py: +0.15 ms of GIL wait a step); now it waits one record's pickling at most.
-PARTS = ("engine", "worker")  # the message's keys pickled record by record
-YIELD_AFTER_NS = 50_000
+# A message's per-step records are pickled in groups by one pickler (its memo shared: a request id or a dict two
+# records hold is written once), and between groups, once ``YIELD_AFTER_NS`` of pickling has passed, the shipper
+# sleeps ``YIELD_S``: a waiting engine thread takes the GIL then, and the shipper's next group mostly waits for the
+# engine thread's next release (its wait on the device). One ``pickle.dumps`` of the whole message holds the GIL
+# in C for its whole length (~0.6 ms at batch 256, 5 steps), and an engine thread that woke in it waited all of it
+# (bench/gpu_rates.py: +0.15 ms of GIL wait a step). Each pause costs the shipper ~20 µs of CPU (a sleep and the
+# GIL handed back and forth), so groups are sized to about ``YIELD_AFTER_NS`` of pickling each, not one record.
+PARTS = ("engine", "worker")  # the message's keys pickled in groups of records
+YIELD_AFTER_NS = 150_000
 YIELD_S = 20e-6
 
 
@@ -77,33 +79,44 @@ def write_frame(out, payload: bytes) -> None:
 
 
 def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
-    """A message as one payload: the message without its :data:`PARTS`, then their records one by one, pickled by
-    one pickler (a memo shared by all), with a pause for the GIL whenever ``YIELD_AFTER_NS`` of pickling passed."""
+    """A message as one payload: the message without its :data:`PARTS`, then their records in groups (lists), pickled
+    by one pickler (a memo shared by all), with a pause for the GIL whenever ``YIELD_AFTER_NS`` of pickling passed.
+    A group holds as many records as the last group's pickling time says fit in ``YIELD_AFTER_NS``."""
     parts = {key: message.pop(key) for key in PARTS if key in message}
     message["parts"] = [(key, len(records)) for key, records in parts.items()]
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.dump(message)
+    try:
+        pickler.dump(message)
+    finally:
+        message.update(parts)  # the caller's message as it was
+        del message["parts"]
     clock = time.perf_counter_ns
     mark = clock()
     for records in parts.values():
-        for record in records:
-            pickler.dump(record)
+        i, size = 0, 1
+        while i < len(records):
+            group = records[i:i + size]
+            started = clock()
+            pickler.dump(group)
             now = clock()
+            i += len(group)
+            size = max(1, min(4 * size, size * YIELD_AFTER_NS // max(now - started, 1)))
             if now - mark >= YIELD_AFTER_NS:
                 pause(YIELD_S)
                 mark = clock()
-    message.update(parts)  # the caller's message as it was
-    del message["parts"]
     return out.getvalue()
 
 
 def loads_message(payload: bytes) -> dict:
-    """:func:`dumps_message`'s message again (one unpickler: the memo spans the records)."""
+    """:func:`dumps_message`'s message again (one unpickler: the memo spans the groups)."""
     unpickler = pickle.Unpickler(io.BytesIO(payload))
     message = unpickler.load()
     for key, n in message.pop("parts", ()):
-        message[key] = [unpickler.load() for _ in range(n)]
+        records: list = []
+        while len(records) < n:
+            records += unpickler.load()
+        message[key] = records
     return message
 
 
@@ -390,7 +403,6 @@ class Shipper:
             dropped_steps = capture.take_dropped()
             if dropped_steps:
                 message["dropped_steps"] = dropped_steps
-            time.sleep(YIELD_S)  # the GIL for a waiting engine thread, between the takes and the requests' reads
             requests = self._requests(capture)
             if requests:
                 message["requests"] = requests
