@@ -486,6 +486,10 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         from dataclasses import replace
 
         profile = "in the pipeline process"
+        if args.ship_pauses == "off":
+            from spectrace.tracer import shipper as shipper_module
+
+            shipper_module.YIELD_S = 0
         rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid
@@ -760,6 +764,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--ship-interval", type=float, default=0.1, help="child shape: seconds between shipments")
     parser.add_argument("--pipeline-nice", type=int, default=10, help="child shape: the pipeline process's nice increment")
+    parser.add_argument("--ship-pauses", choices=("on", "off"), default="on",
+                        help="production shape: the shipper's pauses for the GIL between record groups (off: none, "
+                             "to measure what they do)")
     parser.add_argument("--show", metavar="RESULTS_JSON", help="print the summary lines of a results file and exit")
     parser.add_argument("--name", default=None, help="results file bench/results/<name>.json (default gpu_rates[-quick])")
     args = parser.parse_args(argv)

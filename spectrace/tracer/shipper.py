@@ -66,7 +66,7 @@ _FRAME = struct.Struct("!Q")
 # GIL handed back and forth), so groups are sized to about ``YIELD_AFTER_NS`` of pickling each, not one record.
 PARTS = ("engine", "worker")  # the message's keys pickled in groups of records
 YIELD_AFTER_NS = 150_000
-YIELD_S = 20e-6
+YIELD_S = 20e-6  # 0: no pauses (bench/gpu_rates.py --ship-pauses off, to measure what they do)
 
 
 # -- frames: a length and a pickle ------------------------------------------------
@@ -102,7 +102,7 @@ def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
             now = clock()
             i += len(group)
             size = max(1, min(4 * size, size * YIELD_AFTER_NS // max(now - started, 1)))
-            if now - mark >= YIELD_AFTER_NS:
+            if now - mark >= YIELD_AFTER_NS and YIELD_S:
                 pause(YIELD_S)
                 mark = clock()
     return out.getvalue()
@@ -486,7 +486,8 @@ class Shipper:
             self._seq += 1
             seq = message["seq"] = self._seq
             message["flush"] = wait or final
-            time.sleep(YIELD_S)  # and again between collecting and pickling
+            if YIELD_S:
+                time.sleep(YIELD_S)  # the GIL for a waiting engine thread, between collecting and pickling
             try:
                 payload = dumps_message(message)
             except Exception as exc:
