@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import chain, compress
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -244,6 +245,9 @@ def position_cliff(
     return None
 
 
+_FIRST, _LAST = itemgetter(0), itemgetter(-1)
+
+
 def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -> dict[str, Any]:
     """How many draft rows (of two or more drafts) are one token id repeated.
 
@@ -251,7 +255,8 @@ def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -
     ``repeated_accepted`` (tokens in those rows; ``accepted``: accepted count per row)
     and ``by_token`` (repeated rows per id). Placeholder ids (negative: vLLM's async
     scheduling sends -1) are no drafts and are skipped; single drafts say nothing.
-    Counted over one flat array of every draft id (``lengths``: the rows' lengths, where known).
+    Counted with NumPy over each row's first and last id, then over the ids of the rows whose last id is their
+    first (``lengths``: the rows' lengths, where known).
     """
     out: dict[str, Any] = {"rows": 0, "repeated": 0, "repeated_drafted": 0, "repeated_accepted": 0, "by_token": {}}
     n = len(draft_rows)
@@ -266,11 +271,17 @@ def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -
     if not wide.all():
         at = np.flatnonzero(wide)
         draft_rows, lengths, accepted = list(compress(draft_rows, wide)), lengths[at], accepted[at]
-    # every draft id in one flat array (one C-level pass); each row's first id beside each of its ids
-    flat = np.fromiter(chain.from_iterable(draft_rows), np.int64, int(lengths.sum()))
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    first = flat[starts]
-    same_as_first = np.logical_and.reduceat(flat == np.repeat(first, lengths), starts)
+    # each row's first and last id (two C-level passes); only a row whose last id is its first can be one id
+    # repeated, and only those rows' ids go into one flat array, each beside its row's first id
+    n = len(draft_rows)
+    first = np.fromiter(map(_FIRST, draft_rows), np.int64, n)
+    same_as_first = first == np.fromiter(map(_LAST, draft_rows), np.int64, n)
+    if same_as_first.any():
+        at = np.flatnonzero(same_as_first)
+        rows, widths = [draft_rows[i] for i in at.tolist()], lengths[at]
+        flat = np.fromiter(chain.from_iterable(rows), np.int64, int(widths.sum()))
+        starts = np.concatenate(([0], np.cumsum(widths)[:-1]))
+        same_as_first[at] = np.logical_and.reduceat(flat == np.repeat(first[at], widths), starts)
     drafts = first >= 0
     same = drafts & same_as_first
     repeated = int(same.sum())

@@ -147,6 +147,8 @@ def test_one_token_rows_as_the_loop_counts(seed):
     rows = [[rng.choice([-1, 0, 0, 3, 9]) for _ in range(rng.choice([0, 1, 2, 3, 3, 7]))] for _ in range(300)]
     accepted = [rng.randrange(0, 4) for _ in rows]
     assert acceptance.one_token_rows(rows, accepted) == reference_one_token_rows(rows, accepted)
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)  # as the drain calls it
+    assert acceptance.one_token_rows(rows, accepted, lengths) == reference_one_token_rows(rows, accepted)
 
 
 def test_auto_pipeline_is_a_process_on_an_accelerator_only(monkeypatch):

@@ -272,3 +272,10 @@ def test_host_steps_sum_per_run_and_role_and_join_an_engine_steps_chunks(traced)
                    "frontend": (2, 120, 10, 7 * 7 + 3 * 3, 7 * 80 + 3 * 40)}
     costs = rt.verify.step_times.host_costs(RUN)
     assert sorted(c.steps for c in costs) == [2.0, 2.0]
+
+
+def test_a_request_histogram_is_written_as_json_writes_it():
+    from spectrace.tracer.verify.drain import _int_list
+
+    for values in ([], [0], [3, 0, 12], list(range(9))):
+        assert _int_list(values) == json.dumps(values) and json.loads(_int_list(values)) == values

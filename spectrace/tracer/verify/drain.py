@@ -419,7 +419,7 @@ class VerifyCapture(Capture):
                 common = commons[run_id] = rt.common(ENGINE, run_id=run_id)
             count_rows.append({**common, "ts": now, "request_id": req_id, "request_steps": steps,
                                "drafted": drafted, "accepted": accepted, "emitted": emitted,
-                               "histogram": json.dumps(histogram)})
+                               "histogram": _int_list(histogram)})
             if req_id in self.slice_of:
                 labels, new = self.slice_of[req_id], False
             else:
@@ -537,6 +537,11 @@ _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # (greedy, structured output) of
 def _method(rt, run_id: str | None) -> str | None:
     run = rt.run_by_id(run_id)
     return run.info.get("method") if run is not None else None
+
+
+def _int_list(values: list[int]) -> str:
+    """A list of ints as JSON text (``json.dumps``'s, at a fifth of its cost: one a request a flush)."""
+    return "[" + ", ".join(map(str, values)) + "]"
 
 
 class RequestTotals:
