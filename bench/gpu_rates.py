@@ -47,7 +47,6 @@ are imported (12 s) and the heap frozen (as vLLM's engine core does): a fresh Ru
 from __future__ import annotations
 
 import argparse
-import gc
 import io
 import json
 import math
@@ -64,7 +63,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench.ab_windows import summary, t95
-from bench.common import SCRATCH, freeze_heap, loadavg, spread, write_result
+from bench.common import SCRATCH, freeze_heap, loadavg, write_result
 
 # -- spectrace's entry points this benchmark drives: the one place to update when they move -----------
 from spectrace.settings import Settings
@@ -828,7 +827,7 @@ def main(argv=None) -> int:
             return 1
         r = json.loads(out.read_text())
         r["load_before"], r["load_after"] = load, loadavg()
-        r["analysis"] = a = analyse(r)
+        r["analysis"] = analyse(r)
         results.append(r)
         print(line(r), flush=True)
     goal = {r["shape"]: verdicts(r["analysis"]) for r in results
