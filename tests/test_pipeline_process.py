@@ -75,7 +75,7 @@ def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
     assert steps == {0, 1, 2, 7, 8}  # the four lost steps, and only those, are missing
 
 
-def test_a_message_is_pickled_record_by_record_with_pauses_for_the_gil(monkeypatch):
+def test_a_message_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
     from spectrace.tracer import shipper
 
     drafts = {"a": [1, 2], "b": [3]}
@@ -90,5 +90,8 @@ def test_a_message_is_pickled_record_by_record_with_pauses_for_the_gil(monkeypat
     assert back == message and list(back) == ["seq", "state", "engine", "worker"]
     # one memo across the records: the drafts dict every record shares arrives once, shared again
     assert back["engine"][0].drafts is back["engine"][3].drafts is back["worker"][0][1]
-    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 10**12)
-    assert shipper.dumps_message(dict(message), pause=pauses.append) and len(pauses) == 5
+    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 10**12)  # groups grow (1, 4, ...) and no pause comes
+    assert shipper.loads_message(shipper.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5
+    monkeypatch.setattr(shipper, "YIELD_S", 0)  # --ship-pauses off: none even after every record
+    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 0)
+    assert shipper.loads_message(shipper.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5

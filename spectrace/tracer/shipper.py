@@ -7,8 +7,8 @@ A traced engine-core or worker process at a GPU engine's rates cannot afford the
 GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
 <spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
 this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s), takes what the hooks and
-the low-rate code buffered and writes it, pickled record by record with short pauses that hand
-the GIL to a waiting engine thread (:func:`dumps_message`), to one pipeline process
+the low-rate code buffered and writes it, pickled in groups of records with short pauses between
+them that hand the GIL to a waiting engine thread (:func:`dumps_message`), to one pipeline process
 it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the real
 runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and the
 exposition file are the engine's) and does everything else: the verification drain, every judge,
