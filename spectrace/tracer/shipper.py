@@ -62,8 +62,9 @@ _FRAME = struct.Struct("!Q")
 # sleeps ``YIELD_S``: a waiting engine thread takes the GIL then, and the shipper's next group mostly waits for the
 # engine thread's next release (its wait on the device). One ``pickle.dumps`` of the whole message holds the GIL
 # in C for its whole length (~0.6 ms at batch 256, 5 steps), and an engine thread that woke in it waited all of it
-# (bench/gpu_rates.py: +0.15 ms of GIL wait a step). Each pause costs the shipper ~20 µs of CPU (a sleep and the
-# GIL handed back and forth), so groups are sized to about ``YIELD_AFTER_NS`` of pickling each, not one record.
+# (bench/gpu_rates.py at 256 x 50: +0.155 ms of GIL wait a step in 2 of 5 jobs, ~0.01 in the others). Each pause
+# costs the shipper ~20 µs of CPU (a sleep and the GIL handed back and forth), so groups are sized to about
+# ``YIELD_AFTER_NS`` of pickling each, not one record.
 PARTS = ("engine", "worker")  # the message's keys pickled in groups of records
 YIELD_AFTER_NS = 150_000
 YIELD_S = 20e-6  # 0: no pauses (bench/gpu_rates.py --ship-pauses off, to measure what they do)
