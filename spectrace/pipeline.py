@@ -73,7 +73,7 @@ def to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     # same per-field conversion, missing keys NULL, other keys ignored.
     arrays = pa.array(rows, type=pa.struct(schema), memory_pool=POOL).flatten(memory_pool=POOL)
     i = schema.get_field_index("schema_version")
-    arrays[i] = pa.array([SCHEMA_VERSION] * len(rows), type=schema.field(i).type, memory_pool=POOL)
+    arrays[i] = pa.repeat(pa.scalar(SCHEMA_VERSION, type=schema.field(i).type), len(rows), memory_pool=POOL)
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -90,7 +90,10 @@ def columns_to_arrow(table: str, columns: dict[str, Any], n: int) -> pa.Table:
         if isinstance(value, pa.Array):  # built by the producer (a mask for NULLs, say)
             arrays.append(value.cast(fld.type) if value.type != fld.type else value)
             continue
-        arrays.append(pa.array(value if isinstance(value, _SEQUENCES) else [value] * n, type=fld.type, memory_pool=POOL))
+        if isinstance(value, _SEQUENCES):
+            arrays.append(pa.array(value, type=fld.type, memory_pool=POOL))
+        else:  # one value for every row (run, role, pid, host...): repeated in C, not converted n times
+            arrays.append(pa.repeat(pa.scalar(value, type=fld.type), n, memory_pool=POOL))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

@@ -168,3 +168,30 @@ def test_auto_pipeline_is_a_process_on_an_accelerator_only(monkeypatch):
         assert pipeline_shape("thread") == "thread" and pipeline_shape("process") == "process"
     platforms.current_platform = SimpleNamespace()  # a platform that cannot be told
     assert pipeline_shape("auto") == "thread"
+
+
+def test_one_value_columns_build_as_repeated_lists_do():
+    """``columns_to_arrow`` repeats a column given as one value (run, role, pid, host...) in C: the same table as
+    the list of that value repeated, NULLs, timestamps, NumPy scalars and booleans included."""
+    import pyarrow as pa
+
+    from spectrace.pipeline import SCHEMA_VERSION, arrow_schema, columns_to_arrow
+
+    n = 5
+    one_value = {"run_id": "run-1", "process_role": "engine_core", "pid": np.int64(4321), "host": "h", "rank": None,
+                 "ts": 1_700_000_000_000_000_000, "step": np.arange(n), "request_id": [f"r{i}" for i in range(n)],
+                 "context_len": pa.array([3, -1, 5, 6, 7], mask=np.array([False, True, False, False, False]),
+                                         type=pa.int64()),
+                 "num_drafted": 3, "num_accepted": np.array([0, 1, 2, 3, 0]), "num_emitted": 1, "greedy": True,
+                 "structured_output": False, "draft_token_ids": None}
+    built = columns_to_arrow("verify_steps", one_value, n)
+    schema = arrow_schema("verify_steps")
+    expected = pa.table({
+        name: pa.array(value if isinstance(value, (list, np.ndarray, pa.Array)) else [value] * n,
+                       type=schema.field(name).type)
+        for name, value in {**one_value, "schema_version": SCHEMA_VERSION}.items()
+    }).select(schema.names).cast(schema)
+    assert built.schema == schema
+    assert built.equals(expected)
+    assert built.column("rank").null_count == n and built.column("context_len").null_count == 1
+    assert built.column("pid").to_pylist() == [4321] * n and built.column("greedy").to_pylist() == [True] * n
