@@ -1,0 +1,176 @@
+"""The pipeline process's CPU on recorded messages: where it goes, and its garbage collector paired.
+
+    .venv/bin/python -m bench.pipeline_replay                      # batch 256, 6 rounds (~2 min)
+    .venv/bin/python -m bench.pipeline_replay --batch 512 --rounds 4
+
+Method. One recording: bench/gpu_rates.py's GIL-bound stand-in engine (its hooks real) at the batch, k 7, five
+steps a message, with the real shipper (``SPECTRACE_PIPELINE=process``); the frames it writes are kept as they
+are. Each replay, in a fresh process, feeds them to the runtime a pipeline process builds
+(``pipeline_process.apply``, a flush every 20 messages: the 2 s flush interval at 50 steps/s) after 20 warm-up
+messages, and reports its CPU (user + system) per second of recorded generation at 50 steps/s, i.e. its share of
+one core at BATCH x 50, with bench/profile_flush.py's phase timers. Replays alternate the collector as the pipeline
+process sets it (``pipeline_process._tune_gc``: the start-up heap frozen, young collections every 50,000 net
+containers) with CPython's defaults, in the order tuned/default, default/tuned, ... (ABBA), so the machine's drift
+hits both; the result is the mean paired difference with a 95 % t interval. No engine runs beside the replay:
+this is the pipeline process's own work, not its cost to an engine (bench/gpu_rates.py measures that).
+Results: bench/results/pipeline_replay[-BATCH].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pickle
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.ab_windows import t95
+from bench.common import REPO, SCRATCH, loadavg, write_result
+
+WARMUP = 20  # messages applied (and flushed) before the timed ones
+FLUSH_EVERY = 20  # messages a flush: 2 s at 5 steps a message and 50 steps/s
+STEPS_A_MESSAGE = 5
+RATE = 50.0  # recorded steps a second, for the share of a core
+
+
+def record(batch: int, messages: int, path) -> dict:
+    """The stand-in engine's shipped frames at ``batch`` (their first is the pipeline process's start frame)."""
+    from dataclasses import replace
+
+    from bench import gpu_rates
+    from spectrace.tracer import runtime
+    from spectrace.tracer import shipper as shipper_module
+    from spectrace.tracer.verify import VerifyCapture
+
+    store = SCRATCH / "pipeline_replay" / "record-store"
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir(parents=True)
+    engine = gpu_rates.Engine(batch, 7, RATE, 0.5, 150)
+    rt = gpu_rates.start_runtime(replace(gpu_rates.settings_for(store), pipeline="process"), VerifyCapture, "replay")
+    shipper = rt.pipeline.shipper
+    shipper._stop.set()  # its thread ends: the messages below are cut here, every five steps
+    time.sleep(0.3)
+    runtime.resume()
+    frames: list[bytes] = []
+    write = shipper_module.write_frame
+
+    def keep(out, payload: bytes) -> None:
+        frames.append(payload)
+        write(out, payload)
+
+    shipper_module.write_frame = keep
+    try:
+        for _ in range(messages):
+            for _ in range(STEPS_A_MESSAGE):
+                engine.step()
+            shipper.ship()
+    finally:
+        shipper_module.write_frame = write
+    runtime.stop()
+    path.write_bytes(pickle.dumps(frames))
+    return {"messages": len(frames), "bytes_a_message": statistics.fmean(map(len, frames))}
+
+
+def replay(path, collector: str) -> dict:
+    """One replay (in this process): CPU per second of recorded generation, total and by phase."""
+    from bench import profile_flush
+
+    profile_flush.instrument()
+    from spectrace.settings import Settings
+    from spectrace.tracer import pipeline_process, runtime
+    from spectrace.tracer.shipper import loads_message
+    from spectrace.tracer.verify import VerifyCapture
+
+    frames = pickle.loads(path.read_bytes())[1:]  # the first frame after the start frame is a message
+    work = SCRATCH / "pipeline_replay" / f"replay-{collector}"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "store").mkdir(parents=True)
+    (work / "metrics").mkdir(mode=0o700)
+    rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics"),
+                         make_capture=VerifyCapture)
+    rt.runs.clear()
+    rt.run = None
+    for frame in frames[:WARMUP]:
+        pipeline_process.apply(rt, loads_message(frame))
+    rt.pipeline.flush()
+    if collector == "tuned":
+        pipeline_process._tune_gc()
+    profile_flush.CPU.clear()
+    profile_flush.CALLS.clear()
+    timed = frames[WARMUP:]
+    started, unpickling = time.process_time(), 0.0
+    for i, frame in enumerate(timed):
+        t0 = time.process_time()
+        message = loads_message(frame)
+        unpickling += time.process_time() - t0
+        pipeline_process.apply(rt, message)
+        if i % FLUSH_EVERY == FLUSH_EVERY - 1:
+            rt.pipeline.flush()
+    rt.pipeline.flush()
+    cpu = time.process_time() - started
+    seconds = len(timed) * STEPS_A_MESSAGE / RATE
+    rt.shutdown()
+    return {"pct_core": cpu / seconds * 100, "unpickling_pct_core": unpickling / seconds * 100,
+            "phases_pct_core": {name: round(v / seconds * 100, 3) for name, v in profile_flush.CPU.most_common()},
+            "recorded_s": seconds}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--messages", type=int, default=220, help="messages recorded (5 steps each); 20 warm up")
+    parser.add_argument("--rounds", type=int, default=6, help="pairs of replays (tuned and default collector)")
+    parser.add_argument("--replay", help=argparse.SUPPRESS)
+    parser.add_argument("--collector", choices=("tuned", "default"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.messages <= WARMUP + FLUSH_EVERY:
+        parser.error(f"--messages must be above {WARMUP + FLUSH_EVERY} (the warm-up and one flush)")
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2 (an interval needs two pairs)")
+    if args.replay:  # a child: one replay
+        print("RESULT " + json.dumps(replay(Path(args.replay), args.collector)))
+        return 0
+    path = SCRATCH / "pipeline_replay" / f"frames-{args.batch}.pkl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"recording {args.messages} messages at batch {args.batch} ...", flush=True)
+    recorded = record(args.batch, args.messages, path)
+    load_before = loadavg()
+    runs: dict[str, list[dict]] = {"tuned": [], "default": []}
+    for i in range(args.rounds):
+        order = ("tuned", "default") if i % 2 == 0 else ("default", "tuned")
+        for collector in order:
+            out = subprocess.run([sys.executable, "-m", "bench.pipeline_replay", "--replay", str(path),
+                                  "--collector", collector], cwd=REPO, capture_output=True, text=True, check=False)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+            if out.returncode or not lines:
+                print(out.stderr[-2000:], file=sys.stderr)
+                print(f"error: the {collector} replay failed (exit {out.returncode})", file=sys.stderr)
+                return 1
+            runs[collector].append(json.loads(lines[-1][len("RESULT "):]))
+        print(f"round {i + 1}/{args.rounds}: tuned {runs['tuned'][-1]['pct_core']:.2f} %, "
+              f"default {runs['default'][-1]['pct_core']:.2f} % of a core", flush=True)
+    diffs = [t["pct_core"] - d["pct_core"] for t, d in zip(runs["tuned"], runs["default"])]
+    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    mean = statistics.fmean(diffs)
+    result = {
+        "batch": args.batch, "k": 7, "rate": RATE, "recorded": recorded, "rounds": args.rounds,
+        "pct_core": {c: statistics.fmean(r["pct_core"] for r in rs) for c, rs in runs.items()},
+        "tuned_minus_default_pct_core": {"mean": mean, "ci95": [mean - half, mean + half]},
+        "runs": runs, "load_before": load_before, "load_after": loadavg(),
+    }
+    name = "pipeline_replay" if args.batch == 256 else f"pipeline_replay-{args.batch}"
+    written = write_result(name, result)
+    print(f"pipeline process at {args.batch} x 50 (replayed): tuned collector {result['pct_core']['tuned']:.2f} %, "
+          f"default {result['pct_core']['default']:.2f} % of a core; tuned - default {mean:+.2f} points "
+          f"({mean - half:+.2f} … {mean + half:+.2f}, {args.rounds} pairs)")
+    print(f"wrote {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
