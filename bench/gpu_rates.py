@@ -489,7 +489,10 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
             from spectrace.tracer import shipper as shipper_module
 
             shipper_module.YIELD_S = 0
-        rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
+        settings = replace(settings_for(store), pipeline="process")
+        if args.pipeline_nice is not None:
+            settings = replace(settings, pipeline_nice=args.pipeline_nice)
+        rt = start_runtime(settings, VerifyCapture, run_id)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid
         shipper = None
@@ -503,7 +506,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
             code = 0
             try:
                 parent_end.close()
-                pipeline_child(child_end, store, run_id, child_out, args.pipeline_nice)
+                pipeline_child(child_end, store, run_id, child_out, 10 if args.pipeline_nice is None else args.pipeline_nice)
             except BaseException:
                 import traceback
 
@@ -605,6 +608,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         "dropped_steps": verify_dropped, "errors": dict(rt.errors), "store": store_totals(store),
         "profile_ms": profile, "pipeline": pipeline, "pid": pid, "backlog_messages": backlog,
         "flush_interval_s": rt.settings.flush_interval_s, "ship_interval_s": rt.settings.ship_interval_s,
+        "pipeline_nice": rt.settings.pipeline_nice if shape == "production" else None,
     }
     out.write_text(json.dumps(result))
 
@@ -777,7 +781,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=None, help="pairs of windows per job (default 16: past the first compaction)")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--ship-interval", type=float, default=0.1, help="child shape: seconds between shipments")
-    parser.add_argument("--pipeline-nice", type=int, default=10, help="child shape: the pipeline process's nice increment")
+    parser.add_argument("--pipeline-nice", type=int, default=None,
+                        help="the pipeline process's nice increment (production: SPECTRACE_PIPELINE_NICE's default; child: 10)")
     parser.add_argument("--ship-pauses", choices=("on", "off"), default="on",
                         help="production shape: the shipper's pauses for the GIL between record groups (off: none, "
                              "to measure what they do)")
