@@ -489,12 +489,11 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
             from spectrace.tracer import shipper as shipper_module
 
             shipper_module.YIELD_S = 0
-        settings = replace(settings_for(store), pipeline="process")
-        if args.pipeline_nice is not None:
-            settings = replace(settings, pipeline_nice=args.pipeline_nice)
-        rt = start_runtime(settings, VerifyCapture, run_id)
+        rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid
+        if args.pipeline_nice:  # below the engine's priority (not what spectrace does: measured, not shipped)
+            os.setpriority(os.PRIO_PROCESS, child_pid, os.getpriority(os.PRIO_PROCESS, 0) + args.pipeline_nice)
         shipper = None
     elif shape == "child":
         from multiprocessing import Pipe
@@ -608,7 +607,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         "dropped_steps": verify_dropped, "errors": dict(rt.errors), "store": store_totals(store),
         "profile_ms": profile, "pipeline": pipeline, "pid": pid, "backlog_messages": backlog,
         "flush_interval_s": rt.settings.flush_interval_s, "ship_interval_s": rt.settings.ship_interval_s,
-        "pipeline_nice": rt.settings.pipeline_nice if shape == "production" else None,
+        "pipeline_nice": (args.pipeline_nice or 0) if shape == "production" else None,
     }
     out.write_text(json.dumps(result))
 
@@ -782,7 +781,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--ship-interval", type=float, default=0.1, help="child shape: seconds between shipments")
     parser.add_argument("--pipeline-nice", type=int, default=None,
-                        help="the pipeline process's nice increment (production: SPECTRACE_PIPELINE_NICE's default; child: 10)")
+                        help="the pipeline process's nice increment over the engine's (production: none, as shipped; child: 10)")
     parser.add_argument("--ship-pauses", choices=("on", "off"), default="on",
                         help="production shape: the shipper's pauses for the GIL between record groups (off: none, "
                              "to measure what they do)")

@@ -221,7 +221,6 @@ class Settings:
     # the runtime: ``spectrace.tracer.runtime.pipeline_shape``)
     pipeline: str = "auto"
     ship_interval_s: float = 0.1  # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process
-    pipeline_nice: int = 10  # SPECTRACE_PIPELINE_NICE: the pipeline process's nice increment over its engine's
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -287,7 +286,6 @@ class Settings:
             ship_interval_s=r.seconds(
                 "SPECTRACE_SHIP_INTERVAL", d["ship_interval_s"], lambda v: 0.01 <= v <= 60, ">= 0.01 s and at most 60 s"
             ),
-            pipeline_nice=r.number("SPECTRACE_PIPELINE_NICE", d["pipeline_nice"], lambda v: 0 <= v <= 19, "0 to 19", int),
         )
         if r.problems:
             if strict:
@@ -342,10 +340,6 @@ VARIABLES: tuple[Variable, ...] = (
              "Benchmarks); `auto`: `process` where vLLM runs on an accelerator, `thread` on its CPU platform"),
     Variable("SPECTRACE_SHIP_INTERVAL", "ship_interval_s", "a duration, 0.01 s to 60 s",
              "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process"),
-    Variable("SPECTRACE_PIPELINE_NICE", "pipeline_nice", "integer 0 to 19",
-             "with `SPECTRACE_PIPELINE=process`: how much lower the pipeline process's CPU priority is than its engine "
-             "process's (a nice increment). Where cores are short, vLLM's threads run first, the shipper holding the "
-             "GIL among them; a pipeline process that falls behind loses records, counted. 0: the same priority"),
     Variable("SPECTRACE_MAX_BUFFER_ROWS", "max_buffer_rows", "integer >= 1",
              "per-process buffer bound; rows beyond it are dropped and counted"),
     Variable("SPECTRACE_STEP_SAMPLE", "step_sample", "0 to 1",

@@ -36,9 +36,6 @@ REFUSED = [
     ("SPECTRACE_PIPELINE", "fork", "pipeline"),
     ("SPECTRACE_SHIP_INTERVAL", "0", "ship_interval_s"),
     ("SPECTRACE_SHIP_INTERVAL", "2m", "ship_interval_s"),
-    ("SPECTRACE_PIPELINE_NICE", "-5", "pipeline_nice"),  # a higher priority than vLLM's: never
-    ("SPECTRACE_PIPELINE_NICE", "20", "pipeline_nice"),
-    ("SPECTRACE_PIPELINE_NICE", "low", "pipeline_nice"),
 ]
 
 
@@ -69,8 +66,6 @@ def test_out_of_range_is_one_line_and_the_default(name, value, field, caplog):
         ("SPECTRACE_PROMETHEUS_PORT", "65535", "prometheus_port", 65535),
         ("SPECTRACE_RUN_ID", "exp-1.a", "run_id", "exp-1.a"),
         ("SPECTRACE_EXPORTER", "lake, otlp", "exporters", ("lake", "otlp")),
-        ("SPECTRACE_PIPELINE_NICE", "0", "pipeline_nice", 0),
-        ("SPECTRACE_PIPELINE_NICE", "19", "pipeline_nice", 19),
     ],
 )
 def test_in_range_is_taken(name, value, field, expected):

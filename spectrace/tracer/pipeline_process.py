@@ -173,8 +173,8 @@ class AckSink(Sink):
         self.acks, self.rt = acks, rt
 
     def export(self, batch) -> None:
-        if self.acks.taken:  # with this process's niceness (SPECTRACE_PIPELINE_NICE over the engine's)
-            self.acks.send(self.acks.taken, {**self.rt.pipeline.stats(), "nice": os.getpriority(os.PRIO_PROCESS, 0)})
+        if self.acks.taken:
+            self.acks.send(self.acks.taken, self.rt.pipeline.stats())
 
     def close(self) -> None:
         pass
@@ -214,11 +214,6 @@ def main() -> int:
         return 0
     init = pickle.loads(frame)
     identity.adopt(init["pid"])
-    if init["settings"].pipeline_nice:
-        try:  # below the engine's priority: where cores are short, vLLM's threads run first
-            os.nice(init["settings"].pipeline_nice)
-        except OSError:
-            pass
 
     from spectrace.tracer import runtime
     from spectrace.tracer.verify import VerifyCapture
