@@ -39,7 +39,8 @@ RATE = 50.0  # recorded steps a second, for the share of a core
 
 
 def record(batch: int, messages: int, path) -> dict:
-    """The stand-in engine's shipped frames at ``batch`` (their first is the pipeline process's start frame)."""
+    """The stand-in engine's shipped messages at ``batch``, as the frames the shipper wrote (the pipeline process's
+    start frame, written when it started, is not among them)."""
     from dataclasses import replace
 
     from bench import gpu_rates
@@ -86,7 +87,7 @@ def replay(path, collector: str) -> dict:
     from spectrace.tracer.shipper import loads_message
     from spectrace.tracer.verify import VerifyCapture
 
-    frames = pickle.loads(path.read_bytes())[1:]  # the first frame after the start frame is a message
+    frames = pickle.loads(path.read_bytes())  # every one a message (each carries the engine's state)
     work = SCRATCH / "pipeline_replay" / f"replay-{collector}"
     shutil.rmtree(work, ignore_errors=True)
     (work / "store").mkdir(parents=True)
