@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-from bench.ab_windows import t95
-from bench.common import REPO, SCRATCH, freeze_heap, loadavg, write_result
+from bench.common import REPO, SCRATCH, freeze_heap, loadavg, run_in_checkout, write_result
+from bench.gpu_rates import mean_ci
+
+CHILD = "import sys\nfrom bench.gil_tail import main\nsys.exit(main(sys.argv[1:]))"  # one run, in a fresh process
 
 
 def one_run(batch: int, rate: float, seconds: float, nice: int) -> dict:
@@ -97,29 +97,21 @@ def main(argv=None) -> int:
     load_before = loadavg()
     for i in range(args.pairs):
         for nice in ((0, args.nice) if i % 2 == 0 else (args.nice, 0)):
-            out = subprocess.run([sys.executable, "-m", "bench.gil_tail", "--point", args.point, "--seconds",
-                                  str(args.seconds), "--run", str(nice)], cwd=REPO, capture_output=True, text=True,
-                                 check=False)
-            lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-            if out.returncode or not lines:
-                print(out.stderr[-2000:], file=sys.stderr)
-                print(f"error: the run at nice {nice} failed (exit {out.returncode})", file=sys.stderr)
-                return 1
-            runs[nice].append(json.loads(lines[-1][len("RESULT "):]))
+            runs[nice].append(run_in_checkout(REPO, CHILD, ["--point", args.point, "--seconds", str(args.seconds),
+                                                           "--run", str(nice)], "gil_tail", f"nice {nice}"))
         print(f"pair {i + 1}/{args.pairs}: per-step wait nice 0 {runs[0][-1]['mean_ms']:.3f} ms, "
               f"nice {args.nice} {runs[args.nice][-1]['mean_ms']:.3f} ms", flush=True)
-    diffs = [b["mean_ms"] - a["mean_ms"] for a, b in zip(runs[0], runs[args.nice])]
-    mean = statistics.fmean(diffs)
-    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    difference = mean_ci([b["mean_ms"] - a["mean_ms"] for a, b in zip(runs[0], runs[args.nice])])
+    mean, (low, high) = difference["mean"], difference["ci95"]
     result = {"batch": batch, "rate": rate, "k": 7, "seconds": args.seconds, "pairs": args.pairs,
               "mean_ms": {str(n): statistics.fmean(r["mean_ms"] for r in rs) for n, rs in runs.items()},
-              "nice_minus_0_ms": {"mean": mean, "ci95": [mean - half, mean + half]},
+              "nice_minus_0_ms": difference,
               "runs": {str(n): rs for n, rs in runs.items()}, "load_before": load_before, "load_after": loadavg()}
     name = "gil_tail" if args.point == "512x100" else f"gil_tail-{args.point}"
     written = write_result(name, result)
     print(f"engine thread's per-step wait at {args.point}, traced: nice 0 {result['mean_ms']['0']:.3f} ms, "
           f"nice {args.nice} {result['mean_ms'][str(args.nice)]:.3f} ms; difference {mean:+.3f} ms "
-          f"({mean - half:+.3f} … {mean + half:+.3f}, {args.pairs} pairs)")
+          f"({low:+.3f} … {high:+.3f}, {args.pairs} pairs)")
     print(f"wrote {written}")
     return 0
 

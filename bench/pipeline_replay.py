@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pickle
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.ab_windows import t95
-from bench.common import REPO, SCRATCH, loadavg, write_result
+from bench.common import REPO, SCRATCH, loadavg, run_in_checkout, write_result
+from bench.gpu_rates import mean_ci
+
+CHILD = "import sys\nfrom bench.pipeline_replay import main\nsys.exit(main(sys.argv[1:]))"  # one replay, fresh
 
 WARMUP = 20  # messages applied (and flushed) before the timed ones
 FLUSH_EVERY = 20  # messages a flush: 2 s at 5 steps a message and 50 steps/s
@@ -145,30 +145,23 @@ def main(argv=None) -> int:
     for i in range(args.rounds):
         order = ("tuned", "default") if i % 2 == 0 else ("default", "tuned")
         for collector in order:
-            out = subprocess.run([sys.executable, "-m", "bench.pipeline_replay", "--replay", str(path),
-                                  "--collector", collector], cwd=REPO, capture_output=True, text=True, check=False)
-            lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-            if out.returncode or not lines:
-                print(out.stderr[-2000:], file=sys.stderr)
-                print(f"error: the {collector} replay failed (exit {out.returncode})", file=sys.stderr)
-                return 1
-            runs[collector].append(json.loads(lines[-1][len("RESULT "):]))
+            runs[collector].append(run_in_checkout(REPO, CHILD, ["--replay", str(path), "--collector", collector],
+                                                   "pipeline_replay", f"{collector} replay"))
         print(f"round {i + 1}/{args.rounds}: tuned {runs['tuned'][-1]['pct_core']:.2f} %, "
               f"default {runs['default'][-1]['pct_core']:.2f} % of a core", flush=True)
-    diffs = [t["pct_core"] - d["pct_core"] for t, d in zip(runs["tuned"], runs["default"])]
-    half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
-    mean = statistics.fmean(diffs)
+    difference = mean_ci([t["pct_core"] - d["pct_core"] for t, d in zip(runs["tuned"], runs["default"])])
+    mean, (low, high) = difference["mean"], difference["ci95"]
     result = {
         "batch": args.batch, "k": 7, "rate": RATE, "recorded": recorded, "rounds": args.rounds,
         "pct_core": {c: statistics.fmean(r["pct_core"] for r in rs) for c, rs in runs.items()},
-        "tuned_minus_default_pct_core": {"mean": mean, "ci95": [mean - half, mean + half]},
+        "tuned_minus_default_pct_core": difference,
         "runs": runs, "load_before": load_before, "load_after": loadavg(),
     }
     name = "pipeline_replay" if args.batch == 256 else f"pipeline_replay-{args.batch}"
     written = write_result(name, result)
     print(f"pipeline process at {args.batch} x 50 (replayed): tuned collector {result['pct_core']['tuned']:.2f} %, "
           f"default {result['pct_core']['default']:.2f} % of a core; tuned - default {mean:+.2f} points "
-          f"({mean - half:+.2f} … {mean + half:+.2f}, {args.rounds} pairs)")
+          f"({low:+.2f} … {high:+.2f}, {args.rounds} pairs)")
     print(f"wrote {written}")
     return 0
 
