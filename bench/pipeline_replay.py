@@ -131,6 +131,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.messages <= WARMUP + FLUSH_EVERY:
         parser.error(f"--messages must be above {WARMUP + FLUSH_EVERY} (the warm-up and one flush)")
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs two pairs)")
     if args.replay:  # a child: one replay
