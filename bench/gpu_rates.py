@@ -486,9 +486,9 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
 
         profile = "in the pipeline process"
         if args.ship_pauses == "off":
-            from spectrace.tracer import shipper as shipper_module
+            from spectrace.tracer import wire
 
-            shipper_module.YIELD_S = 0
+            wire.YIELD_S = 0
         rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid

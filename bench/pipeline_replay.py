@@ -84,7 +84,7 @@ def replay(path, collector: str) -> dict:
     profile_flush.instrument()
     from spectrace.settings import Settings
     from spectrace.tracer import pipeline_process, runtime
-    from spectrace.tracer.shipper import loads_message
+    from spectrace.tracer.wire import loads_message
     from spectrace.tracer.verify import VerifyCapture
 
     frames = pickle.loads(path.read_bytes())  # every one a message (each carries the engine's state)

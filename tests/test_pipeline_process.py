@@ -76,22 +76,22 @@ def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
 
 
 def test_a_message_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
-    from spectrace.tracer import shipper
+    from spectrace.tracer import wire
 
     drafts = {"a": [1, 2], "b": [3]}
     engine = [EngineStep(1, i, RUN, drafts, [2, 1], {"a": 0, "b": 1}, None, None, 1) for i in range(4)]
     message = {"seq": 7, "engine": engine, "worker": [("w", drafts)], "state": {"run": RUN}}
     pauses = []
-    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 0)  # a pause after every record
-    payload = shipper.dumps_message(message, pause=pauses.append)
-    assert pauses == [shipper.YIELD_S] * 5
+    monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)  # a pause after every record
+    payload = wire.dumps_message(message, pause=pauses.append)
+    assert pauses == [wire.YIELD_S] * 5
     assert message == {"seq": 7, "engine": engine, "worker": [("w", drafts)], "state": {"run": RUN}}  # untouched
-    back = shipper.loads_message(payload)
+    back = wire.loads_message(payload)
     assert back == message and list(back) == ["seq", "state", "engine", "worker"]
     # one memo across the records: the drafts dict every record shares arrives once, shared again
     assert back["engine"][0].drafts is back["engine"][3].drafts is back["worker"][0][1]
-    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 10**12)  # groups grow (1, 4, ...) and no pause comes
-    assert shipper.loads_message(shipper.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5
-    monkeypatch.setattr(shipper, "YIELD_S", 0)  # --ship-pauses off: none even after every record
-    monkeypatch.setattr(shipper, "YIELD_AFTER_NS", 0)
-    assert shipper.loads_message(shipper.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5
+    monkeypatch.setattr(wire, "YIELD_AFTER_NS", 10**12)  # groups grow (1, 4, ...) and no pause comes
+    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5
+    monkeypatch.setattr(wire, "YIELD_S", 0)  # --ship-pauses off: none even after every record
+    monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)
+    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5

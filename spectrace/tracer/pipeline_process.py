@@ -93,7 +93,7 @@ def _apply_spans(rt, spans: list) -> None:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     import spectrace
-    from spectrace.tracer.shipper import rebuild_span
+    from spectrace.tracer.wire import rebuild_span
 
     if rt.provider is None:
         rt._build_telemetry(rt.role_order[0] if rt.role_order else None)
@@ -151,14 +151,14 @@ class Acks:
     def send(self, seq: int, stats: dict) -> None:
         """One frame in one write of at most PIPE_BUF bytes on a non-blocking pipe: whole or not at all (an
         engine that does not read is never waited for; a later acknowledgement covers this one)."""
-        from spectrace.tracer.shipper import _FRAME
+        from spectrace.tracer.wire import FRAME
 
         payload = pickle.dumps((seq, stats))
-        if len(payload) + _FRAME.size > 4096:
+        if len(payload) + FRAME.size > 4096:
             payload = pickle.dumps((seq, None))
         with self.lock:
             try:
-                os.write(self.out, _FRAME.pack(len(payload)) + payload)
+                os.write(self.out, FRAME.pack(len(payload)) + payload)
             except OSError:
                 pass  # a full pipe, or the engine is gone (EOF follows)
 
@@ -207,7 +207,7 @@ def main() -> int:
     inp = sys.stdin.buffer
 
     from spectrace import identity
-    from spectrace.tracer.shipper import loads_message, read_frame
+    from spectrace.tracer.wire import loads_message, read_frame
 
     frame = read_frame(inp)
     if frame is None:

@@ -211,7 +211,8 @@ class Runtime:
             provider = TracerProvider(resource=resource, shutdown_on_exit=False)
             self.provider = provider
             if self.shipping:
-                from spectrace.tracer.shipper import MetricCalls, SpanShipper
+                from spectrace.tracer.shipper import SpanShipper
+                from spectrace.tracer.wire import MetricCalls
 
                 shipper = self.pipeline.shipper
                 self._add_span_processor(SpanShipper(shipper))

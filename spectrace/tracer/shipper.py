@@ -8,8 +8,8 @@ GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :cl
 <spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
 this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s), takes what the hooks and
 the low-rate code buffered and writes it, pickled in groups of records with short pauses between
-them that hand the GIL to a waiting engine thread (:func:`dumps_message`), to one pipeline process
-it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the real
+them that hand the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to
+one pipeline process it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the real
 runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and the
 exposition file are the engine's) and does everything else: the verification drain, every judge,
 Arrow, every sink, compaction, the OpenTelemetry providers and the Prometheus exposition.
@@ -19,7 +19,7 @@ lengths, rows, and the cached requests' ids and computed tokens), the worker's s
 proposals, each request's parameters once its prefill is known (read here, once per request: the
 pipeline process imports neither vLLM nor torch), each run's config facts once (``RunConfig``:
 read here, the pipeline process holds no VllmConfig), the rows the low-rate hooks wrote, finished
-spans as plain values, the metric updates the hooks made (:class:`MetricCalls`), hook error counts,
+spans as plain values, the metric updates the hooks made (``wire.MetricCalls``), hook error counts,
 drops, and the process's state (runs, roles, ranks, the labels vLLM's series carry).
 
 Failure costs vLLM nothing: a pipeline process that is gone or cannot keep up loses the message
@@ -31,12 +31,10 @@ engine's exit ends the pipeline process by EOF after a last flush and waits for 
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
 import select
-import struct
 import subprocess
 import sys
 import threading
@@ -45,7 +43,9 @@ from collections import defaultdict, deque
 from typing import Any
 
 from spectrace.pipeline import Pipeline
+from spectrace.tracer import wire
 from spectrace.tracer.verify.capture import Cached, ReadRequest, host_tokens
+from spectrace.tracer.wire import dumps_message, read_frame, span_values, write_frame
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -55,138 +55,8 @@ FLUSH_WAIT_S = 60.0  # flush() waits this long for the pipeline process to have 
 MAX_PENDING_REQUESTS = 10_000  # requests whose prefill is not known yet (the oldest are shipped as they are)
 STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped without its prefill
 
-_FRAME = struct.Struct("!Q")
 
-# A message's per-step records are pickled in groups by one pickler (its memo shared: a request id or a dict two
-# records hold is written once), and between groups, once ``YIELD_AFTER_NS`` of pickling has passed, the shipper
-# sleeps ``YIELD_S``: a waiting engine thread takes the GIL then, and the shipper's next group mostly waits for the
-# engine thread's next release (its wait on the device). One ``pickle.dumps`` of the whole message holds the GIL
-# in C for its whole length (~0.6 ms at batch 256, 5 steps), and an engine thread that woke in it waited all of it
-# (bench/gpu_rates.py at 256 x 50: +0.155 ms of GIL wait a step in 2 of 5 jobs, ~0.01 in the others). Each pause
-# costs the shipper ~20 µs of CPU (a sleep and the GIL handed back and forth), so groups are sized to about
-# ``YIELD_AFTER_NS`` of pickling each, not one record.
-PARTS = ("engine", "worker")  # the message's keys pickled in groups of records
-YIELD_AFTER_NS = 150_000
-YIELD_S = 20e-6  # 0: no pauses (bench/gpu_rates.py --ship-pauses off, to measure what they do)
-
-
-# -- frames: a length and a pickle ------------------------------------------------
-
-
-def write_frame(out, payload: bytes) -> None:
-    out.write(_FRAME.pack(len(payload)))
-    out.write(payload)
-    out.flush()
-
-
-def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
-    """A message as one payload: the message without its :data:`PARTS`, then their records in groups (lists), pickled
-    by one pickler (a memo shared by all), with a pause for the GIL whenever ``YIELD_AFTER_NS`` of pickling passed.
-    A group holds as many records as the last group's pickling time says fit in ``YIELD_AFTER_NS``."""
-    parts = {key: message.pop(key) for key in PARTS if key in message}
-    message["parts"] = [(key, len(records)) for key, records in parts.items()]
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        pickler.dump(message)
-    finally:
-        message.update(parts)  # the caller's message as it was
-        del message["parts"]
-    clock = time.perf_counter_ns
-    mark = clock()
-    for records in parts.values():
-        i, size = 0, 1
-        while i < len(records):
-            group = records[i:i + size]
-            started = clock()
-            pickler.dump(group)
-            now = clock()
-            i += len(group)
-            size = max(1, min(4 * size, size * YIELD_AFTER_NS // max(now - started, 1)))
-            if now - mark >= YIELD_AFTER_NS and YIELD_S:
-                pause(YIELD_S)
-                mark = clock()
-    return out.getvalue()
-
-
-def loads_message(payload: bytes) -> dict:
-    """:func:`dumps_message`'s message again (one unpickler: the memo spans the groups)."""
-    unpickler = pickle.Unpickler(io.BytesIO(payload))
-    message = unpickler.load()
-    for key, n in message.pop("parts", ()):
-        records: list = []
-        while len(records) < n:
-            records += unpickler.load()
-        message[key] = records
-    return message
-
-
-def read_frame(inp) -> bytes | None:
-    """One frame's payload, or None at EOF (a frame cut short is EOF too)."""
-    head = _read_exactly(inp, _FRAME.size)
-    if head is None:
-        return None
-    return _read_exactly(inp, _FRAME.unpack(head)[0])
-
-
-def _read_exactly(inp, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = inp.read(left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-# -- spans and metric updates as plain values ---------------------------------------
-
-
-def span_values(span) -> tuple:
-    """A finished span as plain, picklable values (``rebuild_span`` makes it a span again)."""
-    ctx = span.get_span_context()
-    parent = span.parent
-    return (
-        span.name,
-        (ctx.trace_id, ctx.span_id, ctx.is_remote, int(ctx.trace_flags), list(ctx.trace_state.items())),
-        (parent.trace_id, parent.span_id, parent.is_remote, int(parent.trace_flags), list(parent.trace_state.items()))
-        if parent is not None else None,
-        dict(span.attributes or {}),
-        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
-        [((link.context.trace_id, link.context.span_id, link.context.is_remote, int(link.context.trace_flags),
-           list(link.context.trace_state.items())), dict(link.attributes or {})) for link in span.links],
-        int(span.kind.value),
-        (int(span.status.status_code.value), span.status.description),
-        span.start_time,
-        span.end_time,
-    )
-
-
-def rebuild_span(values: tuple, resource, scope):
-    """The ``ReadableSpan`` a pipeline process hands its span processors (rows, OTLP)."""
-    from opentelemetry.sdk.trace import Event, ReadableSpan
-    from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
-    from opentelemetry.trace.status import Status, StatusCode
-
-    def context(v):
-        return SpanContext(v[0], v[1], v[2], TraceFlags(v[3]), TraceState(v[4]))
-
-    name, ctx, parent, attributes, events, links, kind, status, start, end = values
-    return ReadableSpan(
-        name=name,
-        context=context(ctx),
-        parent=context(parent) if parent is not None else None,
-        resource=resource,
-        attributes=attributes,
-        events=[Event(n, a, t) for n, a, t in events],
-        links=[Link(context(c), a) for c, a in links],
-        kind=SpanKind(kind),
-        status=Status(StatusCode(status[0]), status[1]),
-        start_time=start,
-        end_time=end,
-        instrumentation_scope=scope,
-    )
+# -- spans -------------------------------------------------------------------------
 
 
 def _span_processor_base():
@@ -212,23 +82,6 @@ class SpanShipper(_span_processor_base()):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
-
-
-class MetricCalls:
-    """The engine side's ``rt.metrics``: each update (``rt.metrics.layout(rows, labels)``, …) is recorded as
-    (name, args, kwargs) and replayed on the pipeline process's instruments (``spectrace.sinks.metrics.Metrics``)."""
-
-    def __init__(self, calls: deque) -> None:
-        self._calls = calls
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-
-        def call(*args, **kwargs) -> None:
-            self._calls.append((name, args, kwargs))
-
-        return call
 
 
 # -- the engine side's pipeline -----------------------------------------------------
@@ -487,8 +340,8 @@ class Shipper:
             self._seq += 1
             seq = message["seq"] = self._seq
             message["flush"] = wait or final
-            if YIELD_S:
-                time.sleep(YIELD_S)  # the GIL for a waiting engine thread, between collecting and pickling
+            if wire.YIELD_S:
+                time.sleep(wire.YIELD_S)  # the GIL for a waiting engine thread, between collecting and pickling
             try:
                 payload = dumps_message(message)
             except Exception as exc:
