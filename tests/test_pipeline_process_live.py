@@ -1,11 +1,21 @@
 """SPECTRACE_PIPELINE=process on real vLLM runs: the engine keeps its hooks and a shipper; a pipeline process
 counts, judges and writes every sink under the engine's identity. Same tokens, same counts, same findings as
-the in-process flush; a pipeline process killed mid-run is started again and vLLM never notices."""
+the in-process flush; a pipeline process killed mid-run is started again and vLLM never notices; an engine process
+killed mid-run leaves its pipeline process to write what it was sent, and exit."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import signal
+import struct
+import termios
+import threading
+import time
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 import spectrace.store
@@ -101,3 +111,93 @@ def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, un
     assert all(a == d for _, d, a in rows)  # the self-drafter still accepts everything it drafted
     log = (scratch / "pipeline-killed.log").read_text()
     assert "the pipeline process ended" in log
+
+
+def _pipeline_children(parent: int) -> list[int]:
+    """The pipeline processes ``parent`` started (``python -m spectrace.tracer.pipeline_process``), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"spectrace.tracer.pipeline_process" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead engine's pipeline process is reparented; nothing may reap it here)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _unread(pid: int) -> tuple[int, int]:
+    """Bytes waiting unread in the pipe a pipeline process reads its frames from (its stdin), and the pipe's size."""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0], fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    finally:
+        os.close(fd)
+
+
+def _drafted(store) -> dict[str, int]:
+    con = spectrace.store.open(store)
+    return dict(con.execute("select source, sum(drafted) from verify_counts group by source").fetchall())
+
+
+def test_a_killed_vllm_process_leaves_its_pipeline_process_to_write_what_it_was_sent(zoo, scratch, cache_root):
+    """``kill -9`` of a traced vLLM process (the worker, under vLLM's V1 multiprocessing): its pipeline process,
+    held stopped meanwhile so that shipped messages wait in the pipe unwritten, reads them after the kill, writes
+    them at EOF and exits; nothing flushed before is lost, every segment is whole, and the engine core, left
+    without its worker, ends with its own pipeline process (``run_engines`` returns only once every process that
+    holds the engine's output has exited)."""
+    store, log = scratch / "engine-killed-store", scratch / "engine-killed.log"
+    spec = _specs(zoo, "seeded", repeat=400)
+    results = {}
+    runner = threading.Thread(target=lambda: results.update(run_engines(
+        spec, store=store, cache_root=cache_root, log_file=log, multiprocessing=True,
+        env={**PROCESS, "SPECTRACE_FLUSH_INTERVAL": "0.5"})), daemon=True)
+    runner.start()
+    worker = None  # its pid: its rows carry it
+    deadline = time.time() + 240
+    while time.time() < deadline and worker is None:
+        if list(store.glob("verify_counts/*/*.parquet")):
+            row = spectrace.store.open(store).execute(
+                "select pid from spans where process_role = 'worker' limit 1").fetchone()
+            worker = row[0] if row else None
+        time.sleep(0.2)
+    assert worker is not None, "the engine never got going"
+    children = _pipeline_children(worker)
+    assert len(children) == 1, children
+    pipeline = children[0]
+    os.kill(pipeline, signal.SIGSTOP)  # it reads and writes nothing more; the worker's shipper goes on sending
+    try:
+        time.sleep(1.0)  # ten ship intervals
+        waiting, size = _unread(pipeline)
+        os.kill(worker, signal.SIGKILL)
+    finally:
+        os.kill(pipeline, signal.SIGCONT)
+    # messages were waiting, unread, and the pipe never filled (a full pipe blocks the shipper: records would die
+    # with the worker, not with its pipeline process)
+    assert 0 < waiting < size, (waiting, size)
+    deadline = time.time() + 120
+    while _running(pipeline) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _running(pipeline), "the pipeline process outlived its worker"
+    runner.join(timeout=600)
+    assert not runner.is_alive()
+    assert not results["seeded"].ok  # vLLM fails without its worker, as it should
+    for path in store.rglob("*.parquet"):
+        pq.read_table(path)  # every segment on disk is whole
+    # the worker's pipeline process wrote what it was sent: the worker's counts are the engine core's (its own
+    # pipeline process) but for the steps in flight or not yet shipped at the kill (a tenth of a second at most)
+    drafted = _drafted(store)
+    assert drafted["engine_core"] > 0
+    assert abs(drafted["worker"] - drafted["engine_core"]) <= 0.1 * drafted["engine_core"], drafted
