@@ -75,6 +75,25 @@ def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
     assert steps == {0, 1, 2, 7, 8}  # the four lost steps, and only those, are missing
 
 
+def test_an_idle_process_sends_nothing_and_its_next_records_still_arrive(tmp_path):
+    rt = _start(tmp_path)
+    shipper = rt.pipeline.shipper
+    try:
+        rt.flush()  # the state and the start span are shipped
+        sent, skipped = shipper.messages, shipper.idle_skips
+        time.sleep(2.0)
+        # the shipper woke, found nothing new and sent nothing; its wait doubled each time, up to a second (twenty
+        # wakes at the 0.1 s interval, at most six backing off from it)
+        assert shipper.messages == sent and 1 <= shipper.idle_skips - skipped <= 6
+        _steps(rt, 3)
+        rt.flush()
+        assert shipper.messages > sent and shipper.lost_records == 0
+    finally:
+        runtime.stop()
+    con = spectrace.store.open(tmp_path / "store")
+    assert con.execute("select count(*) from verify_steps where run_id = ?", [RUN]).fetchone()[0] == 6
+
+
 def test_a_message_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
     from spectrace.tracer import wire
 
