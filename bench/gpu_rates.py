@@ -469,6 +469,37 @@ def store_totals(store: Path) -> dict:
 # -- one job -------------------------------------------------------------------------------------------
 
 
+def time_ship_phases() -> dict:
+    """The shipper's phases timed with its thread's CPU clock (``--ship-phases``): the whole ``ship`` (collecting,
+    pickling with its pauses, writing), collecting and, inside it, reading new requests' parameters and the state;
+    pickling, and inside it the pauses for the GIL; writing the frame; reading acknowledgements. Returns the
+    {phase: [ns, calls]} the patched calls fill in."""
+    from spectrace.tracer import shipper
+
+    phases: dict = {}
+
+    def timed(name: str, fn):
+        def call(*a, **kw):
+            start = time.thread_time_ns()
+            try:
+                return fn(*a, **kw)
+            finally:
+                entry = phases.setdefault(name, [0, 0])
+                entry[0] += time.thread_time_ns() - start
+                entry[1] += 1
+        return call
+
+    pause = timed("pickle: pauses for the GIL", time.sleep)
+    dumps = shipper.dumps_message
+    shipper.dumps_message = timed("pickle", lambda message: dumps(message, pause=pause))
+    shipper.write_frame = timed("write", shipper.write_frame)
+    cls = shipper.Shipper
+    for name, label in (("ship", "ship"), ("collect", "collect"), ("_requests", "collect: requests"),
+                        ("_state", "collect: state"), ("_drain_acks", "acknowledgements")):
+        setattr(cls, name, timed(label, getattr(cls, name)))
+    return phases
+
+
 def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     k = args.k
     name = f"{shape}-{batch}x{rate:g}"
@@ -481,6 +512,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     child_pid = None
     conn = None
     shipping = None
+    ship_phases = None
     if shape == "production":  # SPECTRACE_PIPELINE=process: the shipped shape, the real shipper and pipeline process
         from dataclasses import replace
 
@@ -489,6 +521,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
             from spectrace.tracer import wire
 
             wire.YIELD_S = 0
+        ship_phases = time_ship_phases() if args.ship_phases else None
         rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid
@@ -584,7 +617,9 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         compactions, segments_written, dropped = sink.get("compactions"), sink.get("segments_written"), stats["dropped"]
         pipeline = {"shipped_messages": shipping.messages, "shipped_bytes": shipping.bytes_shipped,
                     "lost_records": shipping.lost_records, "started": shipping.started,
-                    "ship_cpu_ms": shipping.ship_cpu_ns / 1e6, "errors": stats.get("errors")}
+                    "ship_cpu_ms": shipping.ship_cpu_ns / 1e6, "errors": stats.get("errors"),
+                    "ship_phases": {name: {"cpu_ms": ns / 1e6, "calls": calls}
+                                    for name, (ns, calls) in ship_phases.items()} if ship_phases else None}
     elif shipper is not None:
         shipper.stop()
         runtime.stop()
@@ -675,6 +710,9 @@ def analyse(r: dict) -> dict:
         "flush_cpu_us_per_step": flush["cpu_ms"] * 1e3 / steps if flush else None,
         "ship_cpu_us_per_step": ship_cpu * 1e6 / steps if ship_cpu is not None else None,
         "shipped_bytes_per_step": r["pipeline"]["shipped_bytes"] / steps if r.get("pipeline") else None,
+        "ship_phases_us_per_step": {name: round(v["cpu_ms"] * 1e3 / steps, 1)
+                                    for name, v in (r.get("pipeline") or {}).get("ship_phases", {}).items()}
+                                   if (r.get("pipeline") or {}).get("ship_phases") else None,
         "profile_ms_per_s": {name: round(v["cpu_ms"] / r["traced_s"], 3) for name, v in profile.items()} if isinstance(profile, dict) else profile,
         "rss_mb": {"after_warmup": rss[0], "end": rss[-1], "max": max(rss), "growth": rss[-1] - rss[0]},
         "pipeline_rss_mb": ({"start": r["pipeline_rss_mb"][0], "end": r["pipeline_rss_mb"][-1],
@@ -756,6 +794,8 @@ def line(r: dict) -> str:
     added = a["step_ms_added"]
     pipe = f", pipeline process {fmt_ci(a['pipeline_process_core'])}" if r["shape"] in ("child", "production") else ""
     ship = f", shipping {a['ship_cpu_us_per_step']:.0f} µs CPU/step" if a["ship_cpu_us_per_step"] is not None else ""
+    if a.get("ship_phases_us_per_step"):
+        ship += " (" + ", ".join(f"{name} {us:.0f}" for name, us in a["ship_phases_us_per_step"].items()) + ")"
     flush = f", flush {a['flush_cpu_ms_per_flush']:.0f} ms CPU each" if a["flush_cpu_ms_per_flush"] else ""
     return (f"{r['shape']:9s} batch {r['batch']} k {r['k']} {r['rate']:g} steps/s ({a['slowdown']['pairs']} pairs): "
             f"slowdown {pct(a['slowdown'])}, without core waits {pct(a['slowdown_without_core_wait'])}; "
@@ -785,6 +825,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ship-pauses", choices=("on", "off"), default="on",
                         help="production shape: the shipper's pauses for the GIL between record groups (off: none, "
                              "to measure what they do)")
+    parser.add_argument("--ship-phases", action="store_true",
+                        help="production shape: time the shipper's phases (collecting, pickling, pauses, writing) with "
+                             "its thread's CPU clock, per step")
     parser.add_argument("--show", metavar="RESULTS_JSON", help="print the summary lines of a results file and exit")
     parser.add_argument("--name", default=None, help="results file bench/results/<name>.json (default gpu_rates[-quick])")
     args = parser.parse_args(argv)
