@@ -522,7 +522,10 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
 
             wire.YIELD_S = 0
         ship_phases = time_ship_phases() if args.ship_phases else None
-        rt = start_runtime(replace(settings_for(store), pipeline="process"), VerifyCapture, run_id)
+        settings = replace(settings_for(store), pipeline="process")
+        if args.ship_interval is not None:  # SPECTRACE_SHIP_INTERVAL
+            settings = replace(settings, ship_interval_s=args.ship_interval)
+        rt = start_runtime(settings, VerifyCapture, run_id)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid
         if args.pipeline_nice:  # below the engine's priority (not what spectrace does: measured, not shipped)
@@ -550,7 +553,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         conn = parent_end
         profile = "in the pipeline process"
         rt = start_runtime(settings_for(store, sinks=False), ShippedCapture, run_id)
-        shipper = Shipper(rt, conn, args.ship_interval)
+        shipper = Shipper(rt, conn, args.ship_interval or 0.1)
     else:
         profile = _install_profile()
         rt = start_runtime(settings_for(store), VerifyCapture, run_id)
@@ -819,7 +822,8 @@ def main(argv=None) -> int:
     parser.add_argument("--window", type=float, default=2.0, help="seconds per window (one flush interval by default)")
     parser.add_argument("--pairs", type=int, default=None, help="pairs of windows per job (default 16: past the first compaction)")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--ship-interval", type=float, default=0.1, help="child shape: seconds between shipments")
+    parser.add_argument("--ship-interval", type=float, default=None,
+                        help="seconds between shipments (production: SPECTRACE_SHIP_INTERVAL, default as shipped; child: 0.1)")
     parser.add_argument("--pipeline-nice", type=int, default=None,
                         help="the pipeline process's nice increment over the engine's (production: none, as shipped; child: 10)")
     parser.add_argument("--ship-pauses", choices=("on", "off"), default="on",

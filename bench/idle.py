@@ -6,11 +6,11 @@
 Method. Each run, in a fresh process: the runtime in the shipped shape (a pipeline process, default settings), a
 run and a role set as an engine core sets them, one flush (the state and the start span shipped), then ``--seconds``
 with nothing recorded; the CPU time (/proc's schedstat, in nanoseconds) of the traced process, its threads summed,
-and of its pipeline process over that window, as a share of one core. Runs alternate the shipper as shipped (an idle process sends
-nothing, and its wait doubles up to ``shipper.IDLE_WAIT_S``) with ``IDLE_WAIT_S = 0`` (every wake, ten a second,
-sends the unchanged state: the behaviour before), ordered as shipped/before, before/shipped, ... (ABBA); the result
-is the mean paired difference with a 95 % t interval. No engine runs: this is spectrace's cost on an idle server.
-Results: bench/results/idle.json.
+and of its pipeline process over that window, as a share of one core. Runs alternate the shipper as shipped (an
+idle process sends nothing, and its wait doubles up to ``shipper.IDLE_WAIT_S``) with ``IDLE_WAIT_S = 0`` (every
+wake, ten a second, sends the unchanged state: the behaviour before), ordered as shipped/before, before/shipped,
+... (ABBA); the result is the mean paired difference with a 95 % t interval. No engine runs: this is spectrace's
+cost on an idle server. Results: bench/results/idle.json.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def one_run(shipper_as: str, seconds: float) -> dict:
     if shipper_as == "before":
         shipper_module.IDLE_WAIT_S = 0
     with tempfile.TemporaryDirectory(prefix="spectrace-idle-") as tmp:
-        settings = Settings(enabled=True, dir=Path(tmp) / "store", metrics_dir=Path(tmp) / "metrics", pipeline="process")
+        settings = Settings(enabled=True, dir=Path(tmp) / "store", metrics_dir=Path(tmp) / "metrics",
+                            pipeline="process")
         rt = runtime.start(settings, hooks=[], make_capture=VerifyCapture)
         try:
             rt.set_run(runtime.Run(run_id="idle", traceparent=""))
@@ -87,12 +88,13 @@ def main(argv=None) -> int:
             runs[shipper_as].append(run_in_checkout(REPO, CHILD, ["--run", shipper_as, "--seconds", str(args.seconds)],
                                                     "idle", f"{shipper_as} run"))
         print(f"pair {i + 1}/{args.pairs}: " + ", ".join(
-            f"{name} {r[-1]['engine_pct_core']:.3f} % + {r[-1]['pipeline_pct_core']:.3f} % of a core" for name, r in runs.items()),
-            flush=True)
+            f"{name} {r[-1]['engine_pct_core']:.3f} % + {r[-1]['pipeline_pct_core']:.3f} % of a core"
+            for name, r in runs.items()), flush=True)
     result: dict = {"pairs": args.pairs, "seconds": args.seconds, "runs": runs, "load_before": load_before}
     for key in ("engine_pct_core", "pipeline_pct_core", "messages_a_second"):
         result[key] = {name: statistics.fmean(r[key] for r in rs) for name, rs in runs.items()}
-        result[f"{key}_shipped_minus_before"] = mean_ci([a[key] - b[key] for a, b in zip(runs["shipped"], runs["before"])])
+        result[f"{key}_shipped_minus_before"] = mean_ci(
+            [a[key] - b[key] for a, b in zip(runs["shipped"], runs["before"])])
     result["load_after"] = loadavg()
     written = write_result("idle", result)
     for key, what in (("engine_pct_core", "the traced process"), ("pipeline_pct_core", "its pipeline process")):

@@ -4,12 +4,12 @@
     .venv/bin/python -m bench.ship_encoding --batch 512
 
 Method. bench/gpu_rates.py's stand-in engine (its hooks real, vLLM's dataclasses) runs five steps at a time and the
-real shipper collects each message (``Shipper.collect``), as the engine process does every 0.1 s. Each message is
-then pickled by the shipper's ``dumps_message`` (without its pauses) three ways, alternating in one process: as
-shipped; ``without_ids``, every engine and worker step's draft dict replaced by what counting needs without the
-ids (the request ids and the drafts' lengths); ``first_last``, those plus what the dummy-draft rule
-(``draft_shapes``, the only reader of the ids) needs: each row's first and last id and the whole rows whose last
-id is their first. Each conversion is done in the timed section, as the shipper would. Each way is timed warm (the
+real shipper collects each message (``Shipper.collect``), as the engine process does every ship interval. Each
+message is then pickled by the shipper's ``dumps_message`` (without its pauses) three ways, alternating in one
+process: as shipped; ``without_ids``, every engine and worker step's draft dict replaced by what counting needs
+without the ids (the request ids and the drafts' lengths); ``first_last``, those plus what the dummy-draft rule
+(``draft_shapes``, the only reader of the ids) needs: each row's first and last id and the whole rows whose last id
+is their first. Each conversion is done in the timed section, as the shipper would. Each way is timed warm (the
 message pickled just before) and cold (64 MB of other memory touched first: the engine thread's work between two
 shipments evicts the records from the caches). Thread CPU per engine step; the result is the mean of each way and
 its paired difference from as shipped with a 95 % t interval. Results: bench/results/ship_encoding.json.

@@ -13,6 +13,7 @@ import spectrace.store
 from spectrace.settings import Settings
 from spectrace.tracer import runtime
 from spectrace.tracer.verify import EngineStep, VerifyCapture
+from spectrace.tracer.verify.capture import ReadRequest
 
 RUN = "run-shipped"
 
@@ -76,14 +77,14 @@ def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
 
 
 def test_an_idle_process_sends_nothing_and_its_next_records_still_arrive(tmp_path):
-    rt = _start(tmp_path)
+    rt = _start(tmp_path, ship_interval_s=0.1)
     shipper = rt.pipeline.shipper
     try:
         rt.flush()  # the state and the start span are shipped
         sent, skipped = shipper.messages, shipper.idle_skips
         time.sleep(2.0)
         # the shipper woke, found nothing new and sent nothing; its wait doubled each time, up to a second (twenty
-        # wakes at the 0.1 s interval, at most six backing off from it)
+        # wakes at a 0.1 s interval, at most six backing off from it)
         assert shipper.messages == sent and 1 <= shipper.idle_skips - skipped <= 6
         _steps(rt, 3)
         rt.flush()
@@ -99,18 +100,20 @@ def test_a_message_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
 
     drafts = {"a": [1, 2], "b": [3]}
     engine = [EngineStep(1, i, RUN, drafts, [2, 1], {"a": 0, "b": 1}, None, None, 1) for i in range(4)]
-    message = {"seq": 7, "engine": engine, "worker": [("w", drafts)], "state": {"run": RUN}}
+    requests = [(ReadRequest(RUN, "a", {"temperature": 0.0}), (True, False), None)]
+    message = {"seq": 7, "engine": engine, "worker": [("w", drafts)], "requests": requests, "state": {"run": RUN}}
+    as_given = dict(message)
     pauses = []
     monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)  # a pause after every record
     payload = wire.dumps_message(message, pause=pauses.append)
-    assert pauses == [wire.YIELD_S] * 5
-    assert message == {"seq": 7, "engine": engine, "worker": [("w", drafts)], "state": {"run": RUN}}  # untouched
+    assert pauses == [wire.YIELD_S] * 6
+    assert message == as_given  # the caller's message as it was (its keys reordered)
     back = wire.loads_message(payload)
-    assert back == message and list(back) == ["seq", "state", "engine", "worker"]
+    assert back == message and list(back) == ["seq", "state", "engine", "worker", "requests"]
     # one memo across the records: the drafts dict every record shares arrives once, shared again
     assert back["engine"][0].drafts is back["engine"][3].drafts is back["worker"][0][1]
     monkeypatch.setattr(wire, "YIELD_AFTER_NS", 10**12)  # groups grow (1, 4, ...) and no pause comes
-    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5
+    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 6
     monkeypatch.setattr(wire, "YIELD_S", 0)  # --ship-pauses off: none even after every record
     monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)
-    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 5
+    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 6

@@ -1,18 +1,19 @@
 """The engine's side of ``SPECTRACE_PIPELINE=process``: hooks and a shipper, nothing else.
 
     engine process                                   pipeline process (spectrace.tracer.pipeline_process)
-    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every ~0.1 s ─▶ Runtime: drain, judges, every sink
+    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every ~0.25 s ─▶ Runtime: drain, judges, every sink
 
 A traced engine-core or worker process at a GPU engine's rates cannot afford the flush on its own
 GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
 <spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
-this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s), takes what the hooks and
-the low-rate code buffered and writes it, pickled in groups of records with short pauses between
-them that hand the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to
-one pipeline process it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the real
-runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and the
-exposition file are the engine's) and does everything else: the verification drain, every judge,
-Arrow, every sink, compaction, the OpenTelemetry providers and the Prometheus exposition.
+this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.25 s; backing off to
+:data:`IDLE_WAIT_S` while nothing is recorded), takes what the hooks and the low-rate code
+buffered and writes it, pickled in groups of records with short pauses between them that hand
+the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to one pipeline
+process it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the
+real runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and
+the exposition file are the engine's) and does everything else: the verification drain, every
+judge, Arrow, every sink, compaction, the OpenTelemetry providers and the Prometheus exposition.
 
 What is shipped (:meth:`Shipper.collect`): the engine's per-step records (each step's draft dict,
 lengths, rows, and the cached requests' ids and computed tokens), the worker's step times, the
@@ -309,6 +310,8 @@ class Shipper:
             return []
         out = []
         flags, traces = capture.request_flags, capture.request_traces
+        clock = time.perf_counter_ns
+        mark = clock()
         for request_id in list(pending):
             note = pending[request_id]
             stats = note.prefill_stats
@@ -321,6 +324,9 @@ class Shipper:
                 self.rt.count_error("shipper.requests", exc)
                 continue
             out.append((ReadRequest(note.run_id, request_id, params), flags.get(request_id), traces.get(request_id)))
+            if wire.YIELD_S and clock() - mark >= wire.YIELD_AFTER_NS:  # a waiting engine thread's turn, as between
+                time.sleep(wire.YIELD_S)  # pickled groups: a message's new requests take ~5-10 µs each to read
+                mark = clock()
         return out
 
     def _state(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ FRAME = struct.Struct("!Q")
 # (bench/gpu_rates.py at 256 x 50: +0.155 ms of GIL wait a step in 2 of 5 jobs, ~0.01 in the others). Each pause
 # costs the shipper 20-45 µs of CPU (a sleep and the GIL handed back and forth; 45 in a 256 x 50 job), so groups are
 # sized to about ``YIELD_AFTER_NS`` of pickling each, not one record.
-PARTS = ("engine", "worker")  # the message's keys pickled in groups of records
+PARTS = ("engine", "worker", "requests")  # the message's keys pickled in groups of records
 YIELD_AFTER_NS = 150_000
 YIELD_S = 20e-6  # 0: no pauses (bench/gpu_rates.py --ship-pauses off, to measure what they do)
 
