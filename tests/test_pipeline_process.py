@@ -1,7 +1,8 @@
 """SPECTRACE_PIPELINE=process without vLLM: rows, spans and per-step records the engine side buffers reach a real
 store written by a real pipeline process under the engine's pid; flushes are acknowledged with the pipeline's
-stats; a killed pipeline process's unwritten messages are counted as dropped by the next one. (The same shape on
-real vLLM runs: tests/test_pipeline_process_live.py.)"""
+stats; a killed pipeline process's unwritten messages are counted as dropped by the next one; an idle process sends
+nothing; the shipper hands the GIL to a waiting engine thread while it pickles and while it reads new requests. (The
+same shape on real vLLM runs: tests/test_pipeline_process_live.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import spectrace.store
 from spectrace.settings import Settings
 from spectrace.tracer import runtime
 from spectrace.tracer.verify import EngineStep, VerifyCapture
-from spectrace.tracer.verify.capture import ReadRequest
+from spectrace.tracer.verify.capture import ReadRequest, RequestNote
 
 RUN = "run-shipped"
 
@@ -117,3 +118,26 @@ def test_a_message_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
     monkeypatch.setattr(wire, "YIELD_S", 0)  # --ship-pauses off: none even after every record
     monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)
     assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 6
+
+
+def test_reading_new_requests_pauses_for_the_gil(tmp_path, monkeypatch):
+    from spectrace.tracer import shipper as shipper_module
+    from spectrace.tracer import wire
+
+    rt = _start(tmp_path)
+    try:
+        params = SimpleNamespace(temperature=0.7, logit_bias=None, allowed_token_ids=None, bad_words=None)
+        for i in range(3):
+            rt.verify.new_requests.append(RequestNote(RUN, f"r{i}", params, None, None))
+        slept = []
+        shipper = rt.pipeline.shipper
+        with shipper._ship_lock:  # the shipper's thread waits: every sleep below is this call's
+            monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)  # a pause after every request read
+            monkeypatch.setattr(shipper_module.time, "sleep", slept.append)
+            read = shipper._requests(rt.verify)
+            monkeypatch.undo()
+        assert [note.request_id for note, _, _ in read] == ["r0", "r1", "r2"]
+        assert read[0][0].params["temperature"] == 0.7
+        assert slept == [wire.YIELD_S] * 3
+    finally:
+        runtime.stop()
