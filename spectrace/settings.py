@@ -220,10 +220,10 @@ class Settings:
     # "process" where vLLM runs on an accelerator, "thread" on vLLM's CPU platform and without vLLM (resolved by
     # the runtime: ``spectrace.tracer.runtime.pipeline_shape``)
     pipeline: str = "auto"
-    # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process (0.25 s: at 256 x 50 steps/s
-    # the shipper's thread 0.73-0.89 % of a core against 1.01-1.09 % at 0.1 s, its fixed costs a message shared by more
-    # steps; bench/results/gpu_rates_ship-interval.json)
-    ship_interval_s: float = 0.25
+    # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process. 0.25 s costs the shipper's
+    # thread a third less CPU at 256 x 50 steps/s, but the stand-in engine's step read slower in 5 of 6 pairs of
+    # alternating jobs (not resolved): the default stays 0.1 s (bench/results/gpu_rates_ship-interval.json)
+    ship_interval_s: float = 0.1
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -342,10 +342,10 @@ VARIABLES: tuple[Variable, ...] = (
              "(GPU engines: at batch 256 the flush thread cost the engine 13-25 %, the shipper about 1 % of a core; "
              "Benchmarks); `auto`: `process` where vLLM runs on an accelerator, `thread` on its CPU platform"),
     Variable("SPECTRACE_SHIP_INTERVAL", "ship_interval_s", "a duration, 0.01 s to 60 s",
-             "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process (what a "
-             "`kill -9` of the engine process may lose besides; shorter costs the engine process more CPU: 1.0-1.1 % of a "
-             "core at 0.1 s, 0.7-0.9 % at 0.25 s at batch 256 × 50 steps/s, Benchmarks); an idle process (nothing recorded) "
-             "sends nothing, and its shipper looks twice as seldom each time, up to once a second"),
+             "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process (also what "
+             "a `kill -9` of the engine process may lose besides what was not flushed yet); 0.25 s cost the shipper a third "
+             "less CPU at batch 256 × 50 steps/s (Benchmarks); an idle process (nothing recorded) sends nothing, and its "
+             "shipper looks twice as seldom each time, up to once a second"),
     Variable("SPECTRACE_MAX_BUFFER_ROWS", "max_buffer_rows", "integer >= 1",
              "per-process buffer bound; rows beyond it are dropped and counted"),
     Variable("SPECTRACE_STEP_SAMPLE", "step_sample", "0 to 1",

@@ -1,12 +1,12 @@
 """The engine's side of ``SPECTRACE_PIPELINE=process``: hooks and a shipper, nothing else.
 
     engine process                                   pipeline process (spectrace.tracer.pipeline_process)
-    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every ~0.25 s ─▶ Runtime: drain, judges, every sink
+    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every ~0.1 s ─▶ Runtime: drain, judges, every sink
 
 A traced engine-core or worker process at a GPU engine's rates cannot afford the flush on its own
 GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
 <spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
-this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.25 s; backing off to
+this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s; backing off to
 :data:`IDLE_WAIT_S` while nothing is recorded), takes what the hooks and the low-rate code
 buffered and writes it, pickled in groups of records with short pauses between them that hand
 the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to one pipeline
