@@ -32,10 +32,13 @@ flush) over the seconds traced. Where the flush time goes: bench/profile_flush.p
 
 Shapes (``--shapes``):
 
-* ``inprocess`` -- production today: the flush thread (drain, Arrow, Parquet, exposition,
-  compaction) runs in the engine's process and shares its GIL.
+* ``inprocess`` -- ``SPECTRACE_PIPELINE=thread`` (vLLM's CPU platform): the flush thread (drain, Arrow, Parquet,
+  exposition, compaction) runs in the engine's process and shares its GIL.
+* ``production`` -- as shipped (``SPECTRACE_PIPELINE=process``): the engine's process keeps the hooks and the real
+  shipper, a real pipeline process does the rest; ``--ship-phases`` times the shipper's phases with its thread's
+  CPU clock, ``--ship-interval`` sets ``SPECTRACE_SHIP_INTERVAL``, ``--ship-pauses off`` drops its pauses for the GIL.
 * ``child`` -- the prototype: the engine's process only captures (the same hooks, a capture whose
-  drain does nothing) and a shipper thread every ``--ship-interval`` s pickles the raw per-step
+  drain does nothing) and a shipper thread every ``--ship-interval`` s (0.1) pickles the raw per-step
   records (C-level) and writes them to a pipe; a child process, forked before tracing starts,
   appends them to its own real Runtime's capture, whose flush thread does the whole pipeline
   there (every default sink, compaction). Pause / resume reach the child over the same pipe.
@@ -835,6 +838,8 @@ def main(argv=None) -> int:
     parser.add_argument("--show", metavar="RESULTS_JSON", help="print the summary lines of a results file and exit")
     parser.add_argument("--name", default=None, help="results file bench/results/<name>.json (default gpu_rates[-quick])")
     args = parser.parse_args(argv)
+    if args.ship_interval is not None and not 0.01 <= args.ship_interval <= 60:
+        parser.error("--ship-interval takes seconds, 0.01 to 60 (SPECTRACE_SHIP_INTERVAL's range)")
     if args.show:
         for r in json.loads(Path(args.show).read_text())["results"]:
             print(line(r))
