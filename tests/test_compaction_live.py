@@ -120,9 +120,11 @@ def test_queries_while_the_engine_compacts_count_each_row_once(zoo, scratch, cac
     parts = [n for n in names if n.endswith(".part.parquet")]
     assert parts, names
     # the engine compacted: far fewer files than flushes (each flush's verify_counts rows share one ts), the
-    # merged inputs gone; counted, not assumed from the run's length (a loaded box runs longer, flushes more)
+    # merged inputs gone; counted, not assumed from the run's length (a loaded box runs longer, flushes more).
+    # A part a compaction cycle (1 s: ~5 flushes), raw inputs deleted 2 x READY_S after their part: 17 files for
+    # 110 flushes on a quiet box, 27 for 80 on a loaded one (its cycles late); without compaction, one a flush
     flushes = spectrace.store.open(store).execute("select count(distinct ts) from verify_counts").fetchone()[0]
-    assert flushes >= 40 and len(names) < flushes / 3, (len(names), flushes)
+    assert flushes >= 40 and len(names) < flushes / 2, (len(names), flushes)
     assert "compacting the store" not in (scratch / "compacting.log").read_text()
 
 
