@@ -342,10 +342,11 @@ VARIABLES: tuple[Variable, ...] = (
              "(GPU engines: at batch 256 the flush thread cost the engine 13-25 %, the shipper about 1 % of a core; "
              "Benchmarks); `auto`: `process` where vLLM runs on an accelerator, `thread` on its CPU platform"),
     Variable("SPECTRACE_SHIP_INTERVAL", "ship_interval_s", "a duration, 0.01 s to 60 s",
-             "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process (also what "
-             "a `kill -9` of the engine process may lose besides what was not flushed yet); 0.25 s cost the shipper a third "
-             "less CPU at batch 256 × 50 steps/s (Benchmarks); an idle process (nothing recorded) sends nothing, and its "
-             "shipper looks twice as seldom each time, up to once a second"),
+             "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process, and so "
+             "the most a `kill -9` of the engine process loses (what it recorded since; what it shipped, its pipeline "
+             "process still writes); 0.25 s cost the shipper a third less CPU at batch 256 × 50 steps/s (Benchmarks); an "
+             "idle process (nothing recorded) sends nothing, and its shipper looks twice as seldom each time, up to once a "
+             "second"),
     Variable("SPECTRACE_MAX_BUFFER_ROWS", "max_buffer_rows", "integer >= 1",
              "per-process buffer bound; rows beyond it are dropped and counted"),
     Variable("SPECTRACE_STEP_SAMPLE", "step_sample", "0 to 1",
