@@ -64,6 +64,7 @@ import time
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 from bench.ab_windows import summary, t95
 from bench.common import SCRATCH, freeze_heap, loadavg, write_result
@@ -472,26 +473,16 @@ def store_totals(store: Path) -> dict:
 # -- one job -------------------------------------------------------------------------------------------
 
 
-def time_ship_phases() -> dict:
-    """The shipper's phases timed with its thread's CPU clock (``--ship-phases``): the whole ``ship`` (collecting,
-    pickling with its pauses, writing), collecting and, inside it, reading new requests' parameters and the state;
-    pickling, and inside it the pauses for the GIL; writing the frame; reading acknowledgements. Returns the
-    {phase: [ns, calls]} the patched calls fill in."""
+def time_ship_phases() -> Callable[[], dict]:
+    """The shipper's phases timed with its thread's CPU clock (``--ship-phases``; bench/profile_flush.py's timers, unused
+    in an engine process whose pipeline runs elsewhere): the whole ``ship`` (collecting, pickling with its pauses,
+    writing), collecting and, inside it, reading new requests' parameters and the state; pickling, and inside it the
+    pauses for the GIL; writing the frame; reading acknowledgements. Returns a function that reads them:
+    {phase: (cpu_ms, calls)}."""
+    from bench import profile_flush
     from spectrace.tracer import shipper
 
-    phases: dict = {}
-
-    def timed(name: str, fn):
-        def call(*a, **kw):
-            start = time.thread_time_ns()
-            try:
-                return fn(*a, **kw)
-            finally:
-                entry = phases.setdefault(name, [0, 0])
-                entry[0] += time.thread_time_ns() - start
-                entry[1] += 1
-        return call
-
+    timed = profile_flush.timed
     pause = timed("pickle: pauses for the GIL", time.sleep)
     dumps = shipper.dumps_message
     shipper.dumps_message = timed("pickle", lambda message: dumps(message, pause=pause))
@@ -500,7 +491,7 @@ def time_ship_phases() -> dict:
     for name, label in (("ship", "ship"), ("collect", "collect"), ("_requests", "collect: requests"),
                         ("_state", "collect: state"), ("_drain_acks", "acknowledgements")):
         setattr(cls, name, timed(label, getattr(cls, name)))
-    return phases
+    return lambda: {name: (cpu * 1e3, profile_flush.CALLS[name]) for name, cpu in profile_flush.CPU.items()}
 
 
 def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
@@ -624,8 +615,8 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         pipeline = {"shipped_messages": shipping.messages, "shipped_bytes": shipping.bytes_shipped,
                     "lost_records": shipping.lost_records, "started": shipping.started,
                     "ship_cpu_ms": shipping.ship_cpu_ns / 1e6, "errors": stats.get("errors"),
-                    "ship_phases": {name: {"cpu_ms": ns / 1e6, "calls": calls}
-                                    for name, (ns, calls) in ship_phases.items()} if ship_phases else None}
+                    "ship_phases": {name: {"cpu_ms": ms, "calls": calls}
+                                    for name, (ms, calls) in ship_phases().items()} if ship_phases else None}
     elif shipper is not None:
         shipper.stop()
         runtime.stop()
