@@ -38,25 +38,40 @@ STEPS_A_MESSAGE = 5
 RATE = 50.0  # recorded steps a second, for the share of a core
 
 
-def record(batch: int, messages: int, path) -> dict:
-    """The stand-in engine's shipped messages at ``batch``, as the frames the shipper wrote (the pipeline process's
-    start frame, written when it started, is not among them)."""
+def stand_in_messages(batch: int, messages: int, store: Path, take) -> list:
+    """bench/gpu_rates.py's stand-in engine at ``batch``, k 7, its hooks and shipper real (``SPECTRACE_PIPELINE=process``,
+    writing to ``store``), the shipper's own thread stopped: every ``STEPS_A_MESSAGE`` steps ``take(shipper)`` cuts a
+    message, ``messages`` times; what it returned, in order."""
     from dataclasses import replace
 
     from bench import gpu_rates
     from spectrace.tracer import runtime
-    from spectrace.tracer import shipper as shipper_module
     from spectrace.tracer.verify import VerifyCapture
 
-    store = SCRATCH / "pipeline_replay" / "record-store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
     engine = gpu_rates.Engine(batch, 7, RATE, 0.5, 150)
-    rt = gpu_rates.start_runtime(replace(gpu_rates.settings_for(store), pipeline="process"), VerifyCapture, "replay")
+    rt = gpu_rates.start_runtime(replace(gpu_rates.settings_for(store), pipeline="process"), VerifyCapture, store.name)
     shipper = rt.pipeline.shipper
-    shipper._stop.set()  # its thread ends: the messages below are cut here, every five steps
+    shipper._stop.set()  # its thread ends: the messages below are cut here
     time.sleep(0.3)
     runtime.resume()
+    out = []
+    try:
+        for _ in range(messages):
+            for _ in range(STEPS_A_MESSAGE):
+                engine.step()
+            out.append(take(shipper))
+    finally:
+        runtime.stop()
+    return out
+
+
+def record(batch: int, messages: int, path) -> dict:
+    """The stand-in engine's shipped messages at ``batch``, as the frames the shipper wrote (the pipeline process's
+    start frame, written when it started, is not among them)."""
+    from spectrace.tracer import shipper as shipper_module
+
     frames: list[bytes] = []
     write = shipper_module.write_frame
 
@@ -64,15 +79,14 @@ def record(batch: int, messages: int, path) -> dict:
         frames.append(payload)
         write(out, payload)
 
-    shipper_module.write_frame = keep
-    try:
-        for _ in range(messages):
-            for _ in range(STEPS_A_MESSAGE):
-                engine.step()
+    def ship(shipper) -> None:
+        shipper_module.write_frame = keep
+        try:
             shipper.ship()
-    finally:
-        shipper_module.write_frame = write
-    runtime.stop()
+        finally:
+            shipper_module.write_frame = write
+
+    stand_in_messages(batch, messages, SCRATCH / "pipeline_replay" / "record-store", ship)
     path.write_bytes(pickle.dumps(frames))
     return {"messages": len(frames), "bytes_a_message": statistics.fmean(map(len, frames))}
 

@@ -18,47 +18,20 @@ its paired difference from as shipped with a 95 % t interval. Results: bench/res
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import time
-
 from itertools import compress
 from operator import eq, itemgetter
 
 from bench.common import SCRATCH, loadavg, write_result
 from bench.gpu_rates import mean_ci
-
-STEPS_A_MESSAGE = 5
+from bench.pipeline_replay import STEPS_A_MESSAGE, stand_in_messages
 
 
 def messages(batch: int, n: int) -> list[dict]:
     """``n`` messages the real shipper collected from the stand-in engine at ``batch``, k 7."""
-    from dataclasses import replace
-
-    from bench import gpu_rates
-    from spectrace.tracer import runtime
-    from spectrace.tracer.verify import VerifyCapture
-
-    store = SCRATCH / "ship_encoding" / "store"
-    shutil.rmtree(store, ignore_errors=True)
-    store.mkdir(parents=True)
-    engine = gpu_rates.Engine(batch, 7, 50.0, 0.5, 150)
-    rt = gpu_rates.start_runtime(replace(gpu_rates.settings_for(store), pipeline="process"), VerifyCapture, "encoding")
-    shipper = rt.pipeline.shipper
-    shipper._stop.set()  # its thread ends: the messages are collected here, every five steps
-    time.sleep(0.3)
-    runtime.resume()
-    out = []
-    try:
-        for _ in range(n):
-            for _ in range(STEPS_A_MESSAGE):
-                engine.step()
-            message, _ = shipper.collect()
-            out.append(message)
-    finally:
-        runtime.stop()
-    return out
+    return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: shipper.collect()[0])
 
 
 def without_ids(message: dict, shape_of=None) -> dict:
