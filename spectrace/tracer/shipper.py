@@ -151,6 +151,7 @@ class Shipper:
         self.spans: deque = deque()
         self.metric_calls: deque = deque()
         self.commands: deque = deque()
+        self.interval_s = settings.ship_interval_s  # SPECTRACE_SHIP_INTERVAL; read at every wake (bench/ship_interval.py sets it)
         self.proc: subprocess.Popen | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
@@ -443,8 +444,7 @@ class Shipper:
         self._thread.start()
 
     def _loop(self) -> None:
-        interval = self.settings.ship_interval_s
-        wait = interval
+        wait = self.interval_s
         while not self._stop.wait(wait):
             if self.pipeline.paused:
                 continue
@@ -452,6 +452,7 @@ class Shipper:
             self.ship()
             self._drain_acks()
             # idle: wait twice as long next time, up to IDLE_WAIT_S; anything sent: the interval again
+            interval = self.interval_s
             wait = min(2 * wait, max(interval, IDLE_WAIT_S)) if self.idle_skips > skipped else interval
 
     def _drain_acks(self) -> None:
