@@ -1,12 +1,12 @@
 """The engine's side of ``SPECTRACE_PIPELINE=process``: hooks and a shipper, nothing else.
 
     engine process                                   pipeline process (spectrace.tracer.pipeline_process)
-    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every ~0.1 s ─▶ Runtime: drain, judges, every sink
+    hooks ─ append ─▶ capture, ShippingPipeline ─ ship every 0.25 s ─▶ Runtime: drain, judges, every sink
 
 A traced engine-core or worker process at a GPU engine's rates cannot afford the flush on its own
 GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
 <spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
-this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.1 s; backing off to
+this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.25 s; backing off to
 :data:`IDLE_WAIT_S` while nothing is recorded), takes what the hooks and the low-rate code
 buffered and writes it, pickled in groups of records with short pauses between them that hand
 the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to one pipeline
@@ -56,10 +56,10 @@ FLUSH_WAIT_S = 60.0  # flush() waits this long for the pipeline process to have 
 MAX_PENDING_REQUESTS = 10_000  # requests whose prefill is not known yet (the oldest are shipped as they are)
 STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped without its prefill
 # An idle process (nothing recorded, its state unchanged) sends no message, and the shipper's wait doubles from
-# SPECTRACE_SHIP_INTERVAL up to this: waking ten times a second to send the same state cost an idle engine process
-# ~0.4 % of a core and its pipeline process ~0.25 % (each wake ~0.4 ms of CPU, caches cold). Records that arrive
-# after a quiet spell wait at most this long; the hooks' buffers hold them meanwhile. 0: every wake sends (the
-# behaviour before; bench/idle.py measures the two).
+# SPECTRACE_SHIP_INTERVAL up to this: waking ten times a second (0.1 s, the interval then) to send the same state cost
+# an idle engine process ~0.4 % of a core and its pipeline process ~0.25 % (each wake ~0.4 ms of CPU, caches cold).
+# Records that arrive after a quiet spell wait at most this long; the hooks' buffers hold them meanwhile. 0: every
+# wake sends (the behaviour before; bench/idle.py measures the two).
 IDLE_WAIT_S = 1.0
 
 
