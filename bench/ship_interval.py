@@ -162,6 +162,12 @@ def main(argv=None) -> int:
     print(f"per step: GIL wait {_ci(d['gil_wait'], 1e3, ' µs')}, engine thread CPU {_ci(d['cpu'], 1e3, ' µs')}, "
           f"core wait {_ci(d['core_wait'], 1e3, ' µs')}; shipper {ms['ship_cpu_us'][str(a_s)]:.0f} -> "
           f"{ms['ship_cpu_us'][str(b_s)]:.0f} µs ({_ci(d['ship_cpu_us'], 1, ' µs')})")
+    rates = a["messages_per_s"]
+    print(f"messages a second: {rates[str(a_s)]:.1f} at {a_s:g} s, {rates[str(b_s)]:.1f} at {b_s:g} s")
+    if (rates[str(b_s)] - rates[str(a_s)]) * (b_s - a_s) >= 0:  # the longer interval must send fewer
+        print("ship_interval: the shipper's message rate did not follow its interval (does Shipper._loop still read "
+              "Shipper.interval_s at each wake?): the two conditions were not what they say", file=sys.stderr)
+        return 1
     bg, pipe = a["background_core"], a["pipeline_core"]
     print(f"background {bg[str(a_s)] * 100:.2f} -> {bg[str(b_s)] * 100:.2f} % of a core "
           f"({_ci(a['background_core_b_minus_a'], 100, ' points')}); pipeline process {pipe[str(a_s)] * 100:.2f} -> "
