@@ -38,9 +38,9 @@ STEPS_A_MESSAGE = 5
 RATE = 50.0  # recorded steps a second, for the share of a core
 
 
-def stand_in_messages(batch: int, messages: int, store: Path, take) -> list:
+def stand_in_messages(batch: int, messages: int, store: Path, take, steps: int = STEPS_A_MESSAGE) -> list:
     """bench/gpu_rates.py's stand-in engine at ``batch``, k 7, its hooks and shipper real (``SPECTRACE_PIPELINE=process``,
-    writing to ``store``), the shipper's own thread stopped: every ``STEPS_A_MESSAGE`` steps ``take(shipper)`` cuts a
+    writing to ``store``), the shipper's own thread stopped: every ``steps`` steps ``take(shipper)`` cuts a
     message, ``messages`` times; what it returned, in order."""
     from dataclasses import replace
 
@@ -59,7 +59,7 @@ def stand_in_messages(batch: int, messages: int, store: Path, take) -> list:
     out = []
     try:
         for _ in range(messages):
-            for _ in range(STEPS_A_MESSAGE):
+            for _ in range(steps):
                 engine.step()
             out.append(take(shipper))
     finally:

@@ -1,23 +1,27 @@
-"""What the draft token ids cost the shipper: pickling a message as shipped against leaner ones.
+"""What the draft token ids cost the shipper: pickling a message as shipped against leaner ones, and marshal.
 
     .venv/bin/python -m bench.ship_encoding                 # batch 256, k 7 (~1 min)
     .venv/bin/python -m bench.ship_encoding --batch 512
+    .venv/bin/python -m bench.ship_encoding --steps 12 --name ship_encoding-12steps   # 0.25 s at 50 steps/s
 
-Method. bench/gpu_rates.py's stand-in engine (its hooks real, vLLM's dataclasses) runs five steps at a time and the
-real shipper collects each message (``Shipper.collect``), as the engine process does every ship interval. Each
-message is then pickled by the shipper's ``dumps_message`` (without its pauses) three ways, alternating in one
-process: as shipped; ``without_ids``, every engine and worker step's draft dict replaced by what counting needs
-without the ids (the request ids and the drafts' lengths); ``first_last``, those plus what the dummy-draft rule
-(``draft_shapes``, the only reader of the ids) needs: each row's first and last id and the whole rows whose last id
-is their first. Each conversion is done in the timed section, as the shipper would. Each way is timed warm (the
-message pickled just before) and cold (64 MB of other memory touched first: the engine thread's work between two
-shipments evicts the records from the caches). Thread CPU per engine step; the result is the mean of each way and
-its paired difference from as shipped with a 95 % t interval. Results: bench/results/ship_encoding.json.
+Method. bench/gpu_rates.py's stand-in engine (its hooks real, vLLM's dataclasses) runs ``--steps`` steps at a time (5:
+0.1 s at 50 steps/s) and the real shipper collects each message (``Shipper.collect``), as the engine process does
+every ship interval. Each message is then encoded four ways, alternating in one process, the first three pickled by
+the shipper's ``dumps_message`` (without its pauses): as shipped; ``without_ids``, every engine and worker step's
+draft dict replaced by what counting needs without the ids (the request ids and the drafts' lengths); ``first_last``,
+those plus what the dummy-draft rule (``draft_shapes``, the only reader of the ids) needs: each row's first and last
+id and the whole rows whose last id is their first; and ``marshal``, the per-step records as plain tuples in
+``marshal.dumps`` groups of four (marshal's C writer, faster than pickle on builtin types; no references shared across
+groups), the rest pickled as shipped. Each conversion is done in the timed section, as the shipper would. Each way is
+timed warm (the message pickled just before) and cold (64 MB of other memory touched first: the engine thread's work
+between two shipments evicts the records from the caches). Thread CPU per engine step; the result is the mean of each
+way and its paired difference from as shipped with a 95 % t interval. Results: bench/results/ship_encoding.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import marshal
 import statistics
 import sys
 import time
@@ -29,9 +33,10 @@ from bench.gpu_rates import mean_ci
 from bench.pipeline_replay import STEPS_A_MESSAGE, stand_in_messages
 
 
-def messages(batch: int, n: int) -> list[dict]:
+def messages(batch: int, n: int, steps: int = STEPS_A_MESSAGE) -> list[dict]:
     """``n`` messages the real shipper collected from the stand-in engine at ``batch``, k 7."""
-    return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: shipper.collect()[0])
+    return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: shipper.collect()[0],
+                             steps)
 
 
 def without_ids(message: dict, shape_of=None) -> dict:
@@ -70,21 +75,38 @@ def first_last(message: dict) -> dict:
     return without_ids(message, _first_last)
 
 
+def marshalled(message: dict) -> bytes:
+    """The message's per-step records as plain tuples, ``marshal.dumps``'d in groups of four; the rest pickled."""
+    records = {"engine": [(*s[:6], tuple(s.cached) if s.cached is not None else None, *s[7:])
+                          for s in message.get("engine", ())],
+               "worker": [tuple(s) for s in message.get("worker", ())],
+               "requests": [(tuple(r[0]), r[1], r[2]) for r in message.get("requests", ())]}
+    from spectrace.tracer import wire
+
+    parts = [wire.dumps_message({k: v for k, v in message.items() if k not in records})]
+    for rows in records.values():
+        parts += [marshal.dumps(rows[i:i + 4]) for i in range(0, len(rows), 4)]
+    return b"".join(parts)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--messages", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=10, help="passes over the messages, each way, alternating")
+    parser.add_argument("--steps", type=int, default=STEPS_A_MESSAGE, help="engine steps a message (default 5)")
+    parser.add_argument("--name", default=None,
+                        help="results file bench/results/<name>.json (default ship_encoding[-BATCH])")
     args = parser.parse_args(argv)
-    if args.batch < 1 or args.messages < 1 or args.rounds < 2:
-        parser.error("--batch and --messages must be at least 1, --rounds at least 2")
+    if args.batch < 1 or args.messages < 1 or args.steps < 1 or args.rounds < 2:
+        parser.error("--batch, --messages and --steps must be at least 1, --rounds at least 2")
     import numpy as np
 
     from spectrace.tracer import wire
 
     wire.YIELD_S = 0  # the pauses are the same either way; pickling alone is compared
     print(f"collecting {args.messages} messages at batch {args.batch} ...", flush=True)
-    recorded = messages(args.batch, args.messages)
+    recorded = messages(args.batch, args.messages, args.steps)
     other = np.ones(8_000_000)  # 64 MB
 
     def timed(encode, message, cold: bool) -> float:
@@ -92,10 +114,11 @@ def main(argv=None) -> int:
             other.sum()
             other[::8] += 1.0
         start = time.thread_time_ns()
-        wire.dumps_message(encode(message))
-        return (time.thread_time_ns() - start) / 1e3 / STEPS_A_MESSAGE
+        encode(message)
+        return (time.thread_time_ns() - start) / 1e3 / args.steps
 
-    ways = {"shipped": lambda m: m, "without_ids": without_ids, "first_last": first_last}
+    ways = {"shipped": wire.dumps_message, "without_ids": lambda m: wire.dumps_message(without_ids(m)),
+            "first_last": lambda m: wire.dumps_message(first_last(m)), "marshal": marshalled}
     load_before = loadavg()
     per_step: dict[str, dict[str, list[float]]] = {c: {w: [] for w in ways} for c in ("warm", "cold")}
     for r in range(args.rounds):
@@ -105,18 +128,19 @@ def main(argv=None) -> int:
                 ts = []
                 for message in recorded:
                     if cache == "warm":
-                        wire.dumps_message(ways[way](message))
+                        ways[way](message)
                     ts.append(timed(ways[way], message, cache == "cold"))
                 per_step[cache][way].append(statistics.fmean(ts))
-    result: dict = {"batch": args.batch, "k": 7, "messages": args.messages, "rounds": args.rounds,
-                    "bytes_a_message": {w: statistics.fmean(len(wire.dumps_message(ways[w](m))) for m in recorded)
+    result: dict = {"batch": args.batch, "k": 7, "messages": args.messages, "steps_a_message": args.steps,
+                    "rounds": args.rounds,
+                    "bytes_a_message": {w: statistics.fmean(len(ways[w](m)) for m in recorded)
                                         for w in ways}}
     for cache, ways_us in per_step.items():
         result[cache] = {"us_per_step": {w: statistics.fmean(xs) for w, xs in ways_us.items()},
                          **{f"{w}_minus_shipped_us": mean_ci([a - b for a, b in zip(ways_us[w], ways_us["shipped"])])
                             for w in ways if w != "shipped"}}
     result["load_before"], result["load_after"] = load_before, loadavg()
-    written = write_result("ship_encoding" if args.batch == 256 else f"ship_encoding-{args.batch}", result)
+    written = write_result(args.name or ("ship_encoding" if args.batch == 256 else f"ship_encoding-{args.batch}"), result)
     for cache in ("warm", "cold"):
         us = result[cache]["us_per_step"]
         print(f"{cache}: pickling a step as shipped {us['shipped']:.1f} µs; " + "; ".join(
