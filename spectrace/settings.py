@@ -221,10 +221,10 @@ class Settings:
     # the runtime: ``spectrace.tracer.runtime.pipeline_shape``)
     pipeline: str = "auto"
     # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process. Each message has fixed
-    # costs (a wake with cold caches, the state, a write, acknowledgements): 0.25 s shares them among 12 steps at 50
-    # steps/s instead of 5, and cost the engine process 0.44-0.46 points of a core less than 0.1 s at 256 x 50 with the
-    # stand-in engine's step unchanged (-0.29 %, -2.40 … +1.86; -0.72 %, -3.05 … +1.66: the two paired in one process,
-    # bench/results/ship_interval*.json); 0.5 s saved 0.07 points more
+    # costs (a wake with cold caches, the state, a write, acknowledgements): 0.25 s shares them among 12 steps at
+    # 50 steps/s instead of 5, and cost the engine process 0.44-0.46 points of a core less than 0.1 s at 256 x 50
+    # with the stand-in engine's step unchanged (-0.29 %, -2.40 … +1.86; -0.72 %, -3.05 … +1.66: the two paired in
+    # one process, bench/results/ship_interval*.json); 0.5 s saved 0.07 points more
     ship_interval_s: float = 0.25
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -346,9 +346,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("SPECTRACE_SHIP_INTERVAL", "ship_interval_s", "a duration, 0.01 s to 60 s",
              "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process, and so "
              "the most a `kill -9` of the engine process loses (what it recorded since; what it shipped, its pipeline "
-             "process still writes); 0.1 s cost the engine's process 0.45 % of a core more than 0.25 s at batch 256 × 50 "
-             "steps/s, 0.5 s 0.07 % less (Benchmarks); an idle process (nothing recorded) sends nothing, and its shipper looks twice as seldom each time, up to once a "
-             "second"),
+             "process still writes); 0.1 s cost the engine's process 0.45 % of a core more than 0.25 s at batch "
+             "256 × 50 steps/s, 0.5 s 0.07 % less (Benchmarks); an idle process (nothing recorded) sends nothing, and "
+             "its shipper looks twice as seldom each time, up to once a second"),
     Variable("SPECTRACE_MAX_BUFFER_ROWS", "max_buffer_rows", "integer >= 1",
              "per-process buffer bound; rows beyond it are dropped and counted"),
     Variable("SPECTRACE_STEP_SAMPLE", "step_sample", "0 to 1",

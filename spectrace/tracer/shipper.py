@@ -151,7 +151,7 @@ class Shipper:
         self.spans: deque = deque()
         self.metric_calls: deque = deque()
         self.commands: deque = deque()
-        self.interval_s = settings.ship_interval_s  # SPECTRACE_SHIP_INTERVAL; read at every wake (bench/ship_interval.py sets it)
+        self.interval_s = settings.ship_interval_s  # read at every wake (bench/ship_interval.py switches it)
         self.proc: subprocess.Popen | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
