@@ -771,7 +771,7 @@ def production_summary(r: dict) -> dict:
         "engine_background_pct_core": round(a["background_core"]["mean"] * 100, 3),
         "pipeline_pct_core": round(pipeline_core * 100, 2),  # over the whole job (pipeline_share)
         "pipeline_idle_pct_core": round(share["idle"] * 100, 2),
-        "pipeline_pct_core_traced_windows": round(share["traced_windows"] * 100, 2),  # before 2026-12-03 19:20
+        "pipeline_pct_core_traced_windows": round(share["traced_windows"] * 100, 2),  # pipeline_pct_core before d852814
         # keeping up: nothing dropped or lost, the pipeline process not saturated, and no growing backlog: the
         # messages shipped and not yet written, at each window's end, never more than two flushes' worth (a
         # pipeline that falls behind grows it without bound). Its memory is reported beside it: it grows over the

@@ -45,14 +45,16 @@ def measure(args) -> list[dict]:
     rt = start_runtime(replace(settings_for(store), pipeline="process", ship_interval_s=args.intervals[0]),
                        VerifyCapture, "bench-ship-interval")
     shipper = rt.pipeline.shipper
-    child = shipper.proc.pid
-    runtime.pause()
-    engine.calibrate(args.busy)
-    runtime.resume()
-    engine.run(args.warmup)
-    tid = threading.get_native_id()
     windows = []
     try:
+        if shipper.proc is None:
+            raise SystemExit("ship_interval: the pipeline process did not start (see the log line above)")
+        child = shipper.proc.pid
+        runtime.pause()
+        engine.calibrate(args.busy)
+        runtime.resume()
+        engine.run(args.warmup)
+        tid = threading.get_native_id()
         for pair in range(args.pairs):
             order = (0, 1) if pair % 2 == 0 else (1, 0)
             for which in order:
