@@ -676,19 +676,20 @@ def pipeline_share(r: dict) -> dict | None:
             "traced_windows": statistics.fmean(w["pipeline_process_cpu_s"] / w["wall_s"] for w in traced)}
 
 
+def split(w: dict) -> dict:
+    """A window's step time, ms a step: the engine thread on CPU, runnable but waiting for a core, and waiting for
+    anything else -- the GIL (the sleep's timer slack is in both conditions alike)."""
+    cpu, delay, n = w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"], w["steps"]
+    return {"step": w["step_s_sum"] / n * 1e3, "cpu": cpu / n * 1e3, "core_wait": delay / n * 1e3,
+            "gil_wait": (w["step_s_sum"] - cpu - delay) / n * 1e3, "step_without_core_wait": (w["step_s_sum"] - delay) / n * 1e3}
+
+
 def analyse(r: dict) -> dict:
     """Paired estimates over the windows of one job (traced against paused, pair by pair)."""
     by_pair: dict[int, dict[bool, dict]] = {}
     for w in r["windows"]:
         by_pair.setdefault(w["pair"], {})[w["traced"]] = w
     pairs = [(p[True], p[False]) for p in by_pair.values() if True in p and False in p]
-
-    def split(w: dict) -> dict:
-        """A step's time, ms: the engine thread on CPU, runnable but waiting for a core, and waiting for
-        anything else -- the GIL (the sleep's timer slack is in both conditions alike)."""
-        cpu, delay, n = w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"], w["steps"]
-        return {"step": w["step_s_sum"] / n * 1e3, "cpu": cpu / n * 1e3, "core_wait": delay / n * 1e3,
-                "gil_wait": (w["step_s_sum"] - cpu - delay) / n * 1e3, "step_without_core_wait": (w["step_s_sum"] - delay) / n * 1e3}
 
     def ratio(key: str) -> dict:
         out = summary([split(on)[key] / split(off)[key] for on, off in pairs])

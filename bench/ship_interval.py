@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from bench.ab_windows import summary
 from bench.common import SCRATCH, freeze_heap, loadavg, write_result
-from bench.gpu_rates import Engine, _proc_cpu_s, _thread_sched, mean_ci, settings_for, start_runtime
+from bench.gpu_rates import Engine, _proc_cpu_s, _thread_sched, mean_ci, settings_for, split, start_runtime
 
 
 def measure(args) -> list[dict]:
@@ -87,11 +87,8 @@ def analyse(windows: list[dict], intervals: list[float]) -> dict:
         by_pair.setdefault(w["pair"], {})[w["interval_s"]] = w
     pairs = [(p[a_s], p[b_s]) for p in by_pair.values() if a_s in p and b_s in p]
 
-    def per_step_ms(w: dict) -> dict:
-        n, cpu, delay = w["steps"], w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"]
-        return {"step": w["step_s_sum"] / n * 1e3, "cpu": cpu / n * 1e3, "core_wait": delay / n * 1e3,
-                "gil_wait": (w["step_s_sum"] - cpu - delay) / n * 1e3,
-                "step_without_core_wait": (w["step_s_sum"] - delay) / n * 1e3, "ship_cpu_us": w["ship_cpu_s"] / n * 1e6}
+    def per_step_ms(w: dict) -> dict:  # gpu_rates' split of a step, and the shipper's CPU a step (µs)
+        return {**split(w), "ship_cpu_us": w["ship_cpu_s"] / w["steps"] * 1e6}
 
     def share(w: dict, key: str) -> float:
         return w[key] / w["wall_s"]
