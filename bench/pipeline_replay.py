@@ -1,7 +1,8 @@
-"""The pipeline process's CPU on recorded messages: where it goes, and its garbage collector paired.
+"""The pipeline process's CPU on recorded messages: where it goes, and its garbage collector (or flush interval) paired.
 
     .venv/bin/python -m bench.pipeline_replay                      # batch 256, 6 rounds (~2 min)
     .venv/bin/python -m bench.pipeline_replay --batch 512 --rounds 4
+    .venv/bin/python -m bench.pipeline_replay --compare flush      # a flush every 2 s against every 4 s
 
 Method. One recording: bench/gpu_rates.py's GIL-bound stand-in engine (its hooks real) at the batch, k 7, five
 steps a message, with the real shipper (``SPECTRACE_PIPELINE=process``); the frames it writes are kept as they
@@ -11,7 +12,9 @@ messages, and reports its CPU (user + system) per second of recorded generation 
 one core at BATCH x 50, with bench/profile_flush.py's phase timers. Replays alternate the collector as the pipeline
 process sets it (``pipeline_process._tune_gc``: the start-up heap frozen, young collections every 50,000 net
 containers) with CPython's defaults, in the order tuned/default, default/tuned, ... (ABBA), so the machine's drift
-hits both; the result is the mean paired difference with a 95 % t interval. No engine runs beside the replay:
+hits both; the result is the mean paired difference with a 95 % t interval. ``--compare flush`` pairs a flush
+every 20 messages (2 s, ``SPECTRACE_FLUSH_INTERVAL``'s default) against every 40 (4 s) instead, the collector tuned
+in both: what the flush's fixed parts (a Parquet file per table, the exposition) cost. No engine runs beside the replay:
 this is the pipeline process's own work, not its cost to an engine (bench/gpu_rates.py measures that).
 Results: bench/results/pipeline_replay[-BATCH].json.
 """
@@ -35,6 +38,9 @@ CHILD = "import sys\nfrom bench.pipeline_replay import main\nsys.exit(main(sys.a
 WARMUP = 20  # messages applied (and flushed) before the timed ones
 FLUSH_EVERY = 20  # messages a flush: 2 s at 5 steps a message and 50 steps/s
 STEPS_A_MESSAGE = 5
+# --compare: the two conditions, each (collector, messages a flush)
+CONDITIONS = {"collector": {"tuned": ("tuned", FLUSH_EVERY), "default": ("default", FLUSH_EVERY)},
+              "flush": {"2s": ("tuned", FLUSH_EVERY), "4s": ("tuned", 2 * FLUSH_EVERY)}}
 RATE = 50.0  # recorded steps a second, for the share of a core
 
 
@@ -91,7 +97,7 @@ def record(batch: int, messages: int, path) -> dict:
     return {"messages": len(frames), "bytes_a_message": statistics.fmean(map(len, frames))}
 
 
-def replay(path, collector: str) -> dict:
+def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     """One replay (in this process): CPU per second of recorded generation, total and by phase."""
     from bench import profile_flush
 
@@ -124,7 +130,7 @@ def replay(path, collector: str) -> dict:
         message = loads_message(frame)
         unpickling += time.process_time() - t0
         pipeline_process.apply(rt, message)
-        if i % FLUSH_EVERY == FLUSH_EVERY - 1:
+        if i % flush_every == flush_every - 1:
             rt.pipeline.flush()
     rt.pipeline.flush()
     cpu = time.process_time() - started
@@ -139,44 +145,52 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--messages", type=int, default=220, help="messages recorded (5 steps each); 20 warm up")
-    parser.add_argument("--rounds", type=int, default=6, help="pairs of replays (tuned and default collector)")
+    parser.add_argument("--rounds", type=int, default=6, help="pairs of replays (the two conditions)")
+    parser.add_argument("--compare", choices=tuple(CONDITIONS), default="collector",
+                        help="collector: tuned against CPython's defaults; flush: a flush every 2 s against every 4 s")
     parser.add_argument("--replay", help=argparse.SUPPRESS)
     parser.add_argument("--collector", choices=("tuned", "default"), help=argparse.SUPPRESS)
+    parser.add_argument("--flush-every", type=int, default=FLUSH_EVERY, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.messages <= WARMUP + FLUSH_EVERY:
-        parser.error(f"--messages must be above {WARMUP + FLUSH_EVERY} (the warm-up and one flush)")
+    if args.messages <= WARMUP + 2 * FLUSH_EVERY:
+        parser.error(f"--messages must be above {WARMUP + 2 * FLUSH_EVERY} (the warm-up and a 4 s flush)")
     if args.batch < 1:
         parser.error("--batch must be at least 1")
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (an interval needs two pairs)")
     if args.replay:  # a child: one replay
-        print("RESULT " + json.dumps(replay(Path(args.replay), args.collector)))
+        print("RESULT " + json.dumps(replay(Path(args.replay), args.collector, args.flush_every)))
         return 0
     path = SCRATCH / "pipeline_replay" / f"frames-{args.batch}.pkl"
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"recording {args.messages} messages at batch {args.batch} ...", flush=True)
     recorded = record(args.batch, args.messages, path)
     load_before = loadavg()
-    runs: dict[str, list[dict]] = {"tuned": [], "default": []}
+    conditions = CONDITIONS[args.compare]
+    a, b = conditions
+    runs: dict[str, list[dict]] = {a: [], b: []}
     for i in range(args.rounds):
-        order = ("tuned", "default") if i % 2 == 0 else ("default", "tuned")
-        for collector in order:
-            runs[collector].append(run_in_checkout(REPO, CHILD, ["--replay", str(path), "--collector", collector],
-                                                   "pipeline_replay", f"{collector} replay"))
-        print(f"round {i + 1}/{args.rounds}: tuned {runs['tuned'][-1]['pct_core']:.2f} %, "
-              f"default {runs['default'][-1]['pct_core']:.2f} % of a core", flush=True)
-    difference = mean_ci([t["pct_core"] - d["pct_core"] for t, d in zip(runs["tuned"], runs["default"])])
+        for condition in ((a, b) if i % 2 == 0 else (b, a)):
+            collector, flush_every = conditions[condition]
+            runs[condition].append(run_in_checkout(REPO, CHILD, ["--replay", str(path), "--collector", collector,
+                                                                 "--flush-every", str(flush_every)],
+                                                   "pipeline_replay", f"{condition} replay"))
+        print(f"round {i + 1}/{args.rounds}: {a} {runs[a][-1]['pct_core']:.2f} %, "
+              f"{b} {runs[b][-1]['pct_core']:.2f} % of a core", flush=True)
+    difference = mean_ci([x["pct_core"] - y["pct_core"] for x, y in zip(runs[a], runs[b])])
     mean, (low, high) = difference["mean"], difference["ci95"]
     result = {
         "batch": args.batch, "k": 7, "rate": RATE, "recorded": recorded, "rounds": args.rounds,
+        "compare": {name: {"collector": c, "flush_every_messages": f} for name, (c, f) in conditions.items()},
         "pct_core": {c: statistics.fmean(r["pct_core"] for r in rs) for c, rs in runs.items()},
-        "tuned_minus_default_pct_core": difference,
+        f"{a}_minus_{b}_pct_core": difference,
         "runs": runs, "load_before": load_before, "load_after": loadavg(),
     }
-    name = "pipeline_replay" if args.batch == 256 else f"pipeline_replay-{args.batch}"
+    name = "pipeline_replay" + ("" if args.compare == "collector" else f"-{args.compare}")
+    name += "" if args.batch == 256 else f"-{args.batch}"
     written = write_result(name, result)
-    print(f"pipeline process at {args.batch} x 50 (replayed): tuned collector {result['pct_core']['tuned']:.2f} %, "
-          f"default {result['pct_core']['default']:.2f} % of a core; tuned - default {mean:+.2f} points "
+    print(f"pipeline process at {args.batch} x 50 (replayed): {a} {result['pct_core'][a]:.2f} %, "
+          f"{b} {result['pct_core'][b]:.2f} % of a core; {a} - {b} {mean:+.2f} points "
           f"({low:+.2f} … {high:+.2f}, {args.rounds} pairs)")
     print(f"wrote {written}")
     return 0
