@@ -3,19 +3,18 @@
     .venv/bin/python -m bench.ship_interval                         # 256 x 50, 0.1 against 0.25 s, 24 pairs (~2 min)
     .venv/bin/python -m bench.ship_interval --intervals 0.1 0.5 --pairs 32 --name ship_interval-0.5
 
-Method. bench/gpu_rates.py's stand-in engine (a GIL-bound Python thread paced to ``rate`` steps/s around
-spectrace's real hooks, vLLM's own dataclasses) runs in the shipped shape (``SPECTRACE_PIPELINE=process``: the real
-shipper and a real pipeline process), traced throughout. Between windows of ``--window`` seconds the shipper's
-interval (``Shipper.interval_s``, what ``SPECTRACE_SHIP_INTERVAL`` sets; read at each of its wakes) switches between
-the two values, in the order A B, B A, ... (ABBA): both conditions share one process, one pipeline process, one
-heap and the machine's drift, where alternating whole jobs (bench/gpu_rates.py --ship-interval) compare two
-processes each. Per window, as gpu_rates: the engine's step time (from when it was due to the end of its work), its
-thread's CPU and its wait for a core (schedstat), the GIL wait (step time minus those two), every other thread of
-the process (the background: the shipper), the pipeline process's CPU, and the shipper's own thread CPU. Each pair
-gives B over A (step time, a ratio) and B minus A (the rest); the result is their mean (geometric for the ratio)
-with a 95 % t interval. The first window after a switch carries up to one wait of the old interval: a 2 s window
-holds 8-20 wakes, so it shifts a window's figures by at most one message. Results:
-bench/results/ship_interval[-NAME].json.
+Method. bench/gpu_rates.py's stand-in engine (a GIL-bound Python thread paced to ``rate`` steps/s around spectrace's
+real hooks, vLLM's own dataclasses) runs in the shipped shape (``SPECTRACE_PIPELINE=process``: the real shipper and
+a real pipeline process), traced throughout. Between windows of ``--window`` seconds the shipper's interval (the
+shipper's ``settings.ship_interval_s``, ``SPECTRACE_SHIP_INTERVAL``; read at each of its wakes) switches between the
+two values, in the order A B, B A, ... (ABBA): both conditions share one process, one pipeline process, one heap and
+the machine's drift, where alternating whole jobs (bench/gpu_rates.py --ship-interval) compare two processes each.
+Per window, as gpu_rates: the engine's step time (from when it was due to the end of its work), its thread's CPU and
+its wait for a core (schedstat), the GIL wait (step time minus those two), every other thread of the process (the
+background: the shipper), the pipeline process's CPU, and the shipper's own thread CPU. Each pair gives B over A
+(step time, a ratio) and B minus A (the rest); the result is their mean (geometric for the ratio) with a 95 % t
+interval. The first window after a switch carries up to one wait of the old interval: a 2 s window holds 8-20 wakes,
+so it shifts a window's figures by at most one message. Results: bench/results/ship_interval[-NAME].json.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ def measure(args) -> list[dict]:
         for pair in range(args.pairs):
             order = (0, 1) if pair % 2 == 0 else (1, 0)
             for which in order:
-                shipper.interval_s = args.intervals[which]
+                shipper.settings = replace(shipper.settings, ship_interval_s=args.intervals[which])
                 cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
                 child0, delay0 = _proc_cpu_s(child), _thread_sched(tid)[1]
                 ship0, messages0 = shipper.ship_cpu_ns, shipper.messages
@@ -165,7 +164,7 @@ def main(argv=None) -> int:
     print(f"messages a second: {rates[str(a_s)]:.1f} at {a_s:g} s, {rates[str(b_s)]:.1f} at {b_s:g} s")
     if (rates[str(b_s)] - rates[str(a_s)]) * (b_s - a_s) >= 0:  # the longer interval must send fewer
         print("ship_interval: the shipper's message rate did not follow its interval (does Shipper._loop still read "
-              "Shipper.interval_s at each wake?): the two conditions were not what they say", file=sys.stderr)
+              "its settings' ship_interval_s at each wake?): the two conditions were not what they say", file=sys.stderr)
         return 1
     bg, pipe = a["background_core"], a["pipeline_core"]
     print(f"background {bg[str(a_s)] * 100:.2f} -> {bg[str(b_s)] * 100:.2f} % of a core "

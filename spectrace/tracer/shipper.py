@@ -151,7 +151,6 @@ class Shipper:
         self.spans: deque = deque()
         self.metric_calls: deque = deque()
         self.commands: deque = deque()
-        self.interval_s = settings.ship_interval_s  # read at every wake (bench/ship_interval.py switches it)
         self.proc: subprocess.Popen | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
@@ -311,8 +310,7 @@ class Shipper:
             return []
         out = []
         flags, traces = capture.request_flags, capture.request_traces
-        clock = time.perf_counter_ns
-        mark = clock()
+        pauses = wire.GilPauses()  # a message's new requests take ~5-10 µs each to read: pauses as between groups
         for request_id in list(pending):
             note = pending[request_id]
             stats = note.prefill_stats
@@ -325,9 +323,7 @@ class Shipper:
                 self.rt.count_error("shipper.requests", exc)
                 continue
             out.append((ReadRequest(note.run_id, request_id, params), flags.get(request_id), traces.get(request_id)))
-            if wire.YIELD_S and clock() - mark >= wire.YIELD_AFTER_NS:  # a waiting engine thread's turn, as between
-                time.sleep(wire.YIELD_S)  # pickled groups: a message's new requests take ~5-10 µs each to read
-                mark = clock()
+            pauses.due()
         return out
 
     def _state(self) -> dict[str, Any]:
@@ -444,7 +440,7 @@ class Shipper:
         self._thread.start()
 
     def _loop(self) -> None:
-        wait = self.interval_s
+        wait = self.settings.ship_interval_s  # read at every wake (bench/ship_interval.py switches the settings)
         while not self._stop.wait(wait):
             if self.pipeline.paused:
                 continue
@@ -452,7 +448,7 @@ class Shipper:
             self.ship()
             self._drain_acks()
             # idle: wait twice as long next time, up to IDLE_WAIT_S; anything sent: the interval again
-            interval = self.interval_s
+            interval = self.settings.ship_interval_s
             wait = min(2 * wait, max(interval, IDLE_WAIT_S)) if self.idle_skips > skipped else interval
 
     def _drain_acks(self) -> None:

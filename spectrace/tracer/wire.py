@@ -34,6 +34,24 @@ YIELD_AFTER_NS = 150_000
 YIELD_S = 20e-6  # 0: no pauses (bench/gpu_rates.py --ship-pauses off, to measure what they do)
 
 
+class GilPauses:
+    """The shipper's pauses for the GIL during one stretch of work (pickling a message, reading its requests):
+    :meth:`due` sleeps ``YIELD_S`` once ``YIELD_AFTER_NS`` has passed since the last pause (or the start), so that an
+    engine thread waiting for the GIL gets it. ``pause``: the sleep (``time.sleep`` when None, looked up per call)."""
+
+    __slots__ = ("_pause", "_mark")
+
+    def __init__(self, pause=None) -> None:
+        self._pause = pause
+        self._mark = time.perf_counter_ns()
+
+    def due(self, now: int | None = None) -> None:
+        """Pause if it is time (``now``: the caller's ``perf_counter_ns`` reading, if it has one)."""
+        if YIELD_S and (time.perf_counter_ns() if now is None else now) - self._mark >= YIELD_AFTER_NS:
+            (self._pause or time.sleep)(YIELD_S)
+            self._mark = time.perf_counter_ns()
+
+
 # -- frames: a length and a pickle ------------------------------------------------
 
 
@@ -57,7 +75,7 @@ def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
         message.update(parts)  # the caller's message as it was
         del message["parts"]
     clock = time.perf_counter_ns
-    mark = clock()
+    pauses = GilPauses(pause)
     for records in parts.values():
         i, size = 0, 1
         while i < len(records):
@@ -67,9 +85,7 @@ def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
             now = clock()
             i += len(group)
             size = max(1, min(4 * size, size * YIELD_AFTER_NS // max(now - started, 1)))
-            if now - mark >= YIELD_AFTER_NS and YIELD_S:
-                pause(YIELD_S)
-                mark = clock()
+            pauses.due(now)
     return out.getvalue()
 
 
