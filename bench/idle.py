@@ -3,20 +3,21 @@
     .venv/bin/python -m bench.idle                  # 4 pairs of 10 s windows (~2 min)
     .venv/bin/python -m bench.idle --pairs 6 --seconds 20
 
-Method. Each run, in a fresh process: the runtime in the shipped shape (a pipeline process, default settings), a
-run and a role set as an engine core sets them, one flush (the state and the start span shipped), then ``--seconds``
+Method. Each run, in a fresh process: the runtime in the shipped shape (a pipeline process, default settings), a run
+and a role set as an engine core sets them, one flush (the state and the start span shipped), then ``--seconds``
 with nothing recorded; the CPU time (/proc's schedstat, in nanoseconds) of the traced process, its threads summed,
-and of its pipeline process over that window, as a share of one core. Runs alternate the shipper as shipped (an
-idle process sends nothing, and its wait doubles up to ``shipper.IDLE_WAIT_S``) with ``IDLE_WAIT_S = 0`` (every
-wake, ten a second, sends the unchanged state: the behaviour before), ordered as shipped/before, before/shipped,
-... (ABBA); the result is the mean paired difference with a 95 % t interval. No engine runs: this is spectrace's
-cost on an idle server. Results: bench/results/idle.json.
+and of its pipeline process over that window, as a share of one core. Runs alternate the shipper as shipped (an idle
+process sends nothing, and its wait doubles up to ``shipper.IDLE_WAIT_S``) with ``IDLE_WAIT_S = 0`` (every wake
+sends the unchanged state: ten a second at 0.1 s, the behaviour before; four at today's 0.25 s), ordered as
+shipped/before, before/shipped, ... (ABBA); the result is the mean paired difference with a 95 % t interval. No
+engine runs: this is spectrace's cost on an idle server. Results: bench/results/idle.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -24,20 +25,9 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, loadavg, run_in_checkout, write_result
-from bench.gpu_rates import mean_ci
+from bench.gpu_rates import _proc_cpu_s, mean_ci
 
 CHILD = "import sys\nfrom bench.idle import main\nsys.exit(main(sys.argv[1:]))"  # one run, fresh
-
-
-def _cpu_s(pid: int | str = "self") -> float:
-    """A process's CPU time so far, its live threads summed (schedstat: nanoseconds, not clock ticks)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass  # a thread that ended meanwhile
-    return total / 1e9
 
 
 def one_run(shipper_as: str, seconds: float) -> dict:
@@ -59,9 +49,10 @@ def one_run(shipper_as: str, seconds: float) -> dict:
             time.sleep(1.0)
             shipper = rt.pipeline.shipper
             child = shipper.proc.pid
-            own0, child0, sent0 = _cpu_s(), _cpu_s(child), shipper.messages
+            me = os.getpid()
+            own0, child0, sent0 = _proc_cpu_s(me), _proc_cpu_s(child), shipper.messages
             time.sleep(seconds)
-            own, piped, sent = _cpu_s() - own0, _cpu_s(child) - child0, shipper.messages - sent0
+            own, piped, sent = _proc_cpu_s(me) - own0, _proc_cpu_s(child) - child0, shipper.messages - sent0
         finally:
             runtime.stop()
     return {"engine_pct_core": own / seconds * 100, "pipeline_pct_core": piped / seconds * 100,
