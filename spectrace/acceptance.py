@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import chain, compress
-from operator import itemgetter
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -245,43 +244,47 @@ def position_cliff(
     return None
 
 
-_FIRST, _LAST = itemgetter(0), itemgetter(-1)
+def one_token_rows(draft_rows: "list[list[int]]", accepted=None) -> dict[str, Any]:
+    """:func:`repeated_rows` over draft rows as lists (joined first)."""
+    lengths = np.fromiter(map(len, draft_rows), np.int64, len(draft_rows))
+    tokens = np.fromiter(chain.from_iterable(draft_rows), np.int64, int(lengths.sum()))
+    return repeated_rows(tokens, np.cumsum(lengths) - lengths, lengths, accepted)
 
 
-def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -> dict[str, Any]:
-    """How many draft rows (of two or more drafts) are one token id repeated.
+def repeated_rows(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, accepted=None) -> dict[str, Any]:
+    """How many draft rows (of two or more drafts) are one token id repeated; row i is
+    ``tokens[starts[i]:starts[i] + lengths[i]]``.
 
     Returns ``rows``, ``repeated`` (rows all one id), ``repeated_drafted`` and
     ``repeated_accepted`` (tokens in those rows; ``accepted``: accepted count per row)
     and ``by_token`` (repeated rows per id). Placeholder ids (negative: vLLM's async
     scheduling sends -1) are no drafts and are skipped; single drafts say nothing.
     Counted with NumPy over each row's first and last id, then over the ids of the rows whose last id is their
-    first (``lengths``: the rows' lengths, where known).
+    first.
     """
     out: dict[str, Any] = {"rows": 0, "repeated": 0, "repeated_drafted": 0, "repeated_accepted": 0, "by_token": {}}
-    n = len(draft_rows)
+    n = len(lengths)
     if not n:
         return out
-    if lengths is None:
-        lengths = np.fromiter(map(len, draft_rows), np.int64, n)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
     accepted = np.zeros(n, np.int64) if accepted is None else np.asarray(accepted, dtype=np.int64)
     wide = lengths >= 2
     if not wide.any():
         return out
     if not wide.all():
-        at = np.flatnonzero(wide)
-        draft_rows, lengths, accepted = list(compress(draft_rows, wide)), lengths[at], accepted[at]
-    # each row's first and last id (two C-level passes); only a row whose last id is its first can be one id
-    # repeated, and only those rows' ids go into one flat array, each beside its row's first id
-    n = len(draft_rows)
-    first = np.fromiter(map(_FIRST, draft_rows), np.int64, n)
-    same_as_first = first == np.fromiter(map(_LAST, draft_rows), np.int64, n)
+        starts, lengths, accepted = starts[wide], lengths[wide], accepted[wide]
+    # each row's first and last id; only a row whose last id is its first can be one id repeated, and only those
+    # rows' ids are compared with their first
+    first = tokens[starts]
+    same_as_first = first == tokens[starts + lengths - 1]
     if same_as_first.any():
         at = np.flatnonzero(same_as_first)
-        rows, widths = [draft_rows[i] for i in at.tolist()], lengths[at]
-        flat = np.fromiter(chain.from_iterable(rows), np.int64, int(widths.sum()))
-        starts = np.concatenate(([0], np.cumsum(widths)[:-1]))
-        same_as_first[at] = np.logical_and.reduceat(flat == np.repeat(first[at], widths), starts)
+        widths = lengths[at]
+        offsets = np.cumsum(widths) - widths
+        # the ids of those rows, one flat index each: the row's start plus the id's place in its row
+        index = np.repeat(starts[at] - offsets, widths) + np.arange(int(widths.sum()))
+        same_as_first[at] = np.logical_and.reduceat(tokens[index] == np.repeat(first[at], widths), offsets)
     drafts = first >= 0
     same = drafts & same_as_first
     repeated = int(same.sum())
@@ -289,8 +292,8 @@ def one_token_rows(draft_rows: "list[list[int]]", accepted=None, lengths=None) -
     out["repeated"] = repeated
     out["repeated_drafted"] = int(lengths[same].sum())
     out["repeated_accepted"] = int(accepted[same].sum())
-    tokens, counts = np.unique(first[same], return_counts=True)
-    out["by_token"] = dict(zip(tokens.tolist(), counts.tolist()))
+    tokens_at, counts = np.unique(first[same], return_counts=True)
+    out["by_token"] = dict(zip(tokens_at.tolist(), counts.tolist()))
     return out
 
 

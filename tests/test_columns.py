@@ -147,8 +147,64 @@ def test_one_token_rows_as_the_loop_counts(seed):
     rows = [[rng.choice([-1, 0, 0, 3, 9]) for _ in range(rng.choice([0, 1, 2, 3, 3, 7]))] for _ in range(300)]
     accepted = [rng.randrange(0, 4) for _ in rows]
     assert acceptance.one_token_rows(rows, accepted) == reference_one_token_rows(rows, accepted)
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)  # as the drain calls it
-    assert acceptance.one_token_rows(rows, accepted, lengths) == reference_one_token_rows(rows, accepted)
+    # as the drain calls it: a flush's rows joined, and a run's kept rows (some skipped) found by their starts
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    tokens = np.array([t for r in rows for t in r], dtype=np.int32)
+    keep = np.array([rng.random() < 0.7 for _ in rows])
+    starts = (np.cumsum(lengths) - lengths)[keep]
+    kept = [r for r, k in zip(rows, keep) if k]
+    kept_accepted = [a for a, k in zip(accepted, keep) if k]
+    assert acceptance.repeated_rows(tokens, starts, lengths[keep], kept_accepted) == \
+        reference_one_token_rows(kept, kept_accepted)
+
+
+def packed(step):
+    """A random step as the shipper sends it: its draft dict packed (``wire.pack_drafts``)."""
+    from spectrace.tracer.wire import PackedDrafts, pack_drafts
+
+    drafts = pack_drafts(step[0])
+    assert type(drafts) is PackedDrafts
+    return (drafts, *step[1:])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_drafts_count_as_the_dicts_do(seed):
+    """The engine's and the worker's steps as shipped count exactly as vLLM's dicts do, tokens included, whether a
+    flush holds packed steps, dict steps (a pipeline thread, or a dict that did not pack) or both."""
+    rng = random.Random(seed)
+    steps = random_steps(rng, rng.randrange(5, 40))
+    mixed = [packed(step) if rng.random() < 0.5 else step for step in steps]
+    counts = []
+    for shape in (steps, [packed(step) for step in steps], mixed):
+        run = columns.RunColumns()
+        for i, step in enumerate(shape):
+            run.add(1000 + i, i, *step)
+        counted = run.count()
+        if counted is None:
+            counts.append(None)
+            continue
+        rows = [counted.tokens[s:s + n].tolist() for s, n in zip(counted.starts.tolist(), counted.lengths.tolist())]
+        counts.append((counted.ids, counted.drafted.tolist(), counted.accepted.tolist(), counted.context.tolist(),
+                       counted.emitted.tolist(), rows, [x.tolist() for x in counted.per_step]))
+        worker = columns.WorkerColumns()
+        for drafts, sampled, row_of, *_ in shape:
+            worker.add(drafts, list(sampled or ()), row_of)
+        got = worker.count()
+        counts[-1] += tuple(a.tolist() for a in got) if got is not None else (None,)
+    assert counts[0] == counts[1] == counts[2]
+    if counts[0] is not None:  # the rows are the counted request-steps' draft ids, in order
+        assert counts[0][5] == [step[0][row[0]] for step in steps for row in reference_engine([step])]
+
+
+def test_drafts_that_do_not_pack_travel_as_they_are():
+    from spectrace.tracer.wire import PackedDrafts, drafts_total, pack_drafts
+
+    assert pack_drafts({"a": [1] * 256}) == {"a": [1] * 256}  # a row's length is one byte
+    assert pack_drafts({"a": [2 ** 31]}) == {"a": [2 ** 31]}
+    assert pack_drafts({"a": [1.5]}) == {"a": [1.5]}
+    got = pack_drafts({"a": [5, -1, 7], "b": [], "c": [np.int64(9)]})
+    assert got == PackedDrafts(["a", "b", "c"], bytes([3, 0, 1]), np.array([5, -1, 7, 9], np.int32).tobytes())
+    assert drafts_total(got) == drafts_total({"a": [5, -1, 7], "b": [], "c": [9]}) == 4
 
 
 def test_auto_pipeline_is_a_process_on_an_accelerator_only(monkeypatch):

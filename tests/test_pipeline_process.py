@@ -1,12 +1,15 @@
 """SPECTRACE_PIPELINE=process without vLLM: rows, spans and per-step records the engine side buffers reach a real
 store written by a real pipeline process under the engine's pid; flushes are acknowledged with the pipeline's
 stats; a killed pipeline process's unwritten messages are counted as dropped by the next one; an idle process sends
-nothing; the shipper hands the GIL to a waiting engine thread while it pickles and while it reads new requests. (The
+nothing; the shipper packs each draft dict once, and hands the GIL to a waiting engine thread while it packs, while it
+pickles and while it reads new requests. (The
 same shape on real vLLM runs: tests/test_pipeline_process_live.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import time
 from types import SimpleNamespace
 
@@ -14,7 +17,7 @@ import spectrace.store
 from spectrace.settings import Settings
 from spectrace.tracer import runtime
 from spectrace.tracer.verify import EngineStep, VerifyCapture
-from spectrace.tracer.verify.capture import ReadRequest, RequestNote
+from spectrace.tracer.verify.capture import ReadRequest, RequestNote, WorkerStep
 
 RUN = "run-shipped"
 
@@ -141,3 +144,38 @@ def test_reading_new_requests_pauses_for_the_gil(tmp_path, monkeypatch):
         assert slept == [wire.YIELD_S] * 3
     finally:
         runtime.stop()
+
+
+def test_draft_dicts_travel_packed_once_with_pauses_for_the_gil(tmp_path, monkeypatch):
+    from spectrace.tracer import shipper as shipper_module
+    from spectrace.tracer import wire
+
+    rt = _start(tmp_path, record_tokens=True)
+    try:
+        drafts = {"a": [1, 2, 3], "b": [4, 4, 4]}
+        long_row = {"a": [7] * 300}  # a row of 256 drafts or more does not pack: it travels as it is
+        engine = [EngineStep(1, 0, RUN, drafts, [3, 1], {"a": 0, "b": 1}, None, None, 1),
+                  EngineStep(2, 1, RUN, long_row, [3], {"a": 0}, None, None, 1)]
+        worker = [WorkerStep(1, RUN, None, drafts, [3, 1], {"a": 0, "b": 1}), WorkerStep(2, RUN, None, [3], [3], None)]
+        shipper = rt.pipeline.shipper
+        slept = []
+        with shipper._ship_lock:  # the shipper's thread waits: every sleep below is this call's
+            monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)  # a pause after every step
+            monkeypatch.setattr(shipper_module.time, "sleep", slept.append)
+            engine_out, worker_out = shipper._steps(engine, worker)
+            monkeypatch.undo()
+        assert slept == [wire.YIELD_S] * 4
+        assert engine_out[0].drafts == wire.PackedDrafts(["a", "b"], bytes([3, 3]), struct.pack("=6i", 1, 2, 3, 4, 4, 4))
+        assert worker_out[0].drafts is engine_out[0].drafts  # the dict both steps hold, packed once
+        assert engine_out[1].drafts is long_row and worker_out[1] is worker[1]
+        rt.verify.engine_steps.extend(engine)  # through the shipper and the pipeline process: counted as dicts are
+        rt.flush()
+    finally:
+        runtime.stop()
+    con = spectrace.store.open(tmp_path / "store")
+    rows = con.execute("select step, request_id, num_drafted, num_accepted, draft_token_ids from verify_steps "
+                       "where run_id = ? order by step, request_id", [RUN]).fetchall()
+    assert rows == [(0, "a", 3, 2, "[1, 2, 3]"), (0, "b", 3, 0, "[4, 4, 4]"), (1, "a", 300, 2, json.dumps([7] * 300))]
+    shapes = con.execute("select sum(rows), sum(repeated_rows), sum(repeated_drafted) from draft_shapes "
+                         "where run_id = ?", [RUN]).fetchone()
+    assert shapes == (3, 2, 303)  # "b" and the long row are one id repeated

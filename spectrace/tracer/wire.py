@@ -17,6 +17,7 @@ import pickle
 import struct
 import time
 from collections import deque
+from typing import NamedTuple
 
 
 FRAME = struct.Struct("!Q")
@@ -50,6 +51,40 @@ class GilPauses:
         if YIELD_S and (time.perf_counter_ns() if now is None else now) - self._mark >= YIELD_AFTER_NS:
             (self._pause or time.sleep)(YIELD_S)
             self._mark = time.perf_counter_ns()
+
+
+# -- draft dicts as they travel ------------------------------------------------------
+
+
+class PackedDrafts(NamedTuple):
+    """A step's draft dict (``scheduled_spec_decode_tokens``: request id -> draft token ids) as the shipper sends
+    it: the request ids in the dict's order, each row's length (a byte each) and every row's tokens joined (4-byte
+    ints in this host's byte order: both ends of the wire run on one host). Packing costs the engine's process about
+    what pickling the dict's lists did; the pipeline process reads the packed form as arrays instead of unpickling,
+    counting and freeing a list per request-step (bench/ship_encoding.py, bench/pipeline_replay.py)."""
+
+    ids: list
+    lengths: bytes
+    tokens: bytes
+
+
+def pack_drafts(drafts: dict) -> "PackedDrafts | dict":
+    """``drafts`` packed; as it is where it does not pack (a row of 256 drafts or more, an id beyond 32 bits,
+    something not an int): the pipeline process reads both."""
+    values = drafts.values()
+    flat: list = []
+    deque(map(flat.extend, values), 0)  # the rows joined, in C
+    try:
+        return PackedDrafts(list(drafts), bytes(map(len, values)), struct.pack(f"={len(flat)}i", *flat))
+    except (ValueError, TypeError, OverflowError, struct.error):
+        return drafts
+
+
+def drafts_total(drafts) -> int:
+    """Draft tokens in a draft dict, packed or not."""
+    if type(drafts) is PackedDrafts:
+        return sum(drafts.lengths)
+    return sum(map(len, drafts.values()))
 
 
 # -- frames: a length and a pickle ------------------------------------------------

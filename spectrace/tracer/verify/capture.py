@@ -84,7 +84,9 @@ class Proposal(NamedTuple):
     """The drafts the worker proposed after one step (``Scheduler.update_draft_token_ids``, synchronous scheduling)."""
 
     run_id: str | None
-    draft_token_ids: list  # DraftTokenIds.draft_token_ids: one list per request (a new object every step)
+    # DraftTokenIds.draft_token_ids: one list per request (a new object every step); as the shipper sends it, their
+    # total (an int: the token budget counts nothing else)
+    draft_token_ids: list | int
 
 
 class StepTiming:

@@ -2,7 +2,9 @@
 
 Per step, a few C-level passes (``list``, ``map``) append the values vLLM handed the hook (request id ->
 draft ids, request id -> row, the sampled lengths, the cached requests' computed tokens) to one run's lists;
-per run, the lists become arrays once and everything is counted over them (comparisons, ``bincount``, sums).
+a pipeline process gets each draft dict packed (``wire.PackedDrafts``: ids, lengths, the tokens joined) and
+appends those as they are. Per run, the lists become arrays once and everything is counted over them
+(comparisons, ``bincount``, sums); the draft tokens stay one joined array (``Counted.tokens``, ``starts``).
 Python runs once per step and once per run, never once per request-step, and NumPy once per run, not per step
 (issue #34: the drain was ~75 % of the pipeline's CPU at GPU rates; per-step arrays cost more than the loop
 they replaced at batch 16).
@@ -16,9 +18,11 @@ max(sampled - num_sampled, 0). The engine core's context is the request's comput
 
 from __future__ import annotations
 
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 
 import numpy as np
+
+from spectrace.tracer.wire import PackedDrafts
 
 _INT = np.int64
 
@@ -38,12 +42,13 @@ def _look_up(rows: np.ndarray, sizes: list[int], widths: list[int], values: list
 class RunColumns:
     """One run's engine steps of a flush: filled step by step (``add``), counted once (``count``)."""
 
-    __slots__ = ("ids", "draft_lists", "_lengths", "_rows", "_context", "_invalid", "_sampled", "_emitted", "_sizes",
+    __slots__ = ("ids", "_tokens", "_lengths", "_rows", "_context", "_invalid", "_sampled", "_emitted", "_sizes",
                  "_widths", "_num_sampled", "_ts", "_step_no", "has_invalid", "counted")
 
     def __init__(self) -> None:
         self.ids: list[str] = []
-        self.draft_lists: list = []
+        # each step's draft tokens: packed (bytes, as shipped: wire.PackedDrafts) or (its rows, their total)
+        self._tokens: list = []
         self._lengths: list[int] = []
         self._rows: list[int] = []
         self._context: list[int] = []
@@ -58,16 +63,25 @@ class RunColumns:
         self.has_invalid = False
         self.counted: Counted | None = None
 
-    def add(self, ts: int, step_no: int, drafts: dict, sampled_lens, row_of: dict, cached, invalid: dict | None,
-            num_sampled: int, emitted_lens=None) -> None:
-        n = len(drafts)
-        if not n:
-            return
-        ids = list(drafts)
+    def add(self, ts: int, step_no: int, drafts: "dict | PackedDrafts", sampled_lens, row_of: dict, cached,
+            invalid: dict | None, num_sampled: int, emitted_lens=None) -> None:
+        if type(drafts) is PackedDrafts:
+            ids = drafts.ids
+            n = len(ids)
+            if not n:
+                return
+            self._lengths += drafts.lengths  # a byte a row: the lengths as ints
+            self._tokens.append(drafts.tokens)
+        else:
+            n = len(drafts)
+            if not n:
+                return
+            ids = list(drafts)
+            values = list(drafts.values())
+            lengths = list(map(len, values))
+            self._lengths += lengths
+            self._tokens.append((values, sum(lengths)))
         self.ids += ids
-        values = list(drafts.values())
-        self.draft_lists += values
-        self._lengths += map(len, values)
         self._rows += map(row_of.get, ids, repeat(-1))
         if cached is not None:
             computed = dict(zip(cached.req_ids, cached.num_computed_tokens))
@@ -102,26 +116,36 @@ class RunColumns:
         drafted = lengths - np.asarray(self._invalid, dtype=_INT) if self.has_invalid else lengths
         accepted = np.maximum(generated - num_sampled, 0)
         context = np.asarray(self._context, dtype=_INT)
-        ids, draft_lists = self.ids, self.draft_lists
+        starts = np.cumsum(lengths) - lengths  # each request-step's row in the joined tokens
+        ids = self.ids
         if not keep.all():
             if not keep.any():
                 return None
-            ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
-            drafted, accepted, context, lengths, step_of, emitted = (
-                a[keep] for a in (drafted, accepted, context, lengths, step_of, emitted))
-        self.counted = Counted(self, ids, draft_lists, drafted, accepted, emitted, context, lengths, step_of, steps)
+            ids = list(compress(ids, keep))
+            drafted, accepted, context, lengths, step_of, emitted, starts = (
+                a[keep] for a in (drafted, accepted, context, lengths, step_of, emitted, starts))
+        self.counted = Counted(self, ids, self.tokens(), starts, drafted, accepted, emitted, context, lengths, step_of,
+                               steps)
         return self.counted
+
+    def tokens(self) -> np.ndarray:
+        """Every step's draft tokens joined, rows in order (``Counted.starts`` and ``lengths`` find each)."""
+        parts = [np.frombuffer(part, np.int32) if type(part) is bytes
+                 else np.fromiter(chain.from_iterable(part[0]), _INT, part[1]) for part in self._tokens]
+        return np.concatenate(parts) if parts else np.zeros(0, _INT)
 
 
 class Counted:
     """One run's counted request-steps (in step order) and per-step totals, as arrays."""
 
-    __slots__ = ("ids", "draft_lists", "drafted", "accepted", "emitted", "context", "lengths", "step_of", "ts",
+    __slots__ = ("ids", "tokens", "starts", "drafted", "accepted", "emitted", "context", "lengths", "step_of", "ts",
                  "step_no", "per_step", "ctx_max", "k", "_starts")
 
-    def __init__(self, run: RunColumns, ids, draft_lists, drafted, accepted, emitted, context, lengths, step_of,
+    def __init__(self, run: RunColumns, ids, tokens, starts, drafted, accepted, emitted, context, lengths, step_of,
                  steps: int) -> None:
-        self.ids, self.draft_lists = ids, draft_lists
+        self.ids = ids
+        # the draft token ids: request-step i drafted tokens[starts[i]:starts[i] + lengths[i]]
+        self.tokens, self.starts = tokens, starts
         self.drafted, self.accepted, self.context, self.lengths = drafted, accepted, context, lengths
         self.emitted = emitted  # tokens each request-step emitted: accepted + 1, less where its request stopped
         self.step_of = step_of
@@ -192,6 +216,10 @@ class WorkerColumns:
             n = len(drafted)
             self._drafted += drafted
             self._rows += range(n)
+        elif type(drafts) is PackedDrafts:  # V1 as shipped
+            n = len(drafts.ids)
+            self._drafted += drafts.lengths
+            self._rows += map(row_of.get, drafts.ids, repeat(-1))
         else:
             n = len(drafts)
             self._drafted += map(len, drafts.values())

@@ -35,6 +35,7 @@ from spectrace.tracer.verify import columns
 from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote
 from spectrace.tracer.verify.run_config import RunConfig
 from spectrace.tracer.verify.timings import StepTimes
+from spectrace.tracer.wire import drafts_total
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
@@ -132,7 +133,7 @@ class VerifyCapture(Capture):
             self._verify_rows(rt, common, run_id, counted)
             band_rows += _band_positions(common, run_id, arr, step_bands)
             curve = self._curve(rt, run_id)
-            shapes = acceptance.one_token_rows(counted.draft_lists, counted.accepted, counted.lengths)
+            shapes = acceptance.repeated_rows(counted.tokens, counted.starts, counted.lengths, counted.accepted)
             curve.add_shapes(shapes)
             if shapes["rows"]:
                 rt.pipeline.append(
@@ -226,16 +227,20 @@ class VerifyCapture(Capture):
         drafted, accepted, emitted, context = counted.drafted, counted.accepted, counted.emitted, counted.context
         n = len(drafted)
         step_ts, step_no = counted.ts[counted.step_of], counted.step_no[counted.step_of]
-        ids, draft_lists = counted.ids, counted.draft_lists
+        ids, starts, lengths = counted.ids, counted.starts, counted.lengths
         sample = rt.settings.step_sample
         if sample < 1.0:
             keep = self._sampler.random(n) < sample
             if not keep.any():
                 return
-            ids, draft_lists = list(compress(ids, keep)), list(compress(draft_lists, keep))
-            drafted, accepted, emitted, context, step_ts, step_no = (
-                a[keep] for a in (drafted, accepted, emitted, context, step_ts, step_no))
+            ids = list(compress(ids, keep))
+            drafted, accepted, emitted, context, step_ts, step_no, starts, lengths = (
+                a[keep] for a in (drafted, accepted, emitted, context, step_ts, step_no, starts, lengths))
             n = len(ids)
+        draft_ids = None
+        if rt.settings.record_tokens:
+            tokens = counted.tokens.tolist()
+            draft_ids = [json.dumps(tokens[s:s + length]) for s, length in zip(starts.tolist(), lengths.tolist())]
         flags = self.request_flags
         pairs = list(map(flags.get, ids, repeat(NO_FLAGS)))
         greedy, structured = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
@@ -251,7 +256,7 @@ class VerifyCapture(Capture):
             "num_emitted": emitted,
             "greedy": greedy,
             "structured_output": structured,
-            "draft_token_ids": [json.dumps(list(d)) for d in draft_lists] if rt.settings.record_tokens else None,
+            "draft_token_ids": draft_ids,
         }, n)
 
     def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
@@ -475,11 +480,11 @@ class VerifyCapture(Capture):
         """``draft_budget`` per run and flush; DRAFTS_UNVERIFIED (the run judge)."""
         proposed: dict[str | None, int] = defaultdict(int)
         verified: dict[str | None, list[int]] = defaultdict(lambda: [0, 0])
-        for run_id, drafts in proposals:  # Proposal
-            proposed[run_id] += sum(map(len, drafts))
+        for run_id, drafts in proposals:  # Proposal (as shipped: their total)
+            proposed[run_id] += drafts if type(drafts) is int else sum(map(len, drafts))
         for step in engine:
             counts = verified[step.run_id]
-            counts[0] += sum(map(len, step.drafts.values()))
+            counts[0] += drafts_total(step.drafts)
             counts[1] += 1
         now = time.time_ns()
         for run_id in proposed.keys() | verified.keys():
