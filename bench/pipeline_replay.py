@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.pipeline_replay                      # batch 256, 6 rounds (~2 min)
     .venv/bin/python -m bench.pipeline_replay --batch 512 --rounds 4
     .venv/bin/python -m bench.pipeline_replay --compare flush      # a flush every 2 s against every 4 s
+    .venv/bin/python -m bench.pipeline_replay --base 69eaee7       # this checkout against a commit (~4 min)
 
 Method. One recording: bench/gpu_rates.py's GIL-bound stand-in engine (its hooks real) at the batch, k 7, five
 steps a message, with the real shipper (``SPECTRACE_PIPELINE=process``); the frames it writes are kept as they
@@ -16,7 +17,10 @@ hits both; the result is the mean paired difference with a 95 % t interval. ``--
 every 20 messages (2 s, ``SPECTRACE_FLUSH_INTERVAL``'s default) against every 40 (4 s) instead, the collector tuned
 in both: what the flush's fixed parts (a Parquet file per table, the exposition) cost. No engine runs beside the replay:
 this is the pipeline process's own work, not its cost to an engine (bench/gpu_rates.py measures that).
-Results: bench/results/pipeline_replay[-BATCH].json.
+``--base REV`` pairs this checkout against a commit instead (checked out beside this one): each records its own
+messages with its own shipper (what travels may differ between them), and the replays alternate between the two
+checkouts, each replaying its own recording, the collector tuned and a flush every 2 s in both.
+Results: bench/results/pipeline_replay[-flush|-base][-BATCH].json.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, SCRATCH, loadavg, run_in_checkout, write_result
+from bench.common import REPO, SCRATCH, base_checkout, loadavg, run_in_checkout, write_result
 from bench.gpu_rates import mean_ci
 
 CHILD = "import sys\nfrom bench.pipeline_replay import main\nsys.exit(main(sys.argv[1:]))"  # one replay, fresh
+# one recording, fresh, in a checkout (its own stand-in engine and shipper): batch, messages, path
+RECORD_CHILD = ("import json, sys\nfrom pathlib import Path\nfrom bench.pipeline_replay import record\n"
+                "print('RESULT ' + json.dumps(record(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))))")
 
 WARMUP = 20  # messages applied (and flushed) before the timed ones
 FLUSH_EVERY = 20  # messages a flush: 2 s at 5 steps a message and 50 steps/s
@@ -148,6 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=6, help="pairs of replays (the two conditions)")
     parser.add_argument("--compare", choices=tuple(CONDITIONS), default="collector",
                         help="collector: tuned against CPython's defaults; flush: a flush every 2 s against every 4 s")
+    parser.add_argument("--base", metavar="REV", help="pair this checkout against commit REV (each its own recording)")
     parser.add_argument("--replay", help=argparse.SUPPRESS)
     parser.add_argument("--collector", choices=("tuned", "default"), help=argparse.SUPPRESS)
     parser.add_argument("--flush-every", type=int, default=FLUSH_EVERY, help=argparse.SUPPRESS)
@@ -161,32 +169,21 @@ def main(argv=None) -> int:
     if args.replay:  # a child: one replay
         print("RESULT " + json.dumps(replay(Path(args.replay), args.collector, args.flush_every)))
         return 0
-    path = SCRATCH / "pipeline_replay" / f"frames-{args.batch}.pkl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"recording {args.messages} messages at batch {args.batch} ...", flush=True)
-    recorded = record(args.batch, args.messages, path)
-    load_before = loadavg()
-    conditions = CONDITIONS[args.compare]
-    a, b = conditions
-    runs: dict[str, list[dict]] = {a: [], b: []}
-    for i in range(args.rounds):
-        for condition in ((a, b) if i % 2 == 0 else (b, a)):
-            collector, flush_every = conditions[condition]
-            runs[condition].append(run_in_checkout(REPO, CHILD, ["--replay", str(path), "--collector", collector,
-                                                                 "--flush-every", str(flush_every)],
-                                                   "pipeline_replay", f"{condition} replay"))
-        print(f"round {i + 1}/{args.rounds}: {a} {runs[a][-1]['pct_core']:.2f} %, "
-              f"{b} {runs[b][-1]['pct_core']:.2f} % of a core", flush=True)
-    difference = mean_ci([x["pct_core"] - y["pct_core"] for x, y in zip(runs[a], runs[b])])
-    mean, (low, high) = difference["mean"], difference["ci95"]
-    result = {
-        "batch": args.batch, "k": 7, "rate": RATE, "recorded": recorded, "rounds": args.rounds,
-        "compare": {name: {"collector": c, "flush_every_messages": f} for name, (c, f) in conditions.items()},
-        "pct_core": {c: statistics.fmean(r["pct_core"] for r in rs) for c, rs in runs.items()},
-        f"{a}_minus_{b}_pct_core": difference,
-        "runs": runs, "load_before": load_before, "load_after": loadavg(),
-    }
-    name = "pipeline_replay" + ("" if args.compare == "collector" else f"-{args.compare}")
+    folder = SCRATCH / "pipeline_replay"
+    folder.mkdir(parents=True, exist_ok=True)
+    if args.base:
+        with base_checkout(args.base, "pipeline_replay-base", "pipeline_replay") as base:
+            conditions = {"head": (REPO, folder / f"frames-{args.batch}.pkl", "tuned", FLUSH_EVERY),
+                          "base": (base, folder / f"frames-{args.batch}-base.pkl", "tuned", FLUSH_EVERY)}
+            result = compare(args, conditions)
+        result["base_commit"] = args.base
+    else:
+        path = folder / f"frames-{args.batch}.pkl"
+        result = compare(args, {name: (REPO, path, collector, flush_every)
+                                for name, (collector, flush_every) in CONDITIONS[args.compare].items()})
+    a, b = result["compare"]
+    mean, (low, high) = result[f"{a}_minus_{b}_pct_core"]["mean"], result[f"{a}_minus_{b}_pct_core"]["ci95"]
+    name = "pipeline_replay" + ("-base" if args.base else "" if args.compare == "collector" else f"-{args.compare}")
     name += "" if args.batch == 256 else f"-{args.batch}"
     written = write_result(name, result)
     print(f"pipeline process at {args.batch} x 50 (replayed): {a} {result['pct_core'][a]:.2f} %, "
@@ -194,6 +191,37 @@ def main(argv=None) -> int:
           f"({low:+.2f} … {high:+.2f}, {args.rounds} pairs)")
     print(f"wrote {written}")
     return 0
+
+
+def compare(args, conditions: dict) -> dict:
+    """Record each condition's messages (once per recording: conditions may share one), then ``args.rounds`` pairs
+    of replays, alternating (ABBA). ``conditions``: name -> (checkout, recording, collector, messages a flush)."""
+    recorded: dict[str, dict] = {}
+    for checkout, path, _, _ in conditions.values():
+        if str(path) not in recorded:
+            print(f"recording {args.messages} messages at batch {args.batch} in {checkout} ...", flush=True)
+            recorded[str(path)] = run_in_checkout(checkout, RECORD_CHILD, [str(args.batch), str(args.messages), str(path)],
+                                                  "pipeline_replay", "recording")
+    load_before = loadavg()
+    a, b = conditions
+    runs: dict[str, list[dict]] = {a: [], b: []}
+    for i in range(args.rounds):
+        for condition in ((a, b) if i % 2 == 0 else (b, a)):
+            checkout, path, collector, flush_every = conditions[condition]
+            runs[condition].append(run_in_checkout(checkout, CHILD, ["--replay", str(path), "--collector", collector,
+                                                                     "--flush-every", str(flush_every)],
+                                                   "pipeline_replay", f"{condition} replay"))
+        print(f"round {i + 1}/{args.rounds}: {a} {runs[a][-1]['pct_core']:.2f} %, "
+              f"{b} {runs[b][-1]['pct_core']:.2f} % of a core", flush=True)
+    return {
+        "batch": args.batch, "k": 7, "rate": RATE, "rounds": args.rounds,
+        "recorded": recorded[str(conditions[a][1])] if len(recorded) == 1 else
+        {name: recorded[str(path)] for name, (_, path, _, _) in conditions.items()},
+        "compare": {name: {"collector": c, "flush_every_messages": f} for name, (_, _, c, f) in conditions.items()},
+        "pct_core": {c: statistics.fmean(r["pct_core"] for r in rs) for c, rs in runs.items()},
+        f"{a}_minus_{b}_pct_core": mean_ci([x["pct_core"] - y["pct_core"] for x, y in zip(runs[a], runs[b])]),
+        "runs": runs, "load_before": load_before, "load_after": loadavg(),
+    }
 
 
 if __name__ == "__main__":

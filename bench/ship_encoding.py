@@ -1,4 +1,5 @@
-"""What the draft token ids cost the shipper: pickling a message as shipped against leaner ones, and marshal.
+"""What the draft token ids cost the shipper: a message's draft dicts packed (as shipped) against pickled as they are,
+leaner ones, and marshal.
 
     .venv/bin/python -m bench.ship_encoding                 # batch 256, k 7 (~1 min)
     .venv/bin/python -m bench.ship_encoding --batch 512
@@ -6,16 +7,19 @@
 
 Method. bench/gpu_rates.py's stand-in engine (its hooks real, vLLM's dataclasses) runs ``--steps`` steps at a time (5:
 0.1 s at 50 steps/s) and the real shipper collects each message (``Shipper.collect``), as the engine process does
-every ship interval. Each message is then encoded four ways, alternating in one process, the first three pickled by
-the shipper's ``dumps_message`` (without its pauses): as shipped; ``without_ids``, every engine and worker step's
+every ship interval, its steps as the hooks recorded them. Each message is then encoded five ways, alternating in one
+process, the first four pickled by the shipper's ``dumps_message`` (without its pauses): ``packed``, as shipped
+(``Shipper._steps``: each draft dict packed, ``wire.PackedDrafts``); ``dicts``, as shipped before (the draft dicts
+pickled as they are: the baseline every other way is compared with); ``without_ids``, every engine and worker step's
 draft dict replaced by what counting needs without the ids (the request ids and the drafts' lengths); ``first_last``,
 those plus what the dummy-draft rule (``draft_shapes``, the only reader of the ids) needs: each row's first and last
 id and the whole rows whose last id is their first; and ``marshal``, the per-step records as plain tuples in
 ``marshal.dumps`` groups of four (marshal's C writer, faster than pickle on builtin types; no references shared across
-groups), the rest pickled as shipped. Each conversion is done in the timed section, as the shipper would. Each way is
+groups), the rest pickled as ``dicts``. Each conversion, the cached requests' included, is done in the timed section,
+as the shipper would. (Results before 2026-12-03's packing call ``dicts`` "shipped" and have no ``packed``.) Each way is
 timed warm (the message pickled just before) and cold (64 MB of other memory touched first: the engine thread's work
 between two shipments evicts the records from the caches). Thread CPU per engine step; the result is the mean of each
-way and its paired difference from as shipped with a 95 % t interval. Results: bench/results/ship_encoding.json.
+way and its paired difference from ``dicts`` with a 95 % t interval. Results: bench/results/ship_encoding.json.
 """
 
 from __future__ import annotations
@@ -34,9 +38,37 @@ from bench.pipeline_replay import STEPS_A_MESSAGE, stand_in_messages
 
 
 def messages(batch: int, n: int, steps: int = STEPS_A_MESSAGE) -> list[dict]:
-    """``n`` messages the real shipper collected from the stand-in engine at ``batch``, k 7."""
-    return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: shipper.collect()[0],
-                             steps)
+    """``n`` messages the real shipper collected from the stand-in engine at ``batch``, k 7, their engine and worker
+    steps as the hooks recorded them (``Shipper._steps`` not applied: each way converts them itself)."""
+    from spectrace.tracer.shipper import Shipper
+
+    convert = Shipper._steps
+    Shipper._steps = staticmethod(lambda engine, worker: (engine, worker))
+    try:
+        return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: shipper.collect()[0],
+                                 steps)
+    finally:
+        Shipper._steps = convert
+
+
+def dicts(message: dict) -> dict:
+    """The message as shipped before the packing: the cached requests' two fields, the draft dicts as they are."""
+    from spectrace.tracer.verify.capture import Cached
+
+    out = dict(message)
+    if "engine" in out:
+        out["engine"] = [s._replace(cached=Cached(s.cached.req_ids, s.cached.num_computed_tokens))
+                         if s.cached is not None else s for s in out["engine"]]
+    return out
+
+
+def packed(message: dict) -> dict:
+    """The message as shipped (``Shipper._steps``)."""
+    from spectrace.tracer.shipper import Shipper
+
+    out = dict(message)
+    out["engine"], out["worker"] = Shipper._steps(message.get("engine", []), message.get("worker", []))
+    return out
 
 
 def without_ids(message: dict, shape_of=None) -> dict:
@@ -49,8 +81,8 @@ def without_ids(message: dict, shape_of=None) -> dict:
             got = shapes[id(drafts)] = (shape_of or _lengths)(drafts)
         return got
 
-    out = dict(message)
-    out["engine"] = [step._replace(drafts=shape(step.drafts)) for step in message.get("engine", ())]
+    out = dicts(message)
+    out["engine"] = [step._replace(drafts=shape(step.drafts)) for step in out.get("engine", ())]
     out["worker"] = [step._replace(drafts=shape(step.drafts)) if isinstance(step.drafts, dict) else step
                      for step in message.get("worker", ())]
     return out
@@ -77,6 +109,7 @@ def first_last(message: dict) -> dict:
 
 def marshalled(message: dict) -> bytes:
     """The message's per-step records as plain tuples, ``marshal.dumps``'d in groups of four; the rest pickled."""
+    message = dicts(message)
     records = {"engine": [(*s[:6], tuple(s.cached) if s.cached is not None else None, *s[7:])
                           for s in message.get("engine", ())],
                "worker": [tuple(s) for s in message.get("worker", ())],
@@ -117,7 +150,8 @@ def main(argv=None) -> int:
         encode(message)
         return (time.thread_time_ns() - start) / 1e3 / args.steps
 
-    ways = {"shipped": wire.dumps_message, "without_ids": lambda m: wire.dumps_message(without_ids(m)),
+    ways = {"dicts": lambda m: wire.dumps_message(dicts(m)), "packed": lambda m: wire.dumps_message(packed(m)),
+            "without_ids": lambda m: wire.dumps_message(without_ids(m)),
             "first_last": lambda m: wire.dumps_message(first_last(m)), "marshal": marshalled}
     load_before = loadavg()
     per_step: dict[str, dict[str, list[float]]] = {c: {w: [] for w in ways} for c in ("warm", "cold")}
@@ -137,15 +171,15 @@ def main(argv=None) -> int:
                                         for w in ways}}
     for cache, ways_us in per_step.items():
         result[cache] = {"us_per_step": {w: statistics.fmean(xs) for w, xs in ways_us.items()},
-                         **{f"{w}_minus_shipped_us": mean_ci([a - b for a, b in zip(ways_us[w], ways_us["shipped"])])
-                            for w in ways if w != "shipped"}}
+                         **{f"{w}_minus_dicts_us": mean_ci([a - b for a, b in zip(ways_us[w], ways_us["dicts"])])
+                            for w in ways if w != "dicts"}}
     result["load_before"], result["load_after"] = load_before, loadavg()
     written = write_result(args.name or ("ship_encoding" if args.batch == 256 else f"ship_encoding-{args.batch}"), result)
     for cache in ("warm", "cold"):
         us = result[cache]["us_per_step"]
-        print(f"{cache}: pickling a step as shipped {us['shipped']:.1f} µs; " + "; ".join(
+        print(f"{cache}: pickling a step's draft dicts {us['dicts']:.1f} µs; " + "; ".join(
             f"{w} {us[w]:.1f} µs ({d['mean']:+.1f}, {d['ci95'][0]:+.1f} … {d['ci95'][1]:+.1f})"
-            for w in ways if w != "shipped" for d in [result[cache][f"{w}_minus_shipped_us"]]) + f" ({args.rounds} rounds)")
+            for w in ways if w != "dicts" for d in [result[cache][f"{w}_minus_dicts_us"]]) + f" ({args.rounds} rounds)")
     print("bytes a message: " + ", ".join(f"{w} {b:.0f}" for w, b in result["bytes_a_message"].items()) + f"; wrote {written}")
     return 0
 
