@@ -223,9 +223,9 @@ def _write(folder: Path, name: str, parts: list[pa.Table], mode: int) -> Path:
     # 64, and the first sort in a process costs ~150-200 ms more (both measured in isolation)
     if "ts" in table.column_names and not _time_ordered(table["ts"]):
         table = table.sort_by("ts")
-    files.write_durably(
-        folder / f".{name}.tmp", folder / name, mode, lambda path: pq.write_table(table, path, **WRITE_OPTIONS)
-    )
+    out = pa.BufferOutputStream()
+    pq.write_table(table, out, **WRITE_OPTIONS)
+    files.write_durably(folder / f".{name}.tmp", folder / name, mode, out.getvalue())
     files.sync_folder(folder)
     return folder / name
 

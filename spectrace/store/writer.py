@@ -271,16 +271,15 @@ class SegmentSink(Sink):
         log.warning("spectrace: %s was mode %04o (writable by other users); made %04o", path, mode, self.folder_mode)
 
     def _write_file(self, folder: Path, name: str, arrow: pa.Table) -> None:
-        def write(path: str) -> None:
-            with pa.OSFile(path, "wb") as sink:  # a third less CPU than a path (no filesystem lookup)
-                pq.write_table(arrow, sink)
-
+        out = pa.BufferOutputStream()  # built in memory, written in one piece (files.write_durably)
+        pq.write_table(arrow, out)
+        content = out.getvalue()
         for attempt in (1, 2):
             if folder not in self._folders:
                 files.make_folder(folder, self.root, self.folder_mode, self._widened)
                 self._folders.add(folder)
             try:
-                files.write_durably(folder / f".{name}.tmp", folder / name, self.file_mode, write, sync=self.durable)
+                files.write_durably(folder / f".{name}.tmp", folder / name, self.file_mode, content, sync=self.durable)
                 return
             except FileNotFoundError:  # the folder was removed under us (the store deleted): make it again
                 self._folders.discard(folder)
