@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -345,3 +347,38 @@ def test_merged_file_is_in_time_order(tmp_path, order):
     assert compaction._time_ordered(pa.chunked_array([[1, 1, 2], [2, 5]])) is True
     assert compaction._time_ordered(pa.chunked_array([[1, 3], [2]])) is False
     assert compaction._time_ordered(pa.chunked_array([[7]])) is True
+
+
+def test_a_merge_streams_its_parts_in_row_groups(tmp_path, monkeypatch):
+    """A merge holds one part and at most a row group's rows at a time (an hour file of a GPU engine's writer is
+    tens of millions of rows), writes whole row groups, and fills a column a part lacks with nulls."""
+    rows, parts_made, held = 100_000, [], []
+
+    def parts():
+        for i in range(20):
+            # in Arrow's memory pool (pa.total_allocated_bytes), not NumPy's
+            ts = pc.add(pa.array(np.arange(i * rows, (i + 1) * rows)), 0).cast(pa.timestamp("ns"))
+            columns = {"ts": ts, "v": pc.add(pa.array(np.full(rows, i)), 0)} if i != 3 else {"ts": ts}  # 3: no "v"
+            parts_made.append(i)
+            held.append(pa.total_allocated_bytes())
+            yield pa.table(columns)
+
+    schema = pa.schema([("ts", pa.timestamp("ns")), ("v", pa.int64())])
+    path = compaction._write(tmp_path, "m.parquet", parts, 0o600, schema=schema, rows=20 * rows)
+    meta = pq.read_metadata(path)
+    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert groups == [compaction.ROW_GROUP] * 7 + [20 * rows - 7 * compaction.ROW_GROUP]
+    merged = pq.read_table(path)
+    assert merged["ts"].cast(pa.int64()).to_pylist() == list(range(20 * rows))
+    assert merged["v"].null_count == rows and merged["v"][3 * rows + 5].as_py() is None and merged["v"][-1].as_py() == 19
+    # 32 MB of parts went through; never more than a part and a row group (and the writer's page buffers) were held
+    assert parts_made == list(range(20)) and max(held) - held[0] < 12 * 2**20
+
+
+def test_a_large_merge_out_of_time_order_is_written_as_it_came(tmp_path, monkeypatch):
+    monkeypatch.setattr(compaction, "SORT_ROWS", 5)
+    parts = [pa.table({"ts": pa.array([10 * i + j for j in range(3)], pa.timestamp("ns"))}) for i in (2, 0, 1)]
+    path = compaction._write(tmp_path, "m.parquet", parts, 0o600, rows=9)
+    assert pq.read_table(path)["ts"].cast(pa.int64()).to_pylist() == [20, 21, 22, 0, 1, 2, 10, 11, 12]
+    path = compaction._write(tmp_path, "s.parquet", parts, 0o600, rows=4)  # at most SORT_ROWS: sorted
+    assert pq.read_table(path)["ts"].cast(pa.int64()).to_pylist() == [0, 1, 2, 10, 11, 12, 20, 21, 22]

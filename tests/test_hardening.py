@@ -384,7 +384,7 @@ def test_a_temporary_file_is_never_written_through_a_planted_link(tmp_path):
     tmp = tmp_path / ".seg.parquet.tmp"
     tmp.symlink_to(victim)
     with pytest.raises(FileExistsError):
-        store_files.write_durably(tmp, tmp_path / "seg.parquet", 0o600, b"x")
+        store_files.write_durably(tmp, tmp_path / "seg.parquet", 0o600, lambda out: out.write(b"x"))
     assert victim.read_text() == "root's file\n" and tmp.is_symlink() and not (tmp_path / "seg.parquet").exists()
 
 

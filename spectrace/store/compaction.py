@@ -36,6 +36,7 @@ import re
 import time
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
@@ -198,14 +199,22 @@ def run_folders(root: Path):
 _warned: set[str] = set()  # paths compaction warned about, once per process
 
 
-def _read(seg: Segment) -> pa.Table:
-    # one file, on this thread: a third of read_table's CPU for the small raw segments
+def _read(seg: Segment) -> Iterator[pa.Table]:
+    """One file's rows, a row group at a time (on this thread: a third of read_table's CPU for the small raw
+    segments). A part file's 768 k rows (a minute at batch 256 x 50 steps/s) read at once cost ~1 s of CPU on this
+    project's VM, most of it the kernel giving the process fresh memory; a row group at a time, the same memory serves
+    every group."""
     with pa.OSFile(str(seg.path)) as source:
-        return pq.ParquetFile(source).read(use_threads=False)
+        parquet = pq.ParquetFile(source)
+        for group in range(parquet.num_row_groups):
+            yield parquet.read_row_group(group, use_threads=False)
 
 
 # pyarrow's default codec (snappy): lz4 and zstd level 1 cost as much or more per cycle here
-WRITE_OPTIONS = {"row_group_size": 256 * 1024}
+ROW_GROUP = 256 * 1024  # rows of a merged file's row groups
+# A merge whose inputs are out of time order (small tables: spans, findings) is sorted in memory up to this many rows;
+# a larger one is written in the order it came, streamed like every other merge
+SORT_ROWS = 1_000_000
 
 
 def _time_ordered(ts: pa.ChunkedArray) -> bool:
@@ -215,19 +224,76 @@ def _time_ordered(ts: pa.ChunkedArray) -> bool:
     return bool(pc.all(pc.greater_equal(ts.slice(1), ts.slice(0, len(ts) - 1))).as_py())
 
 
-def _write(folder: Path, name: str, parts: list[pa.Table], mode: int) -> Path:
-    """The merged file, written durably (its inputs are deleted later) with the inputs' ``mode``."""
-    table = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="default")
-    # time order: row-group statistics on ts prune well. Sorted only when it is not already (a
-    # writer's segments, merged in name order, almost always are): 2.5 ms of a 21 ms cycle at batch
-    # 64, and the first sort in a process costs ~150-200 ms more (both measured in isolation)
-    if "ts" in table.column_names and not _time_ordered(table["ts"]):
-        table = table.sort_by("ts")
-    out = pa.BufferOutputStream()
-    pq.write_table(table, out, **WRITE_OPTIONS)
-    files.write_durably(folder / f".{name}.tmp", folder / name, mode, out.getvalue())
+def _write(folder: Path, name: str, parts, mode: int, *, schema: pa.Schema | None = None,
+           rows: int | None = None) -> Path:
+    """The merged file ``folder/name`` of ``parts`` (tables in order, or a callable that gives them anew each call),
+    in ``schema`` (default: the parts' schemas unified; a part without a column has it null), written durably with
+    the inputs' ``mode`` (their inputs are deleted later).
+
+    Streamed: a part is read, written and let go before the next (row groups of ``ROW_GROUP`` rows), so a merge holds
+    one part and at most a row group's rows at a time. Reading every part first and writing one table held a whole
+    hour of a writer at once: at batch 256 x 50 steps/s ~46 M ``verify_steps`` rows, gigabytes, in the pipeline
+    process. In time order (row-group statistics on ts prune well): parts out of order are read again, sorted by ts
+    in memory and written, up to ``SORT_ROWS`` rows (``rows``: their total, where known); a larger merge keeps the
+    order they came in."""
+    load = parts if callable(parts) else (lambda: iter(parts))
+    if schema is None:
+        schema = pa.unify_schemas([t.schema for t in load()])
+    path = folder / name
+
+    def write(write_parts) -> None:
+        files.write_durably(folder / f".{name}.tmp", path, mode, write_parts)
+
+    try:
+        write(lambda out: _stream(out, load(), schema, ordered=True))
+    except _OutOfOrder:
+        if rows is not None and rows > SORT_ROWS:
+            write(lambda out: _stream(out, load(), schema, ordered=False))
+        else:
+            table = pa.concat_tables([_shaped(t, schema) for t in load()]).sort_by("ts")
+            write(lambda out: pq.write_table(table, out, row_group_size=ROW_GROUP))
     files.sync_folder(folder)
-    return folder / name
+    return path
+
+
+class _OutOfOrder(Exception):
+    """A merge's parts are not in time order (``_write`` sorts them in memory)."""
+
+
+def _stream(out, parts, schema: pa.Schema, *, ordered: bool) -> None:
+    """Write ``parts`` (in ``schema``) to ``out`` as they come; with ``ordered``, raise ``_OutOfOrder`` at the first
+    row out of time order (nothing of the file is used then)."""
+    check = ordered and "ts" in schema.names
+    last = None
+    pending: list[pa.Table] = []
+    held = 0
+    with pq.ParquetWriter(out, schema) as writer:
+        for part in parts:
+            part = _shaped(part, schema)
+            if check and part.num_rows:
+                ts = part["ts"]
+                bounds = pc.min_max(ts)
+                low, high = bounds["min"].value, bounds["max"].value  # None: every ts null
+                if not _time_ordered(ts) or (last is not None and low is not None and low < last):
+                    raise _OutOfOrder
+                last = high if high is not None else last
+            pending.append(part)
+            held += part.num_rows
+            if held >= ROW_GROUP:  # whole row groups out; the rest waits for the next part
+                table = pa.concat_tables(pending)
+                full = held - held % ROW_GROUP
+                writer.write_table(table.slice(0, full), row_group_size=ROW_GROUP)
+                pending, held = [table.slice(full)], held - full
+        if held:
+            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP)
+
+
+def _shaped(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in its order (a column it lacks: null)."""
+    if table.schema.equals(schema):
+        return table
+    return pa.Table.from_arrays([table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                                 for f in schema], schema=schema)
 
 
 @dataclass
@@ -334,32 +400,62 @@ class Compactor:
             else:
                 continue
             inputs = sorted(inputs, key=lambda s: s.lo)
-            try:
-                tables = [self.cache.get(s.path) or _read(s) for s in inputs]
+            table = folder.parent.name
+            try:  # each input's schema and rows (its footer; the data is read as it is merged)
+                shapes = [self._shape(s) for s in inputs]
             except FileNotFoundError:
                 continue  # removed meanwhile (retention, cap): next cycle
             except (OSError, pa.ArrowException) as exc:  # a corrupt or unreadable file: its group stays raw
                 result.skipped[str(inputs[0].path.parent)] = f"a file of {writer} cannot be read ({exc})"[:300]
                 continue
             # never merge a file of another schema (names or types) into spectrace's: its group stays as it is
-            why = next(((s, w) for s, t in zip(inputs, tables) if (w := schema.mismatch(folder.parent.name, t.schema))), None)
-            if why is None:
-                try:  # every input in spectrace's own types (older or hand-written segments of other widths)
-                    tables = [schema.conform(folder.parent.name, t) for t in tables]
-                except pa.ArrowException as exc:
-                    why = next(iter(inputs)), f"cannot be merged ({str(exc).splitlines()[0][:200]})"
+            why = next(((s, w) for s, (sch, _) in zip(inputs, shapes) if (w := schema.mismatch(table, sch))), None)
             if why is not None:
                 result.skipped[str(why[0].path)] = why[1]
                 continue
+            # every input in spectrace's own types (older or hand-written segments of other widths)
+            merged = pa.unify_schemas([schema.conformed(table, sch) for sch, _ in shapes])
             lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)
             made = self.clock()
             try:  # the merged file keeps the mode its writer gave the inputs (SPECTRACE_STORE_GROUP)
                 mode = os.stat(inputs[0].path).st_mode & 0o777
             except FileNotFoundError:
                 continue
-            _write(folder, f"{writer}-{lo}-{hi}-{made}.{kind}.parquet", tables, mode)
+            try:
+                _write(folder, f"{writer}-{lo}-{hi}-{made}.{kind}.parquet", lambda inputs=inputs: self._load(table, inputs),
+                       mode, schema=merged, rows=sum(n for _, n in shapes))
+            except FileNotFoundError:
+                continue
+            except _CannotMerge as exc:  # a value that does not fit spectrace's type: the group stays as it is
+                result.skipped[str(inputs[0].path)] = f"cannot be merged ({str(exc.__cause__).splitlines()[0][:200]})"
+                continue
+            except (OSError, pa.ArrowException) as exc:
+                result.skipped[str(inputs[0].path.parent)] = f"a file of {writer} cannot be read ({exc})"[:300]
+                continue
             result.files_written += 1
             result.files_merged += len(inputs)
+
+    def _shape(self, seg: Segment) -> tuple[pa.Schema, int]:
+        cached = self.cache.get(seg.path)
+        if cached is not None:
+            return cached.schema, cached.num_rows
+        meta = pq.read_metadata(seg.path)
+        return meta.schema.to_arrow_schema(), meta.num_rows
+
+    def _load(self, table: str, inputs: list[Segment]):
+        """The inputs' rows, a cached input or a row group at a time, in spectrace's types."""
+        for seg in inputs:
+            cached = self.cache.get(seg.path)
+            for arrow in (cached,) if cached is not None else _read(seg):
+                try:
+                    arrow = schema.conform(table, arrow)
+                except pa.ArrowException as exc:
+                    raise _CannotMerge from exc
+                yield arrow
+
+
+class _CannotMerge(Exception):
+    """An input holds a value that does not fit spectrace's type for its column (``schema.conform``)."""
 
 
 def expire(root: Path, older_than_ns: int, *, keep_runs: set[str] = frozenset()) -> list[dict]:

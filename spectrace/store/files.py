@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 PRIVATE = (0o700, 0o600)
 GROUP = (0o750, 0o640)
@@ -85,20 +85,15 @@ def sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def write_durably(tmp: Path, final: Path, mode: int, content, *, sync: bool = True) -> None:
-    """Write ``content`` (bytes, or a buffer: a Parquet file built in memory) as the file ``final``, through the
-    hidden temporary name ``tmp``, created here (``create_exclusive``: in a folder only this user can write) and
-    written through that descriptor. With ``sync``, the data is on disk before the rename; the caller syncs the folder
-    (``sync_folder``). On any error the temporary file is removed and the error raised.
-
-    One write through the descriptor made here: pyarrow, handed the path, opened the file again by name and wrote a
-    segment in ~60 small writes and ~35 seeks (the pipeline process's CPU did not change measurably:
-    bench/results/pipeline_replay-base-onewrite.json)."""
+def write_durably(tmp: Path, final: Path, mode: int, write: Callable[[BinaryIO], object], *, sync: bool = True) -> None:
+    """Write the file ``final`` through the hidden temporary name ``tmp``, created here (``create_exclusive``: in a
+    folder only this user can write): ``write(out)`` writes the content to ``out``, a file object over that
+    descriptor (never a path opened again by name). With ``sync``, the data is on disk before the rename; the
+    caller syncs the folder (``sync_folder``). On any error the temporary file is removed and the error raised."""
     fd = create_exclusive(tmp, mode)
     try:
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view):]
+        with os.fdopen(fd, "wb", closefd=False) as out:
+            write(out)
         if sync:
             os.fsync(fd)
         os.replace(tmp, final)

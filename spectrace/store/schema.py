@@ -60,9 +60,14 @@ def conform(table: str, arrow: pa.Table) -> pa.Table:
     """``arrow`` (a segment that passed ``mismatch``) with every column in the type spectrace writes it in, so
     segments of several writers' widths merge into one file. Raises ``pa.ArrowInvalid`` on a value that does not
     fit (an int64 count past int32's range): the caller leaves that file as it is."""
-    kinds = dict(columns(table))
-    target = pa.schema([pa.field(f.name, ARROW[kinds[f.name]]) for f in arrow.schema], metadata=arrow.schema.metadata)
+    target = conformed(table, arrow.schema)
     return arrow if arrow.schema.equals(target) else arrow.cast(target)
+
+
+def conformed(table: str, schema: pa.Schema) -> pa.Schema:
+    """The schema :func:`conform` gives a segment of ``schema`` (one that passed ``mismatch``)."""
+    kinds = dict(columns(table))
+    return pa.schema([pa.field(f.name, ARROW[kinds[f.name]]) for f in schema], metadata=schema.metadata)
 
 
 def _some(items: list[str]) -> str:
