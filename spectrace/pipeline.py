@@ -145,9 +145,10 @@ class Batch:
     """Everything one flush took from the buffer: a :class:`Part` per table and run, in the
     order tables were first appended to. Built once, handed to every sink (read only)."""
 
-    def __init__(self, parts: list[Part], failed_rows: int = 0) -> None:
+    def __init__(self, parts: list[Part], failed_rows: int = 0, periodic: bool = False) -> None:
         self.parts = parts
         self.failed_rows = failed_rows  # rows whose table could not be built (counted as dropped)
+        self.periodic = periodic  # the flush thread's, on its interval (not one asked for, nor the last)
 
     @property
     def rows(self) -> int:
@@ -364,8 +365,9 @@ class Pipeline:
     def sink(self, name: str) -> Sink | None:
         return next((s for s in self.sinks if s.name == name), None)
 
-    def flush(self) -> int:
-        """Run the ordered flush now. Returns the number of rows handed to the sinks."""
+    def flush(self, *, periodic: bool = False) -> int:
+        """Run the ordered flush now (``periodic``: the flush thread's, on its interval). Returns the number of rows
+        handed to the sinks."""
         with self._flush_lock:
             for source in self.sources:  # 1. every capture into the buffer, in order
                 try:
@@ -377,6 +379,7 @@ class Pipeline:
                 pending_columns, self._columns = self._columns, defaultdict(list)
                 self._buffered = 0
             batch = _build(pending, pending_columns)
+            batch.periodic = periodic
             if batch.failed_rows:
                 self.count_dropped(batch.failed_rows)
             for sink in self.sinks:  # 3. every sink, in order
@@ -423,7 +426,7 @@ class Pipeline:
         while not self._stop.wait(self.flush_interval_s):
             if self.paused:
                 continue
-            self.flush()
+            self.flush(periodic=True)
             if self.maintain_interval_s and time.monotonic() - self._maintained >= self.maintain_interval_s:
                 self.maintain()
 

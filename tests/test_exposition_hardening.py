@@ -8,6 +8,7 @@ import os
 import pwd
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,55 @@ def test_a_collector_per_scrape_logs_a_bad_file_once(tmp_path, caplog):
             assert _series(exposition.FileCollector(tmp_path)) == {"spectrace_good_total": 7.0}
     assert len(caplog.records) == 1
     assert exposition.FileCollector(tmp_path).skipped == {"name without a pid and its start time": 3}
+
+
+def test_periodic_flushes_rewrite_the_file_at_most_every_interval(tmp_path, fresh_dir, monkeypatch):
+    """SPECTRACE_EXPOSITION_INTERVAL: a periodic flush rewrites the file at most every interval; a flush with nothing
+    new after a skipped one catches it up; a flush asked for always rewrites it."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    clock = [100.0]
+    monkeypatch.setattr(exposition, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    directory = tmp_path / "metrics"
+    sink = exposition.ExpositionSink(directory, interval_s=5.0)
+    provider = MeterProvider(metric_readers=[sink.metric_reader()])
+    counter = provider.get_meter("t").create_counter("spectrace_written")
+
+    def flush(at: float, rows: int, periodic: bool = True) -> float:
+        clock[0] = at
+        counter.add(1)
+        sink.export(SimpleNamespace(periodic=periodic, rows=rows))
+        return _series(exposition.FileCollector(directory))["spectrace_written_total"]
+
+    assert flush(100, 5) == 1  # the first periodic flush writes
+    assert flush(102, 5) == 1 and flush(104, 5) == 1  # within the interval: the file stays as it was
+    assert flush(105.5, 5) == 4  # the interval passed
+    assert flush(106, 5) == 4
+    assert flush(107, 0) == 6  # nothing new after a skipped flush: caught up at once
+    assert flush(108, 0) == 6  # nothing new and nothing behind: left
+    assert flush(108.5, 3, periodic=False) == 8  # asked for (rt.flush(), the last flush): always
+    assert sink.stats() == {"written": 4, "skipped": 4}
+    sink.close()
+    provider.shutdown()
+
+
+def test_only_the_flush_threads_batches_are_periodic(tmp_path):
+    from spectrace.pipeline import Pipeline, Sink
+
+    seen = []
+
+    class Recording(Sink):
+        def export(self, batch) -> None:
+            seen.append(batch.periodic)
+
+    pipeline = Pipeline(flush_interval_s=0.05, max_buffer_rows=100)
+    pipeline.add_sink(Recording())
+    pipeline.flush()
+    pipeline.start()
+    deadline = time.monotonic() + 10
+    while True not in seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pipeline.close()  # the last flush
+    assert seen[0] is False and True in seen and seen[-1] is False
