@@ -8,7 +8,8 @@
 Method. One recording: bench/gpu_rates.py's GIL-bound stand-in engine (its hooks real) at the batch, k 7, five
 steps a message, with the real shipper (``SPECTRACE_PIPELINE=process``); the frames it writes are kept as they
 are. Each replay, in a fresh process, feeds them to the runtime a pipeline process builds
-(``pipeline_process.apply``, a flush every 20 messages: the 2 s flush interval at 50 steps/s) after 20 warm-up
+(``pipeline_process.apply``, a flush thread's flush every 20 messages: the 2 s flush interval at 50 steps/s, with
+the exposition's interval counted in recorded time) after 20 warm-up
 messages, and reports its CPU (user + system) per second of recorded generation at 50 steps/s, i.e. its share of
 one core at BATCH x 50, with bench/profile_flush.py's phase timers. Replays alternate the collector as the pipeline
 process sets it (``pipeline_process._tune_gc``: the start-up heap frozen, young collections every 50,000 net
@@ -123,9 +124,18 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
                          make_capture=VerifyCapture)
     rt.runs.clear()
     rt.run = None
+    # the flushes are the flush thread's (periodic), at the recorded time: the exposition's interval
+    # (SPECTRACE_EXPOSITION_INTERVAL) counts a message as the 0.1 s it took to generate, not the replay's pace
+    from types import SimpleNamespace
+
+    from spectrace.sinks import exposition
+
+    recorded = [1000.0]
+    exposition.time = SimpleNamespace(monotonic=lambda: recorded[0])
     for frame in frames[:WARMUP]:
+        recorded[0] += STEPS_A_MESSAGE / RATE
         pipeline_process.apply(rt, loads_message(frame))
-    rt.pipeline.flush()
+    rt.pipeline.flush(periodic=True)
     if collector == "tuned":
         pipeline_process._tune_gc()
     profile_flush.CPU.clear()
@@ -133,13 +143,14 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     timed = frames[WARMUP:]
     started, unpickling = time.process_time(), 0.0
     for i, frame in enumerate(timed):
+        recorded[0] += STEPS_A_MESSAGE / RATE
         t0 = time.process_time()
         message = loads_message(frame)
         unpickling += time.process_time() - t0
         pipeline_process.apply(rt, message)
         if i % flush_every == flush_every - 1:
-            rt.pipeline.flush()
-    rt.pipeline.flush()
+            rt.pipeline.flush(periodic=True)
+    rt.pipeline.flush(periodic=True)
     cpu = time.process_time() - started
     seconds = len(timed) * STEPS_A_MESSAGE / RATE
     rt.shutdown()
