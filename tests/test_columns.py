@@ -202,6 +202,7 @@ def test_drafts_that_do_not_pack_travel_as_they_are():
     assert pack_drafts({"a": [1] * 256}) == {"a": [1] * 256}  # a row's length is one byte
     assert pack_drafts({"a": [2 ** 31]}) == {"a": [2 ** 31]}
     assert pack_drafts({"a": [1.5]}) == {"a": [1.5]}
+    assert pack_drafts({"a": 7}) == {"a": 7}  # not rows at all
     got = pack_drafts({"a": [5, -1, 7], "b": [], "c": [np.int64(9)]})
     assert got == PackedDrafts(["a", "b", "c"], bytes([3, 0, 1]), np.array([5, -1, 7, 9], np.int32).tobytes())
     assert drafts_total(got) == drafts_total({"a": [5, -1, 7], "b": [], "c": [9]}) == 4

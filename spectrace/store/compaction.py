@@ -413,8 +413,11 @@ class Compactor:
             if why is not None:
                 result.skipped[str(why[0].path)] = why[1]
                 continue
-            # every input in spectrace's own types (older or hand-written segments of other widths)
-            merged = pa.unify_schemas([schema.conformed(table, sch) for sch, _ in shapes])
+            try:  # every input in spectrace's own types (older or hand-written segments of other widths)
+                merged = pa.unify_schemas([schema.conformed(table, sch) for sch, _ in shapes])
+            except pa.ArrowException as exc:
+                result.skipped[str(inputs[0].path)] = f"cannot be merged ({str(exc).splitlines()[0][:200]})"
+                continue
             lo, hi = min(s.lo for s in inputs), max(s.hi for s in inputs)
             made = self.clock()
             try:  # the merged file keeps the mode its writer gave the inputs (SPECTRACE_STORE_GROUP)

@@ -272,9 +272,9 @@ class SegmentSink(Sink):
 
     def _write_file(self, folder: Path, name: str, arrow: pa.Table) -> None:
         # built in memory and written in one piece: pyarrow writing to the file made ~60 small writes and ~35 seeks
-        out = pa.BufferOutputStream()
-        pq.write_table(arrow, out)
-        content = out.getvalue()
+        buffer = pa.BufferOutputStream()
+        pq.write_table(arrow, buffer)
+        content = buffer.getvalue()
         for attempt in (1, 2):
             if folder not in self._folders:
                 files.make_folder(folder, self.root, self.folder_mode, self._widened)

@@ -17,8 +17,8 @@ judge, Arrow, every sink, compaction, the OpenTelemetry providers and the Promet
 
 What is shipped (:meth:`Shipper.collect`): the engine's per-step records (each step's draft dict packed
 once, ``wire.PackedDrafts``; lengths, rows, and the cached requests' ids and computed tokens), the worker's
-step times, the proposals' totals, each request's parameters once its prefill is known (read here, once per request: the
-pipeline process imports neither vLLM nor torch), each run's config facts once (``RunConfig``:
+step times, the proposals' totals, each request's parameters once its prefill is known (read here, once
+per request: the pipeline process imports neither vLLM nor torch), each run's config facts once (``RunConfig``:
 read here, the pipeline process holds no VllmConfig), the rows the low-rate hooks wrote, finished
 spans as plain values, the metric updates the hooks made (``wire.MetricCalls``), hook error counts,
 drops, and the process's state (runs, roles, ranks, the labels vLLM's series carry).

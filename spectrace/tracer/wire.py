@@ -73,8 +73,8 @@ def pack_drafts(drafts: dict) -> "PackedDrafts | dict":
     something not an int): the pipeline process reads both."""
     values = drafts.values()
     flat: list = []
-    deque(map(flat.extend, values), 0)  # the rows joined, in C
     try:
+        deque(map(flat.extend, values), 0)  # the rows joined, in C
         return PackedDrafts(list(drafts), bytes(map(len, values)), struct.pack(f"={len(flat)}i", *flat))
     except (ValueError, TypeError, OverflowError, struct.error):
         return drafts
