@@ -154,7 +154,7 @@ def replicate_week(root: Path, hour_start_ns: int) -> None:
                         pc.subtract(col.cast(pa.int64()), pa.scalar(shift, pa.int64())).cast(col.type),
                     )
             name = f"{m['w']}-{int(m['lo']) - shift}-{int(m['hi']) - shift}-{int(m['made']) - shift}.hour.parquet"
-            pq.write_table(shifted, path.with_name(name), **compaction.WRITE_OPTIONS)  # as compaction writes
+            pq.write_table(shifted, path.with_name(name), row_group_size=compaction.ROW_GROUP)  # as compaction writes
 
 
 def main(argv=None) -> int:
