@@ -2,8 +2,9 @@
 store written by a real pipeline process under the engine's pid; flushes are acknowledged with the pipeline's
 stats; a killed pipeline process's unwritten messages are counted as dropped by the next one; an idle process sends
 nothing; the shipper packs each draft dict once, and hands the GIL to a waiting engine thread while it packs, while it
-pickles and while it reads new requests. (The
-same shape on real vLLM runs: tests/test_pipeline_process_live.py.)"""
+pickles and while it reads new requests; the engine/worker agreement of the last run is judged after an orderly end,
+not after EOF alone (a killed engine's step in flight). (The same shape on real vLLM runs:
+tests/test_pipeline_process_live.py.)"""
 
 from __future__ import annotations
 
@@ -179,3 +180,46 @@ def test_draft_dicts_travel_packed_once_with_pauses_for_the_gil(tmp_path, monkey
     shapes = con.execute("select sum(rows), sum(repeated_rows), sum(repeated_drafted) from draft_shapes "
                          "where run_id = ?", [RUN]).fetchone()
     assert shapes == (3, 2, 303)  # "b" and the long row are one id repeated
+
+
+def _worker_steps(rt, n: int) -> None:
+    for _ in range(n):  # the worker's side of _steps: "a" 3 tokens sampled (2 accepted), "b" 1
+        rt.verify.add_worker_step(RUN, None, {"a": [1, 2, 3], "b": [4, 5, 6]}, [[7, 8, 9], [7]], {"a": 0, "b": 1})
+
+
+def _disagreements(store) -> int:
+    con = spectrace.store.open(store)
+    return con.execute("select count(*) from findings where run_id = ? and code = 'VERIFY_DISAGREEMENT'",
+                       [RUN]).fetchone()[0]
+
+
+def test_an_engine_that_ends_in_order_has_its_last_run_judged(tmp_path):
+    rt = _start(tmp_path)
+    try:
+        _steps(rt, 3)
+        _worker_steps(rt, 4)  # the worker verified a step the engine core never counted
+    finally:
+        runtime.stop()  # the last message, then EOF: the pipeline process judges the run
+    assert _disagreements(tmp_path / "store") == 1
+
+
+def test_an_engine_killed_with_a_step_in_flight_is_not_judged_a_disagreement(tmp_path, capfd):
+    rt = _start(tmp_path)
+    shipper = rt.pipeline.shipper
+    try:
+        _steps(rt, 3)
+        _worker_steps(rt, 4)  # the fourth step's engine-core side was never recorded: the engine died in it
+        rt.flush()  # shipped and written
+        proc = shipper.proc
+        shipper._stop.set()  # as after a kill: no last message, only EOF
+        shipper._thread.join(timeout=10)
+        shipper._closed = True
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        runtime.stop()
+    assert _disagreements(tmp_path / "store") == 0
+    con = spectrace.store.open(tmp_path / "store")
+    assert con.execute("select count(*) from verify_steps where run_id = ? and process_role = 'engine_core'",
+                       [RUN]).fetchone()[0] == 6  # what it shipped is written
+    assert "ended without its last message" in capfd.readouterr().err

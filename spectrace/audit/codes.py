@@ -196,7 +196,8 @@ TAP_OUT_OF_RANGE = _code(
 VERIFY_DISAGREEMENT = _code(
     "VERIFY_DISAGREEMENT", "verification", ("error",),
     "error",
-    "the engine core's accepted counts differ from what a worker verified",
+    "the engine core's accepted counts differ from what a worker verified (judged when a run is over; not for the "
+    "last run of an engine that was killed, whose step in flight would read as a disagreement)",
     "the numbers vLLM reports are not what the device verified; report to vLLM",
 )
 RANK_DISAGREEMENT = _code(

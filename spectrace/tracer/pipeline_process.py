@@ -9,7 +9,9 @@ Started by the engine process's shipper (``spectrace.tracer.shipper``) as
    :class:`~spectrace.tracer.runtime.Runtime` whose flush thread does what the engine's own would
    have done (the verification drain, the judges, every sink, compaction);
 3. EOF (the engine exited, or was killed): the runtime's shutdown (the engine/worker agreement,
-   a last flush, the sinks closed), then exit.
+   a last flush, the sinks closed), then exit. The agreement of the run still going is judged only after the
+   engine's last message (``final``: it closed in order): an engine killed, or ended by ``os._exit``, may have
+   shipped a worker's step whose engine-core side it never recorded, which would read as a disagreement.
 
 A message marked ``flush`` is flushed at once and acknowledged on stdout (its sequence number),
 which is all stdout carries: anything else printed goes to stderr, the engine's log.
@@ -233,10 +235,16 @@ def main() -> int:
     # as lost); a fault of the engine's own settings, never set in production
     doomed = FAULT in rt.settings.inject_fault and init.get("started") == 1
     messages = 0
+    final = False
     try:
         while True:
             frame = read_frame(inp)
             if frame is None:
+                if not final and messages:
+                    rt.agreement_at_exit = False
+                    log.warning("spectrace: the engine process (pid %d) ended without its last message (killed?); "
+                                "what it shipped is written, and its last run's engine/worker agreement is not "
+                                "judged (a step in flight would read as a disagreement)", init["pid"])
                 break
             messages += 1
             try:
@@ -249,6 +257,7 @@ def main() -> int:
             except Exception as exc:  # one bad message is counted; the next ones still count
                 rt.count_error("pipeline.message", exc)
                 continue
+            final = final or bool(message.get("final"))
             if message.get("flush"):
                 rt.flush()  # acknowledged by the AckSink
     finally:

@@ -157,6 +157,7 @@ class Runtime:
         self.span_processors: list = []  # what the tracer provider hands finished spans to (a pipeline process replays)
         self._dropped_reported = 0
         self._shut_down = False
+        self.agreement_at_exit = True  # a pipeline process whose engine ended without its last message: False
         self.verify = make_capture() if make_capture is not None else None
         # model loads in this process (tracer.weights): the one in progress, and the last per model role
         self.weight_loads: dict[str, Any] = {}
@@ -307,7 +308,8 @@ class Runtime:
             return  # a forked child's inherited atexit (the parent's buffers), or stop() then atexit
         self._shut_down = True
         try:
-            if self.verify is not None and not self.shipping:  # a pipeline process checks at its EOF
+            # a pipeline process checks at its EOF, unless its engine ended without its last message
+            if self.verify is not None and not self.shipping and self.agreement_at_exit:
                 self.verify.check_agreement(self)
             if self.provider is not None:
                 self.provider.force_flush(timeout_millis=5000)

@@ -382,6 +382,8 @@ class Shipper:
             self._seq += 1
             seq = message["seq"] = self._seq
             message["flush"] = wait or final
+            if final:
+                message["final"] = True  # the engine's orderly end: the pipeline process may judge its last run whole
             if wire.YIELD_S:
                 time.sleep(wire.YIELD_S)  # the GIL for a waiting engine thread, between collecting and pickling
             try:
