@@ -48,6 +48,7 @@ def _measure(batch: int, k: int, steps: int, pairs: int) -> dict:
 
     root = SCRATCH / "durable"
     shutil.rmtree(root, ignore_errors=True)
+    SCRATCH.mkdir(parents=True, exist_ok=True)  # the writer makes its folder, not the ones above it
     pipeline = store_pipeline(root, retention_s=0, compact_interval_s=0)
     sink = pipeline.sink("duckdb")
     rows = _rows(batch, k, steps)

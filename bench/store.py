@@ -26,6 +26,7 @@ import argparse
 import random
 import shutil
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -58,6 +59,7 @@ def ingest_writer(rows: list[dict], root, chunk: int) -> float:
     from spectrace.testing import store_pipeline
 
     shutil.rmtree(root, ignore_errors=True)
+    Path(root).parent.mkdir(parents=True, exist_ok=True)  # the writer makes its folder, not the ones above it
     writer = store_pipeline(root, host="bench-host", max_buffer_rows=max(chunk, 200_000), retention_s=0, compact_interval_s=0)
     t0 = time.perf_counter()
     written = 0
@@ -86,6 +88,7 @@ def ingest_columns(sets: list[tuple[dict, int]], root) -> float:
     from spectrace.testing import store_pipeline
 
     shutil.rmtree(root, ignore_errors=True)
+    Path(root).parent.mkdir(parents=True, exist_ok=True)  # the writer makes its folder, not the ones above it
     writer = store_pipeline(root, host="bench-host", max_buffer_rows=max(n for _, n in sets), retention_s=0, compact_interval_s=0)
     t0 = time.perf_counter()
     written = 0

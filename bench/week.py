@@ -172,8 +172,7 @@ def main(argv=None) -> int:
     base = SCRATCH / "week"
     shutil.rmtree(base, ignore_errors=True)
     compacted_root, raw_root = base / "compacted", base / "raw"
-    for root in (compacted_root, raw_root):  # a store's folder is made by whoever sets SPECTRACE_DIR, not the writer
-        root.mkdir(parents=True)
+    base.mkdir(parents=True)  # a store's writer makes its own folder, not the folders above it
     # the simulated week ends 5 minutes before now, its last simulated hour starting on the hour
     end = (time.time_ns() - 5 * 60 * SEC) // HOUR * HOUR
     first = end - HOUR
