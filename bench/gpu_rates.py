@@ -242,22 +242,14 @@ def fixed_work(requests: list, reps: int) -> int:
     return total
 
 
-_CPUS: list[int] | None = None
-
-
-def pin_apart(child_pid: int | None) -> None:
-    """``--pin apart``: the engine thread on the first allowed CPU, every other thread of this process and the
-    pipeline process's on the others -- a host where the engine thread has a core to itself (a GPU host's spare
-    cores). Applied at every window's start: a thread started since then inherits its creator's CPUs."""
-    global _CPUS
-    if _CPUS is None:  # before the first pinning: the CPUs this job may use
-        _CPUS = sorted(os.sched_getaffinity(0))
-    cpus = _CPUS
-    if len(cpus) < 2:
-        raise SystemExit("gpu_rates: --pin apart needs two CPUs or more")
+def pin_apart(child_pid: int | None, cpus: list[int]) -> None:
+    """``--pin apart``: the engine thread on the first of ``cpus`` (the CPUs the job may use, read before the first
+    pinning), every other thread of this process and the pipeline process's on the others -- a host where the engine
+    thread has a core to itself (a GPU host's spare cores). Applied at every window's start: a thread started since
+    then inherits its creator's CPUs."""
     engine, rest = {cpus[0]}, set(cpus[1:])
     me = threading.get_native_id()
-    for pid, tasks in ((os.getpid(), "/proc/self/task"), (child_pid, f"/proc/{child_pid}/task" if child_pid else None)):
+    for tasks in ("/proc/self/task", f"/proc/{child_pid}/task" if child_pid else None):
         if tasks is None:
             continue
         for tid in os.listdir(tasks):
@@ -624,8 +616,9 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         rt = start_runtime(settings_for(store), VerifyCapture, run_id)
         shipper = None
     started = time.perf_counter()
+    cpus = sorted(os.sched_getaffinity(0))  # before the first pinning narrows this thread's
     if args.pin == "apart":
-        pin_apart(child_pid)
+        pin_apart(child_pid, cpus)
 
     def set_tracing(on: bool) -> None:
         (runtime.resume if on else runtime.pause)()
@@ -648,7 +641,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         for traced in order:
             set_tracing(traced)
             if args.pin == "apart":
-                pin_apart(child_pid)
+                pin_apart(child_pid, cpus)
             work0 = engine.work_cpu_ns
             cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
             child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
@@ -760,8 +753,9 @@ def pipeline_share(r: dict) -> dict | None:
 def split(w: dict) -> dict:
     """A window's step time, ms a step: the engine thread on CPU, runnable but waiting for a core, and waiting for
     anything else -- the GIL (the sleep's timer slack is in both conditions alike). The engine thread's CPU splits
-    into its own work (``fixed_work`` and ``fresh_step``, where no spectrace code runs: traced, it changes only by what the rest of the
-    machine does to it -- caches, cores) and everything else: the hooks, and the stand-in's own calls around them."""
+    into its own work (``fixed_work`` and ``fresh_step``, where no spectrace code runs: traced, it changes only by
+    what the rest of the machine does to it -- caches, cores) and everything else: the hooks, and the stand-in's own
+    calls around them."""
     cpu, delay, n = w["engine_thread_cpu_s"], w["engine_thread_run_delay_s"], w["steps"]
     out = {"step": w["step_s_sum"] / n * 1e3, "cpu": cpu / n * 1e3, "core_wait": delay / n * 1e3,
            "gil_wait": (w["step_s_sum"] - cpu - delay) / n * 1e3, "step_without_core_wait": (w["step_s_sum"] - delay) / n * 1e3}
@@ -988,6 +982,8 @@ def main(argv=None) -> int:
         return 0
     if args.pin is None:
         args.pin = "apart" if len(os.sched_getaffinity(0)) >= 2 else "none"
+    elif args.pin == "apart" and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin apart needs two CPUs or more (this process may use one)")
     if args.quick:
         args.pairs = args.pairs or 12
         args.warmup = 2.0
