@@ -11,7 +11,8 @@ import sys
 from typing import NoReturn
 
 from spectrace.console import UsageError
-from spectrace.doctor.diagnose import DEFAULT_K, DEFAULT_RUNNER, DoctorInputError, diagnose
+from spectrace.doctor.diagnose import DEFAULT_K, DEFAULT_RUNNER, diagnose
+from spectrace.doctor.inputs import DoctorInputError
 from spectrace.doctor.render import render_text
 
 

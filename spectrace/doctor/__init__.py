@@ -38,6 +38,8 @@ A refusal by vLLM (a raised error) becomes a ``LOAD_FAILED`` finding explained b
 
 The package, in the order doctor works:
 
+- ``inputs``: the two ``config.json`` files and the options, checked before transformers or vLLM see them (bad
+  input is a ``DoctorInputError``: one line);
 - ``sandbox``: the process-wide switches for a dry build (quiet logs, a model runner's
   rules, ``get_config`` captured, a one-process group, builds on the meta device);
 - ``diagnose``: resolution, builds and taps read with ``spectrace.vllm_objects``, judged by
@@ -68,12 +70,10 @@ from spectrace.doctor.diagnose import (
     RUNNERS,
     TAP_KEYS,
     TAP_SETTER,
-    DoctorInputError,
     Report,
     diagnose,
-    load_declared,
-    model_methods,
 )
+from spectrace.doctor.inputs import DoctorInputError, load_declared, model_methods
 from spectrace.doctor.render import render_text
 
 __all__ = [
