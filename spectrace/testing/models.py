@@ -11,23 +11,29 @@ drawn from a seeded generator.
 Zeroing the final norm (``zero_final_norm=True``) makes every logit 0, so greedy
 argmax is token 0 at every step. A target and a drafter that both zero their final
 norm agree on every token: 100 % acceptance for eagle3 / dflash / mtp drafters.
+
+The shared shape, the seeded weights, checkpoint and config writing and the tokenizer are
+``spectrace.testing.checkpoints``'s; the builders here compose them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+
+from spectrace.testing.checkpoints import (
+    HIDDEN_SIZE, base_config, build_tokenizer, decoder_layer_shapes, draft_config, merge_config, not_none, random_tensors,
+    save_causal_lm, special_ids, train_byte_bpe, write_checkpoint,
+)
 
 __all__ = [
     "ZOO_VERSION",
@@ -43,287 +49,16 @@ __all__ = [
     "derive_model",
     "noisy_copy",
     "shallow_target",
+    "train_byte_bpe",
 ]
 
 #: Bump whenever a builder's output changes; :func:`build_zoo` rebuilds on mismatch.
 ZOO_VERSION = 1
 
-HIDDEN_SIZE = 128
-INTERMEDIATE_SIZE = 256
-NUM_HEADS = 4
-NUM_KV_HEADS = 2
-HEAD_DIM = 32
-VOCAB_SIZE = 512
-RMS_NORM_EPS = 1e-6
-WEIGHT_STD = 0.2
-
-EOS_TOKEN = "<|endoftext|>"
-BOS_TOKEN = "<|bos|>"
-PAD_TOKEN = "<|pad|>"
-MASK_TOKEN = "<|mask|>"
-_SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN, PAD_TOKEN, MASK_TOKEN)
-_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-)
 _ZOO_MARKER = "spectrace-zoo.json"
-
-_WORDS = (
-    "the a an of to in is was for on that with as by at from it this be are or not but "
-    "have has had which one all were they their there been more when will would who so "
-    "if out no up what about into than them can only other new some could time these two "
-    "may then do first any my now such like our over man me even most made after also did "
-    "many before must through back years where much your way well down should because "
-    "each just those people how too little state good very make world still own see men "
-    "work long get here between both life being under never day same another know while "
-    "last might us great old year off come since against go came right used take three "
-    "draft token accept reject verify speculative decode model layer hidden state target"
-).split()
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _corpus() -> list[str]:
-    """Deterministic English-like training text for the BPE tokenizer."""
-    rng = random.Random(0)
-    return [
-        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + rng.choice(".,!?")
-        for _ in range(3000)
-    ]
-
-
-def _special_ids(tokenizer_dir: str | os.PathLike[str]) -> dict[str, int]:
-    """Ids of the special tokens, read from a saved ``tokenizer.json``."""
-    data = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
-    by_content = {tok["content"]: tok["id"] for tok in data.get("added_tokens", [])}
-    ids = {
-        "eos_token_id": by_content.get(EOS_TOKEN),
-        "bos_token_id": by_content.get(BOS_TOKEN),
-        "pad_token_id": by_content.get(PAD_TOKEN),
-        "mask_token_id": by_content.get(MASK_TOKEN),
-    }
-    return {key: value for key, value in ids.items() if value is not None}
-
-
-def _copy_tokenizer(src: str | os.PathLike[str], dst: Path) -> None:
-    """Copy the tokenizer files of ``src`` (a tokenizer or model dir) into ``dst``."""
-    for name in _TOKENIZER_FILES:
-        path = Path(src) / name
-        if path.is_file():
-            shutil.copyfile(path, dst / name)
-
-
-def _random_tensors(shapes: Mapping[str, Sequence[int]], seed: int) -> dict[str, torch.Tensor]:
-    """Seeded float32 weights: norms are ones, everything else ~ N(0, WEIGHT_STD)."""
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, torch.Tensor] = {}
-    for name in sorted(shapes):
-        shape = tuple(shapes[name])
-        if name.endswith("norm.weight"):
-            out[name] = torch.ones(shape, dtype=torch.float32)
-        else:
-            out[name] = torch.randn(shape, generator=gen, dtype=torch.float32) * WEIGHT_STD
-    return out
-
-
-def _decoder_layer_shapes(
-    prefix: str, *, qkv_in: int = HIDDEN_SIZE, qk_norm: bool = True, qkv_bias: bool = False
-) -> dict[str, tuple[int, ...]]:
-    """Checkpoint names and shapes of one Llama/Qwen decoder layer under ``prefix``."""
-    q, kv = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
-    shapes: dict[str, tuple[int, ...]] = {
-        f"{prefix}.self_attn.q_proj.weight": (q, qkv_in),
-        f"{prefix}.self_attn.k_proj.weight": (kv, qkv_in),
-        f"{prefix}.self_attn.v_proj.weight": (kv, qkv_in),
-        f"{prefix}.self_attn.o_proj.weight": (HIDDEN_SIZE, q),
-        f"{prefix}.mlp.gate_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
-        f"{prefix}.mlp.up_proj.weight": (INTERMEDIATE_SIZE, HIDDEN_SIZE),
-        f"{prefix}.mlp.down_proj.weight": (HIDDEN_SIZE, INTERMEDIATE_SIZE),
-        f"{prefix}.input_layernorm.weight": (HIDDEN_SIZE,),
-        f"{prefix}.post_attention_layernorm.weight": (HIDDEN_SIZE,),
-    }
-    if qk_norm:
-        shapes[f"{prefix}.self_attn.q_norm.weight"] = (HEAD_DIM,)
-        shapes[f"{prefix}.self_attn.k_norm.weight"] = (HEAD_DIM,)
-    if qkv_bias:
-        shapes[f"{prefix}.self_attn.q_proj.bias"] = (q,)
-        shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv,)
-        shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv,)
-    return shapes
-
-
-def _write_checkpoint(
-    out_dir: str | os.PathLike[str],
-    config: Mapping[str, Any],
-    tensors: Mapping[str, torch.Tensor],
-    *,
-    tokenizer_src: str | os.PathLike[str],
-) -> Path:
-    """Write ``config.json`` exactly as given, ``model.safetensors`` and the tokenizer."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
-    save_file(
-        {name: t.contiguous() for name, t in tensors.items()},
-        str(out / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    _copy_tokenizer(tokenizer_src, out)
-    return out
-
-
-def _save_causal_lm(
-    out_dir: str | os.PathLike[str],
-    config: Any,
-    *,
-    seed: int,
-    tokenizer_dir: str | os.PathLike[str],
-    zero: Iterable[str] = (),
-    extra_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> Path:
-    """Build a transformers model from ``config``, fill it with seeded random weights
-    (``zero`` names set to 0; ``extra_shapes`` adds tensors the HF class lacks) and
-    ``save_pretrained`` it together with the tokenizer."""
-    from transformers import AutoModelForCausalLM
-
-    architectures = list(config.architectures or [])  # save_pretrained overwrites it
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    shapes.update(extra_shapes or {})
-    state = _random_tensors(shapes, seed)
-    for name in zero:
-        state[name].zero_()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with _quiet_progress():
-        model.save_pretrained(out, state_dict=state)
-    # save_pretrained writes the Python class name (e.g. Qwen2ForCausalLM) as the
-    # architecture; keep the one the config declares (e.g. MiMoForCausalLM).
-    if architectures:
-        saved = json.loads((out / "config.json").read_text())
-        saved["architectures"] = architectures
-        (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    _copy_tokenizer(tokenizer_dir, out)
-    return out
-
-
-@contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
-    """Silence transformers' "Writing model shards" progress bar for one save."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-def _base_config(tokenizer_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The shared tiny shape plus the tokenizer's special token ids."""
-    ids = _special_ids(tokenizer_dir)
-    ids.pop("mask_token_id", None)
-    return {
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": INTERMEDIATE_SIZE,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "hidden_act": "silu",
-        "rms_norm_eps": RMS_NORM_EPS,
-        "tie_word_embeddings": False,
-        **ids,
-    }
-
-
-def _draft_config(target_dir: str | os.PathLike[str], **fields: Any) -> dict[str, Any]:
-    """A hand-written drafter config: the target's shape, rope and ids plus ``fields``.
-
-    Only the keys listed here and in ``fields`` are written: no derived defaults
-    (``layer_types``, ``sliding_window``, ``use_sliding_window``...) are added.
-    """
-    target = json.loads((Path(target_dir) / "config.json").read_text())
-    keys = (
-        "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
-        "max_position_embeddings", "rope_parameters", "bos_token_id", "eos_token_id",
-        "pad_token_id",
-    )  # fmt: skip
-    config = {key: target[key] for key in keys if target.get(key) is not None}
-    config.update(tie_word_embeddings=False, attention_bias=False, dtype="float32")
-    config.update(fields)
-    return config
-
-
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursively merge ``extra`` into ``base`` (nested dicts are merged, not replaced)."""
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
-def _not_none(**items: Any) -> dict[str, Any]:
-    return {key: value for key, value in items.items() if value is not None}
 
 
 # -------------------------------------------------------------------------- builders
-
-
-def train_byte_bpe(corpus: Iterable[str], vocab_size: int, special: Sequence[str]):
-    """A deterministic byte-level BPE ``tokenizers.Tokenizer`` of exactly ``vocab_size`` ids trained on
-    ``corpus``, the ``special`` tokens taking the last ids (the test zoo's and the trained zoo's, tools/zoo.py)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(special),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    tok.add_special_tokens(list(special))
-    if tok.get_vocab_size() != vocab_size:
-        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, want {vocab_size}")
-    return tok
-
-
-def build_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
-    """Train a deterministic 512-token byte-level BPE and save it as a
-    ``PreTrainedTokenizerFast`` (special tokens eos/bos/pad/mask take ids 508-511,
-    so id 0 is an ordinary token)."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = train_byte_bpe(_corpus(), VOCAB_SIZE, _SPECIAL_TOKENS)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS_TOKEN,
-        bos_token=BOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        mask_token=MASK_TOKEN,
-        model_max_length=2048,
-        chat_template=_CHAT_TEMPLATE,
-    )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    wrapped.save_pretrained(out)
-    return out
 
 
 def build_target(
@@ -341,14 +76,14 @@ def build_target(
 
     extra = {"rope_scaling": dict(rope_scaling)} if rope_scaling is not None else {}
     config = Qwen3Config(
-        **_base_config(tokenizer_dir),
+        **base_config(tokenizer_dir),
         num_hidden_layers=num_layers,
         max_position_embeddings=max_position_embeddings,
         architectures=["Qwen3ForCausalLM"],
         **extra,
     )
     zero = ["model.norm.weight"] if zero_final_norm else []
-    return _save_causal_lm(out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir, zero=zero)
+    return save_causal_lm(out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir, zero=zero)
 
 
 def build_draft_model(
@@ -397,7 +132,7 @@ def build_dflash(
     ``extra_config`` is merged last (nested dicts merge).
     """
     if mask_token_id is None and (Path(target_dir) / "tokenizer.json").is_file():
-        mask_token_id = _special_ids(target_dir).get("mask_token_id")
+        mask_token_id = special_ids(target_dir).get("mask_token_id")
     if top_level_target_layer_ids is not None:
         ids = list(top_level_target_layer_ids)
         dflash_ids = None
@@ -406,24 +141,24 @@ def build_dflash(
         dflash_ids = ids if dflash_target_layer_ids is not None else None
     n_taps = len(ids) or 3
 
-    config = _draft_config(
+    config = draft_config(
         target_dir,
         architectures=["DFlashDraftModel"],
         model_type="qwen3",
         num_hidden_layers=num_layers,
-        dflash_config=_not_none(
+        dflash_config=not_none(
             mask_token_id=mask_token_id,
             target_layer_ids=dflash_ids,
             swa_window_size=swa_window_size,
         ),
-        **_not_none(
+        **not_none(
             layer_types=list(layer_types) if layer_types is not None else None,
             sliding_window=sliding_window,
             use_sliding_window=use_sliding_window,
             target_layer_ids=ids if top_level_target_layer_ids is not None else None,
         ),
     )
-    _merge(config, extra_config or {})
+    merge_config(config, extra_config or {})
 
     shapes: dict[str, tuple[int, ...]] = {
         "fc.weight": (HIDDEN_SIZE, n_taps * HIDDEN_SIZE),
@@ -431,11 +166,11 @@ def build_dflash(
         "norm.weight": (HIDDEN_SIZE,),
     }
     for i in range(num_layers):
-        shapes.update(_decoder_layer_shapes(f"layers.{i}"))
-    tensors = _random_tensors(shapes, seed)
+        shapes.update(decoder_layer_shapes(f"layers.{i}"))
+    tensors = random_tensors(shapes, seed)
     if zero_final_norm:
         tensors["norm.weight"].zero_()
-    return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
+    return write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
 
 
 def build_eagle3(
@@ -459,12 +194,12 @@ def build_eagle3(
     draft id i to target id ``i * vocab // draft_vocab_size`` (id 0 maps to 0).
     """
     n_aux = len(aux_layer_ids) if aux_layer_ids else 3
-    fields = _not_none(
+    fields = not_none(
         eagle_aux_hidden_state_layer_ids=list(aux_layer_ids) if aux_layer_ids else None,
         num_aux_hidden_states=n_aux if n_aux != 3 else None,
         draft_vocab_size=draft_vocab_size,
     )
-    config = _draft_config(
+    config = draft_config(
         target_dir,
         architectures=["LlamaForCausalLMEagle3"],
         model_type="llama",
@@ -477,13 +212,13 @@ def build_eagle3(
         "fc.weight": (HIDDEN_SIZE, n_aux * HIDDEN_SIZE),
         "norm.weight": (HIDDEN_SIZE,),
         "midlayer.hidden_norm.weight": (HIDDEN_SIZE,),
-        **_decoder_layer_shapes("midlayer", qkv_in=2 * HIDDEN_SIZE, qk_norm=False),
+        **decoder_layer_shapes("midlayer", qkv_in=2 * HIDDEN_SIZE, qk_norm=False),
     }
     if draft_vocab_size is not None:
         if not 0 < draft_vocab_size <= vocab:
             raise ValueError(f"draft_vocab_size must be in 1..{vocab}, got {draft_vocab_size}")
         shapes["lm_head.weight"] = (draft_vocab_size, HIDDEN_SIZE)
-    tensors = _random_tensors(shapes, seed)
+    tensors = random_tensors(shapes, seed)
     if zero_final_norm:
         tensors["norm.weight"].zero_()
     if draft_vocab_size is not None:
@@ -493,7 +228,7 @@ def build_eagle3(
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[target_ids] = True
         tensors["t2d"] = t2d
-    return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
+    return write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
 
 
 # The speculators library's EAGLE-3 checkpoint format, as it writes config.json (vllm-project/speculators,
@@ -533,7 +268,7 @@ def build_speculators_eagle3(
     if d2t not in D2T_KINDS:
         raise ValueError(f"d2t must be one of {D2T_KINDS}, got {d2t!r}")
     target = json.loads((Path(target_dir) / "config.json").read_text())
-    base = _draft_config(target_dir, model_type="llama", num_hidden_layers=1)
+    base = draft_config(target_dir, model_type="llama", num_hidden_layers=1)
     base.pop("dtype", None)
     vocab = int(base["vocab_size"])
     n = draft_vocab_size or vocab
@@ -565,7 +300,7 @@ def build_speculators_eagle3(
         "fc.weight": (HIDDEN_SIZE, n_aux * HIDDEN_SIZE),
         "norm.weight": (HIDDEN_SIZE,),
         "midlayer.hidden_norm.weight": (HIDDEN_SIZE,),
-        **_decoder_layer_shapes("midlayer", qkv_in=2 * HIDDEN_SIZE, qk_norm=False),
+        **decoder_layer_shapes("midlayer", qkv_in=2 * HIDDEN_SIZE, qk_norm=False),
     }
     declared = {**layer_config, **config}
     if declared.get("norm_before_fc"):
@@ -574,7 +309,7 @@ def build_speculators_eagle3(
         shapes.update({f"fc_norm.{i}.weight": (HIDDEN_SIZE,) for i in range(n_aux)})
     if n < vocab:
         shapes["lm_head.weight"] = (n, HIDDEN_SIZE)
-    tensors = _random_tensors(shapes, seed)
+    tensors = random_tensors(shapes, seed)
     if n < vocab and d2t != "missing":
         draft_ids = torch.arange(n, dtype=torch.long)
         target_ids = draft_ids * vocab // n + 1
@@ -590,7 +325,7 @@ def build_speculators_eagle3(
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[target_ids.clamp(max=vocab - 1)] = True
         tensors["t2d"] = t2d
-    return _write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
+    return write_checkpoint(out_dir, config, tensors, tokenizer_src=target_dir)
 
 def build_mtp(
     out_dir: str | os.PathLike[str],
@@ -608,7 +343,7 @@ def build_mtp(
     from transformers import Qwen2Config
 
     config = Qwen2Config(
-        **_base_config(tokenizer_dir),
+        **base_config(tokenizer_dir),
         num_hidden_layers=num_layers,
         max_position_embeddings=2048,
         num_nextn_predict_layers=1,
@@ -620,10 +355,10 @@ def build_mtp(
         f"{mtp}.hidden_layernorm.weight": (HIDDEN_SIZE,),
         f"{mtp}.input_proj.weight": (HIDDEN_SIZE, 2 * HIDDEN_SIZE),
         f"{mtp}.final_layernorm.weight": (HIDDEN_SIZE,),
-        **_decoder_layer_shapes(mtp, qk_norm=False, qkv_bias=True),
+        **decoder_layer_shapes(mtp, qk_norm=False, qkv_bias=True),
     }
     zero = ["model.norm.weight", f"{mtp}.final_layernorm.weight"] if zero_final_norm else []
-    return _save_causal_lm(
+    return save_causal_lm(
         out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir, zero=zero, extra_shapes=extra
     )
 
@@ -735,7 +470,7 @@ def build_qwen3_next(
     from transformers import Qwen3NextConfig
 
     config = Qwen3NextConfig(
-        **{**_base_config(tokenizer_dir), "head_dim": 64},
+        **{**base_config(tokenizer_dir), "head_dim": 64},
         num_hidden_layers=len(layer_types),
         layer_types=list(layer_types),
         linear_num_key_heads=2,
@@ -751,7 +486,7 @@ def build_qwen3_next(
         max_position_embeddings=2048,
         architectures=["Qwen3NextForCausalLM"],
     )
-    return _save_causal_lm(out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir)
+    return save_causal_lm(out_dir, config, seed=seed, tokenizer_dir=tokenizer_dir)
 
 
 def _zoo_paths(root: Path) -> dict[str, Path]:
