@@ -77,9 +77,17 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
                         for a in r.get("alerts", []) if a["state"] == "firing"]
 
             wait_until(firing, 240, "the collapse alert")
-            empty = [(d, t, q) for d, t, q in panel_queries(step="15s", scrape_interval="1s", time_range="10m")
-                     if t not in build.MAY_BE_EMPTY and not prom.api("query", query=q)["result"]]
-            assert empty == []
+
+            def empty_panels():
+                return [(d, t, q) for d, t, q in panel_queries(step="15s", scrape_interval="1s", time_range="10m")
+                        if t not in build.MAY_BE_EMPTY and not prom.api("query", query=q)["result"]]
+
+            # the alert reads the engine core's series; another process's (the worker's speed-up estimate) may reach
+            # the page later on a loaded machine: each rewrites its file at most every SPECTRACE_EXPOSITION_INTERVAL
+            deadline = time.time() + 120
+            while (empty := empty_panels()) and time.time() < deadline:
+                time.sleep(1.0)
+            assert not empty, empty
             stop.set()
             traffic.join(timeout=120)
 

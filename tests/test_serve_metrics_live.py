@@ -160,9 +160,12 @@ def _top_on_the_api_port(server):
         frame = source.frame()
         page = _families(source.texts[0])
         tokens = sum(s.value for s in page["vllm:spec_decode_num_draft_tokens"].samples if s.name.endswith("_total"))
-        return (frame, source.texts[0]) if tokens and sum(p.drafted for p in frame.positions) == tokens else None
+        # spectrace's own series (a frame falls back to vLLM's counters, whose sum is the same, before they are
+        # there: the engine core's pipeline process writes its first file late on a loaded machine)
+        mine = not frame.vllm_source and sum(p.drafted for p in frame.positions) == tokens
+        return (frame, source.texts[0]) if tokens and mine else None
 
-    frame, text = wait_until(caught_up, 30, "spectrace's counts on the API port to reach vLLM's")
+    frame, text = wait_until(caught_up, 60, "spectrace's counts on the API port to reach vLLM's")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(["top", url, "--once"])
