@@ -23,9 +23,13 @@ def _serve(zoo, cache_root, store, drafter, base, results, linger_s, stop):
         name=drafter,
         target=zoo["target"],
         speculative={"method": "draft_model", "model": zoo[drafter], "num_speculative_tokens": 3},
-        repeat=60,  # keep drafting for tens of seconds: alert windows need a steady rate
+        # keep drafting until the test has what it needs (the stop file): rates over 15 s windows, the alert's window
+        # and `for:` need a steady rate while Prometheus scrapes, on a fast machine as on a loaded one (60 generate
+        # calls once took 5 s, less than the 5 s SPECTRACE_EXPOSITION_INTERVAL, and the series first reached the
+        # page after the last draft: no rate was ever above 0)
+        repeat=2000,
         linger_s=linger_s,  # and stay up (gauges vanish with the process) while the test queries
-        stop_file=str(stop),  # until the test has what it needs
+        stop_file=str(stop),
     )
     results.update(
         run_engines(
@@ -65,18 +69,20 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
         runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-self", "draft_self", base, results, 60.0,
                                                         scratch / "dash-self.stop"))
         runner.start()
-        wait_until(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"], 240,
-                   "drafted tokens in Prometheus")
-        time.sleep(20)  # longer than the test profile's window + for:
-        empty = []
-        for dashboard, title, query in panel_queries(step="15s", scrape_interval="1s", time_range="10m"):
-            if title in build.MAY_BE_EMPTY:
-                continue
-            if not prom.api("query", query=query)["result"]:
-                empty.append((dashboard, title, query))
-        healthy_states = _alert_states(prom, base)
-        (scratch / "dash-self.stop").touch()
-        runner.join(timeout=300)
+        try:
+            wait_until(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"],
+                       240, "drafted tokens in Prometheus")
+            time.sleep(20)  # longer than the test profile's window + for:
+            empty = []
+            for dashboard, title, query in panel_queries(step="15s", scrape_interval="1s", time_range="10m"):
+                if title in build.MAY_BE_EMPTY:
+                    continue
+                if not prom.api("query", query=query)["result"]:
+                    empty.append((dashboard, title, query))
+            healthy_states = _alert_states(prom, base)
+        finally:
+            (scratch / "dash-self.stop").touch()
+            runner.join(timeout=300)
         assert results["draft_self"].ok, results["draft_self"].error
 
         # A drafter that disagrees: the collapse alert goes firing in Prometheus' own rule state.

@@ -169,7 +169,9 @@ def test_catalog_stopped_while_serving(zoo, scratch, cache_root, postgres, untra
     assert outage.tokens == untraced["self"].tokens
     assert after.tokens == untraced["self"].tokens
     sink = outage.exporter["lake"]
-    assert outage.exporter["dropped"] == sink["dropped"] > 0
+    # the lake's drops are counted in the pipeline's; the pipeline's bounded buffer (200 rows here) may drop more, counted
+    # too, when a flush comes late (on the catalog's connection, or for a CPU: a full run once counted 394 against 284)
+    assert outage.exporter["dropped"] >= sink["dropped"] > 0, (outage.exporter["dropped"], sink)
     assert sink["failures"] > 0 and "Connection refused" in sink["last_error"]
     # back: the next engine's rows all arrive, none dropped
     assert after.exporter["dropped"] == outage.exporter["dropped"]
