@@ -7,7 +7,7 @@ One :class:`Pipeline` per process (``Runtime.pipeline``). Its two sides:
 Hot side (any thread)
     ``append`` / ``extend`` / ``extend_columns`` put rows of a ``records`` table into a
     bounded in-memory buffer under one lock. Rows beyond ``max_buffer_rows`` are dropped
-    and counted (``dropped``); nothing ever blocks the caller.
+    and counted (``dropped``, and of it ``buffer_dropped``); nothing ever blocks the caller.
 
 Flush (the background thread every ``flush_interval_s``, and on ``flush()`` / ``close()``)
     One explicit, ordered sequence — nothing depends on the order callbacks were registered in:
@@ -273,6 +273,7 @@ class Pipeline:
         self.sinks: list[Sink] = list(sinks)
         self.telemetry: list[Telemetry] = []  # exporters the OpenTelemetry SDK schedules (OTLP): no batch for them
         self.dropped = 0  # rows lost anywhere: buffer full, a batch that could not be built, a sink's own drops
+        self.buffer_dropped = 0  # of ``dropped``, the rows a full buffer refused (here or in the shipping engine process)
         self.flushes = 0
         self.rows_flushed = 0
         self.errors: dict[str, int] = {}  # "source.<name>" / "exporter.<sink>": failures, each counted
@@ -311,6 +312,7 @@ class Pipeline:
         with self._lock:
             if self._buffered >= self.max_buffer_rows:
                 self.dropped += 1
+                self.buffer_dropped += 1
                 return
             self._rows[table].append(row)
             self._buffered += 1
@@ -321,6 +323,7 @@ class Pipeline:
             room = self.max_buffer_rows - self._buffered
             if room < len(rows):
                 self.dropped += len(rows) - max(room, 0)
+                self.buffer_dropped += len(rows) - max(room, 0)
                 rows = rows[: max(room, 0)]
             self._rows[table].extend(rows)
             self._buffered += len(rows)
@@ -338,6 +341,7 @@ class Pipeline:
             room = self.max_buffer_rows - self._buffered
             if room < n:
                 self.dropped += n - max(room, 0)
+                self.buffer_dropped += n - max(room, 0)
                 n = max(room, 0)
                 if not n:
                     return
@@ -346,11 +350,14 @@ class Pipeline:
             self._columns[table].extend(_split_by_run(columns, n))
             self._buffered += n
 
-    def count_dropped(self, n: int) -> None:
-        """Rows a sink or a capture could not keep (any thread)."""
+    def count_dropped(self, n: int, *, buffer: bool = False) -> None:
+        """Rows a sink or a capture could not keep (any thread); ``buffer``: a full buffer refused them (an engine
+        process's, shipped)."""
         if n > 0:
             with self._lock:
                 self.dropped += n
+                if buffer:
+                    self.buffer_dropped += n
 
     # -- the flush --------------------------------------------------------------
 
@@ -449,6 +456,7 @@ class Pipeline:
         """The pipeline's counters and each sink's own (``stats()``, where it has one)."""
         out: dict[str, Any] = {
             "dropped": self.dropped,
+            "buffer_dropped": self.buffer_dropped,
             "flushes": self.flushes,
             "rows_flushed": self.rows_flushed,
             "errors": dict(self.errors),

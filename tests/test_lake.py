@@ -159,7 +159,7 @@ def test_catalog_down_keeps_rows_to_the_bound_then_drops_and_counts_then_resumes
     sink._retry_at = 0  # no back-off wait in a test
     writer.flush()  # fails again: 60 more would pass the bound of 100, dropped and counted
     down_s = time.perf_counter() - started
-    assert (sink.pending_rows, sink.dropped, writer.dropped) == (60, 60, 60)
+    assert (sink.pending_rows, sink.dropped, writer.dropped, writer.buffer_dropped) == (60, 60, 60, 0)
     assert sink.failures == 2
     assert down_s < 2.0, f"flushes against a stopped catalog took {down_s:.2f} s"
     assert len([r for r in caplog.records if "cannot write to the lake" in r.getMessage()]) == 1

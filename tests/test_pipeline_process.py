@@ -59,6 +59,23 @@ def test_records_reach_the_store_under_the_engines_pid(tmp_path):
     assert con.execute("select count(*) from verify_steps where run_id = ?", [RUN]).fetchone()[0] == 10
 
 
+def test_rows_a_full_engine_buffer_refused_are_counted_once_before_and_after_they_are_shipped(tmp_path):
+    rt = _start(tmp_path, max_buffer_rows=20)
+    try:
+        for i in range(25):
+            rt.pipeline.append("hooks", {"hook": f"h{i}"})
+        stats = rt.pipeline.stats()  # nothing shipped, nothing acknowledged yet
+        assert (stats["dropped"], stats["buffer_dropped"]) == (5, 5)
+        rt.flush()
+        stats = rt.pipeline.stats()  # shipped: the pipeline process counts them, and what its own full buffer refused
+    finally:
+        runtime.stop()
+    assert stats["dropped"] == stats["buffer_dropped"] >= 5
+    con = spectrace.store.open(tmp_path / "store")
+    written = con.execute("select count(*) from hooks where hook like 'h%'").fetchone()[0]
+    assert written + stats["buffer_dropped"] == 25, (written, stats)  # each row written or counted, once
+
+
 def test_a_killed_pipeline_process_is_counted_and_replaced(tmp_path):
     rt = _start(tmp_path)
     try:

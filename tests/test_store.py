@@ -78,7 +78,7 @@ def test_full_buffer_drops_and_counts_instead_of_blocking(tmp_path):
     writer = _writer(tmp_path, max_buffer_rows=10)
     for i in range(25):
         writer.append("verify_counts", {"run_id": "r", "position": i})
-    assert writer.dropped == 15
+    assert writer.dropped == writer.buffer_dropped == 15
     assert writer.flush() == 10
 
 
@@ -92,7 +92,7 @@ def test_unwritable_directory_is_one_error_and_no_partial_file(tmp_path, caplog)
     assert writer.sink("duckdb").stats()["segments_written"] == 0
     writer.append("runs", {"run_id": "r"})
     writer.flush()
-    assert writer.sink("duckdb").write_errors == 2 and writer.dropped == 3
+    assert writer.sink("duckdb").write_errors == 2 and writer.dropped == 3 and writer.buffer_dropped == 0
     assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
 
 

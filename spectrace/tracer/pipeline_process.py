@@ -46,7 +46,7 @@ def apply(rt, message: dict) -> None:
         with rt._lock:
             rt.errors[hook] = rt.errors.get(hook, 0) + delta
     if message.get("dropped"):
-        rt.pipeline.count_dropped(message["dropped"])
+        rt.pipeline.count_dropped(message["dropped"], buffer=True)  # the engine process's full buffer
     for name, args, kwargs in message.get("metric_calls") or ():
         if rt.metrics is not None:
             try:

@@ -135,8 +135,11 @@ class ShippingPipeline(Pipeline):
     def stats(self) -> dict[str, Any]:
         """The pipeline process's counters and sinks' stats at its last acknowledged flush, this process's
         drops added, and the shipper's own."""
-        out = {**super().stats(), **self.shipper.remote_stats}
-        out["dropped"] = out.get("dropped", 0) + self.dropped - self.dropped_taken
+        remote = self.shipper.remote_stats
+        out = {**super().stats(), **remote}
+        untaken = self.dropped - self.dropped_taken  # refused by this process's full buffer, not shipped yet
+        out["dropped"] = remote.get("dropped", 0) + untaken  # what was shipped, the pipeline process counted
+        out["buffer_dropped"] = remote.get("buffer_dropped", 0) + untaken
         out["shipper"] = self.shipper.stats()
         return out
 
