@@ -94,8 +94,11 @@ def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, un
     """SPECTRACE_INJECT_FAULT=pipeline_process: the first pipeline process SIGKILLs itself on a message with engine
     steps (its third or later)."""
     store = scratch / "pipeline-killed-store"
+    # twelve generate calls, not three: beside test_lake_live three calls' steps came in too few messages in three runs
+    # of three (no kill from the third message on, or no step after it); likely why: while the engine loads, the idle
+    # shipper's wait grows to IDLE_WAIT_S (1 s), longer than the three calls took
     result = run_engines(
-        _specs(zoo, "self", repeat=3), store=store, cache_root=cache_root, log_file=scratch / "pipeline-killed.log",
+        _specs(zoo, "self", repeat=12), store=store, cache_root=cache_root, log_file=scratch / "pipeline-killed.log",
         env={**PROCESS, "SPECTRACE_INJECT_FAULT": "pipeline_process", "SPECTRACE_SHIP_INTERVAL": "0.05"},
     )["self"]
     assert result.ok, result.error
