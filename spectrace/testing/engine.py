@@ -50,6 +50,7 @@ class EngineSpec:
     count_syncs: bool = False  # CUDA only: count device synchronisations while generating (EngineResult.syncs)
     wait_for_file: str | None = None  # start this engine only once the file exists (`<file>.waiting` says we wait)
     stop_file: str | None = None  # stop repeating and lingering once this file exists (the test has what it needs)
+    repeat_until_file: str | None = None  # stop repeating once this file exists; the linger still runs in full
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: list[dict[str, Any]] | None = None  # per prompt: SamplingParams fields over the greedy default (cycled)
 
@@ -234,7 +235,7 @@ def _child(request: dict[str, Any]) -> None:
                 timings, cpu_timings = [], []
                 with _sync_counter(spec.count_syncs) as syncs:
                     for i in range(max(spec.repeat, 1)):
-                        if i and spec.stop_file and os.path.exists(spec.stop_file):
+                        if i and any(f and os.path.exists(f) for f in (spec.stop_file, spec.repeat_until_file)):
                             break
                         generating, cpu = time.perf_counter(), time.process_time()
                         outputs = llm.generate(spec.prompts, params, use_tqdm=False)
