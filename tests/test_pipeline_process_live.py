@@ -93,14 +93,37 @@ def test_rows_are_the_engines_and_the_pipeline_is_another_process(process_runs):
 def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, untraced_methods):
     """SPECTRACE_INJECT_FAULT=pipeline_process: the first pipeline process SIGKILLs itself on a message with engine
     steps (its third or later)."""
-    store = scratch / "pipeline-killed-store"
-    # twelve generate calls, not three: beside test_lake_live three calls' steps came in too few messages in three runs
-    # of three (no kill from the third message on, or no step after it); likely why: while the engine loads, the idle
-    # shipper's wait grows to IDLE_WAIT_S (1 s), longer than the three calls took
-    result = run_engines(
-        _specs(zoo, "self", repeat=12), store=store, cache_root=cache_root, log_file=scratch / "pipeline-killed.log",
-        env={**PROCESS, "SPECTRACE_INJECT_FAULT": "pipeline_process", "SPECTRACE_SHIP_INTERVAL": "0.05"},
-    )["self"]
+    store, log_file, enough = scratch / "pipeline-killed-store", scratch / "pipeline-killed.log", scratch / "killed-enough"
+    # generate until the second pipeline process wrote steps, not a fixed number of calls: beside test_lake_live three
+    # calls' steps came in too few messages in three runs of three (no kill from the third message on, or no step after)
+    stop = threading.Event()
+
+    def watch():
+        first, before = None, None
+        while not stop.wait(0.2):
+            try:
+                pids = _pipelines_of(store)
+                if first is None and pids:
+                    first = min(pids)
+                elif first is not None and before is None and any(pid != first for pid in pids):
+                    before = sum(_drafted(store).values())  # the first is dead: what it wrote
+                elif before is not None and sum(_drafted(store).values()) > before:
+                    enough.touch()
+                    return
+            except Exception:  # no rows yet, a process gone while read
+                pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run_engines(
+            _specs(zoo, "self", repeat=400, repeat_until_file=str(enough)), store=store, cache_root=cache_root,
+            log_file=log_file,
+            env={**PROCESS, "SPECTRACE_INJECT_FAULT": "pipeline_process", "SPECTRACE_SHIP_INTERVAL": "0.05"},
+        )["self"]
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
     assert result.ok, result.error
     assert result.tokens == untraced_methods["self"].tokens  # vLLM never noticed
     shipper = result.exporter["shipper"]
@@ -112,8 +135,20 @@ def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, un
     drafted = sum(d for _, d, _ in rows)
     assert 0 < drafted <= result.metrics["vllm:spec_decode_num_draft_tokens"]  # the steps after the restart
     assert all(a == d for _, d, a in rows)  # the self-drafter still accepts everything it drafted
-    log = (scratch / "pipeline-killed.log").read_text()
-    assert "the pipeline process ended" in log
+    assert "the pipeline process ended" in log_file.read_text()
+
+
+def _pipelines_of(store: Path) -> set[int]:
+    """The running pipeline processes (``python -m spectrace.tracer.pipeline_process``) writing to ``store``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and b"spectrace.tracer.pipeline_process" in (entry / "cmdline").read_bytes()
+                    and f"SPECTRACE_DIR={store}".encode() in (entry / "environ").read_bytes().split(b"\0")):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def _pipeline_children(parent: int) -> list[int]:
