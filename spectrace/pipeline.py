@@ -311,8 +311,7 @@ class Pipeline:
     def append(self, table: str, row: dict[str, Any]) -> None:
         with self._lock:
             if self._buffered >= self.max_buffer_rows:
-                self.dropped += 1
-                self.buffer_dropped += 1
+                self._refused(1)
                 return
             self._rows[table].append(row)
             self._buffered += 1
@@ -322,8 +321,7 @@ class Pipeline:
         with self._lock:
             room = self.max_buffer_rows - self._buffered
             if room < len(rows):
-                self.dropped += len(rows) - max(room, 0)
-                self.buffer_dropped += len(rows) - max(room, 0)
+                self._refused(len(rows) - max(room, 0))
                 rows = rows[: max(room, 0)]
             self._rows[table].extend(rows)
             self._buffered += len(rows)
@@ -340,8 +338,7 @@ class Pipeline:
         with self._lock:
             room = self.max_buffer_rows - self._buffered
             if room < n:
-                self.dropped += n - max(room, 0)
-                self.buffer_dropped += n - max(room, 0)
+                self._refused(n - max(room, 0))
                 n = max(room, 0)
                 if not n:
                     return
@@ -355,9 +352,15 @@ class Pipeline:
         process's, shipped)."""
         if n > 0:
             with self._lock:
-                self.dropped += n
                 if buffer:
-                    self.buffer_dropped += n
+                    self._refused(n)
+                else:
+                    self.dropped += n
+
+    def _refused(self, n: int) -> None:
+        """``n`` rows a full buffer refused: counted in ``dropped`` and ``buffer_dropped`` (the lock held)."""
+        self.dropped += n
+        self.buffer_dropped += n
 
     # -- the flush --------------------------------------------------------------
 
