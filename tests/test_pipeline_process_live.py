@@ -138,34 +138,29 @@ def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, un
     assert "the pipeline process ended" in log_file.read_text()
 
 
-def _pipelines_of(store: Path) -> set[int]:
-    """The running pipeline processes (``python -m spectrace.tracer.pipeline_process``) writing to ``store``."""
-    found = set()
+def _pipeline_processes(keep) -> list[int]:
+    """The running pipeline processes (``python -m spectrace.tracer.pipeline_process``, from /proc) for which
+    ``keep(entry)`` holds (``entry``: the process's /proc folder; one that ends while read is left out)."""
+    found = []
     for entry in Path("/proc").iterdir():
         try:
             if (entry.name.isdigit() and b"spectrace.tracer.pipeline_process" in (entry / "cmdline").read_bytes()
-                    and f"SPECTRACE_DIR={store}".encode() in (entry / "environ").read_bytes().split(b"\0")):
-                found.add(int(entry.name))
+                    and keep(entry)):
+                found.append(int(entry.name))
         except OSError:
             continue
     return found
+
+
+def _pipelines_of(store: Path) -> list[int]:
+    """The pipeline processes writing to ``store`` (its ``SPECTRACE_DIR``)."""
+    setting = f"SPECTRACE_DIR={store}".encode()
+    return _pipeline_processes(lambda entry: setting in (entry / "environ").read_bytes().split(b"\0"))
 
 
 def _pipeline_children(parent: int) -> list[int]:
-    """The pipeline processes ``parent`` started (``python -m spectrace.tracer.pipeline_process``), from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"spectrace.tracer.pipeline_process" in cmdline:
-            found.append(int(entry.name))
-    return found
+    """The pipeline processes ``parent`` started."""
+    return _pipeline_processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent)
 
 
 def _running(pid: int) -> bool:
