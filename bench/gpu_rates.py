@@ -55,6 +55,13 @@ Shapes (``--shapes``):
   appends them to its own real Runtime's capture, whose flush thread does the whole pipeline
   there (every default sink, compaction). Pause / resume reach the child over the same pipe.
 
+Probes (``--probe``, the production shape only, combinable; ``PROBES`` says what each changes): variants that say
+where a slowdown of the engine's own work comes from -- tracing paused in both windows (``null``), the hooks' records
+dropped as they are appended (``hooks-only``), hook bodies skipped (``no-hook-bodies``, ``no-worker-hooks``,
+``no-engine-hooks``), an engine loop that allocates nothing (``work-without-allocation``), other Python in the paused
+windows (``foreign-code``), the pipeline process stopped in the traced windows (``pipeline-stopped``). Results of
+2026-12-05: BENCHMARKS.md, "At GPU rates on another VM".
+
 Each job (shape x point) runs in its own process, forked from this one after vLLM's dataclasses
 are imported (12 s) and the heap frozen (as vLLM's engine core does): a fresh Runtime per job.
 """
@@ -70,6 +77,7 @@ import os
 import pickle
 import random
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -231,6 +239,57 @@ class _Request:
         self.n, self.last = 0, None
 
 
+# ``--probe``: variants of the production shape that say where a slowdown of the engine's own work comes from
+# (BENCHMARKS.md, "At GPU rates on another VM"); combinable, never part of a result of record.
+PROBES = {
+    "null": "tracing stays paused in both windows of every pair: what the comparison reads where nothing differs",
+    "hooks-only": "every capture queue drops what the hooks append (a deque of length 0): the hooks run, nothing "
+                  "they record is held past them or shipped",
+    "no-hook-bodies": "every hook finds no runtime, traced or not (runtime.active returns None): the wrappers alone",
+    "no-worker-hooks": "as no-hook-bodies for the worker's hooks only",
+    "no-engine-hooks": "as no-hook-bodies for the engine core's hooks only",
+    "work-without-allocation": "the engine's own work allocates nothing (small ints only; calibrated like the other)",
+    "foreign-code": "paused windows run ~20 µs a step of Python that is not spectrace's, reading the step's objects "
+                    "as the hooks do",
+    "pipeline-stopped": "the pipeline process is stopped (SIGSTOP) in traced windows and resumed in paused ones: "
+                        "its work moves to the paused windows",
+}
+WORKER_HOOKS = ("worker.execute_model", "worker.sample_tokens", "worker.propose_drafts", "worker.verify")
+CAPTURE_QUEUES = ("engine_steps", "worker_steps", "worker_timings", "host_steps", "new_requests", "proposals", "finished")
+_foreign_sink: list = []
+
+
+def foreign_code(so, mro) -> None:
+    """``--probe foreign-code``: about what the hooks do on a step (lists of the rows' lengths, a record), not theirs."""
+    for _ in range(6):
+        lengths = list(map(len, mro.sampled_token_ids))
+        drafts = getattr(so, "scheduled_spec_decode_tokens", None)
+        _foreign_sink.append((time.time_ns(), len(drafts or ()), lengths, mro.req_id_to_index, so.scheduled_cached_reqs))
+        _foreign_sink.clear()
+
+
+def skip_hook_bodies(probes: set) -> None:
+    """``--probe no-*-hooks``: the named hooks find no runtime whether tracing is on or not."""
+    active = runtime.active
+    if "no-hook-bodies" in probes:
+        runtime.active = lambda hook: None
+    elif "no-worker-hooks" in probes:
+        runtime.active = lambda hook: None if hook in WORKER_HOOKS else active(hook)
+    elif "no-engine-hooks" in probes:
+        runtime.active = lambda hook: None if hook.startswith("engine_core.") else active(hook)
+
+
+def fixed_work_without_allocation(requests: list, reps: int) -> int:
+    """``--probe work-without-allocation``: ``fixed_work``'s loop over the same objects, with small ints only."""
+    total = 0
+    for _ in range(reps):
+        for r in requests:
+            r.n = (r.n + 1) & 127
+            total = (total + (r.n & 7)) & 127
+            r.last = r.n
+    return total
+
+
 def fixed_work(requests: list, reps: int) -> int:
     """The engine thread's own per-step Python (scheduling, output processing): GIL-bound."""
     total = 0
@@ -242,19 +301,21 @@ def fixed_work(requests: list, reps: int) -> int:
     return total
 
 
-def pin_apart(child_pid: int | None, cpus: list[int]) -> None:
+def pin_apart(child_pid: int | None, cpus: list[int], with_engine: tuple = ()) -> None:
     """``--pin apart``: the engine thread on the first of ``cpus`` (the CPUs the job may use, read before the first
     pinning), every other thread of this process and the pipeline process's on the others -- a host where the engine
     thread has a core to itself (a GPU host's spare cores). Applied at every window's start: a thread started since
-    then inherits its creator's CPUs."""
+    then inherits its creator's CPUs. ``with_engine``: names of this process's threads placed on the engine thread's
+    CPU instead (``--pin shipper-with-engine``: the shipper's thread)."""
     engine, rest = {cpus[0]}, set(cpus[1:])
     me = threading.get_native_id()
+    beside = {t.native_id for t in threading.enumerate() if t.name in with_engine}
     for tasks in ("/proc/self/task", f"/proc/{child_pid}/task" if child_pid else None):
         if tasks is None:
             continue
         for tid in os.listdir(tasks):
             try:
-                os.sched_setaffinity(int(tid), engine if int(tid) == me else rest)
+                os.sched_setaffinity(int(tid), engine if int(tid) == me or int(tid) in beside else rest)
             except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
                 pass
 
@@ -262,8 +323,11 @@ def pin_apart(child_pid: int | None, cpus: list[int]) -> None:
 class Engine:
     """The engine thread: fixed work per step around spectrace's real hooks, paced to ``rate``."""
 
-    def __init__(self, batch: int, k: int, rate: float, busy: float, lifetime: int, fresh: bool = True) -> None:
+    def __init__(self, batch: int, k: int, rate: float, busy: float, lifetime: int, fresh: bool = True,
+                 probes: frozenset = frozenset()) -> None:
         self.period = 1.0 / rate
+        own = fixed_work_without_allocation if "work-without-allocation" in probes else fixed_work
+        self.foreign = "foreign-code" in probes
         self.fresh = fresh  # each step's vLLM objects made anew (fresh_step), as the engine's own work
         self.ring = build_ring(batch, k, n_steps=max(64, int(2 * rate)), lifetime=lifetime)
         self.requests = [_Request() for _ in range(batch)]
@@ -275,11 +339,14 @@ class Engine:
         self.due = 0.0
         self.last_end = 0.0
         self.work_cpu_ns = 0  # the engine thread CPU in its own work (fixed_work, fresh_step): no spectrace code
+        self.work_calls: list[int] = []  # each fixed_work call's CPU, ns (the window's median: is a slowdown uniform?)
 
         def work() -> None:
             started = time.thread_time_ns()
-            fixed_work(self.requests, self.reps)
-            self.work_cpu_ns += time.thread_time_ns() - started
+            own(self.requests, self.reps)
+            took = time.thread_time_ns() - started
+            self.work_cpu_ns += took
+            self.work_calls.append(took)
 
         def execute_model(runner, scheduler_output, *args, **kwargs):
             work()  # the first half: scheduling, input preparation
@@ -318,6 +385,8 @@ class Engine:
             self.work_cpu_ns += time.thread_time_ns() - started
         so, mro, book, new = self.current = step
         self.i += 1
+        if self.foreign and runtime._runtime is None:  # paused: code of about the hooks' size, not spectrace's
+            foreign_code(so, mro)
         for request in new:
             self.add(self.sched, request)
         self.execute(self.runner, so)
@@ -565,7 +634,8 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     store = work / "store"
     store.mkdir(parents=True)
     run_id = f"bench-gpu-rates-{name}"
-    engine = Engine(batch, k, rate, args.busy, args.lifetime, fresh=args.objects == "fresh")
+    probes = frozenset(args.probe)
+    engine = Engine(batch, k, rate, args.busy, args.lifetime, fresh=args.objects == "fresh", probes=probes)
     child_pid = None
     conn = None
     shipping = None
@@ -583,6 +653,10 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         if args.ship_interval is not None:  # SPECTRACE_SHIP_INTERVAL
             settings = replace(settings, ship_interval_s=args.ship_interval)
         rt = start_runtime(settings, VerifyCapture, run_id)
+        if "hooks-only" in probes:
+            for queue in CAPTURE_QUEUES:
+                setattr(rt.verify, queue, deque(maxlen=0))
+        skip_hook_bodies(probes)
         shipping = rt.pipeline.shipper
         child_pid = shipping.proc.pid
         if args.pipeline_nice:  # below the engine's priority (not what spectrace does: measured, not shipped)
@@ -616,12 +690,18 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         rt = start_runtime(settings_for(store), VerifyCapture, run_id)
         shipper = None
     started = time.perf_counter()
+    windows_started = False
     cpus = sorted(os.sched_getaffinity(0))  # before the first pinning narrows this thread's
-    if args.pin == "apart":
-        pin_apart(child_pid, cpus)
+    with_engine = ("spectrace-ship",) if args.pin == "shipper-with-engine" else ()
+    if args.pin != "none":
+        pin_apart(child_pid, cpus, with_engine)
 
     def set_tracing(on: bool) -> None:
+        if "null" in probes and windows_started:
+            on = False
         (runtime.resume if on else runtime.pause)()
+        if "pipeline-stopped" in probes and windows_started:
+            os.kill(child_pid, signal.SIGSTOP if on else signal.SIGCONT)
         if shipper is not None:
             shipper.tracing = on
 
@@ -632,6 +712,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     engine.run(args.warmup)
     traced_s, traced_steps = args.warmup * 1.0, engine.i
     windows = []
+    windows_started = True
     pid, tid = os.getpid(), threading.get_native_id()
     rss_series = [_rss_mb()]
     child_rss_series = [_rss_mb(child_pid)] if child_pid else []
@@ -640,9 +721,10 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         order = (True, False) if pair % 2 == 0 else (False, True)
         for traced in order:
             set_tracing(traced)
-            if args.pin == "apart":
-                pin_apart(child_pid, cpus)
+            if args.pin != "none":
+                pin_apart(child_pid, cpus, with_engine)
             work0 = engine.work_cpu_ns
+            engine.work_calls = []
             cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
             child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
             delay0 = _thread_sched(tid)[1]
@@ -664,12 +746,16 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
                 "step_s_sum": sum(step_times), "engine_thread_run_delay_s": run_delay,
                 "engine_thread_cpu_s": main, "engine_work_cpu_s": work_cpu, "background_cpu_s": cpu - main,
                 "pipeline_process_cpu_s": child_cpu,
+                "work_call_ms_p50": statistics.median(engine.work_calls) / 1e6 if engine.work_calls else None,
             })
             rss_series.append(_rss_mb())
             if child_pid:
                 child_rss_series.append(_rss_mb(child_pid))
             if shipping is not None:  # messages shipped and not yet written by the pipeline process
                 backlog.append(len(shipping._unacked))
+    windows_started = False  # the probes' windows are over: traced to the end, the pipeline process running
+    if "pipeline-stopped" in probes:
+        os.kill(child_pid, signal.SIGCONT)
     set_tracing(True)
     threads = _thread_cpu()
     run_s = time.perf_counter() - started
@@ -711,7 +797,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         "profile_ms": profile, "pipeline": pipeline, "pid": pid, "backlog_messages": backlog,
         "flush_interval_s": rt.settings.flush_interval_s, "ship_interval_s": rt.settings.ship_interval_s,
         "pipeline_nice": (args.pipeline_nice or 0) if shape == "production" else None, "pin": args.pin,
-        "objects": args.objects,
+        "objects": args.objects, "probes": sorted(probes),
     }
     out.write_text(json.dumps(result))
 
@@ -765,6 +851,13 @@ def split(w: dict) -> dict:
     return out
 
 
+def _median_ratio(pairs: list) -> dict | None:
+    if not pairs or pairs[0][0].get("work_call_ms_p50") is None:
+        return None
+    out = summary([on["work_call_ms_p50"] / off["work_call_ms_p50"] for on, off in pairs])
+    return {"slowdown": out["ratio"] - 1, "ci95": [out["ci95"][0] - 1, out["ci95"][1] - 1], "pairs": out["pairs"]}
+
+
 def analyse(r: dict) -> dict:
     """Paired estimates over the windows of one job (traced against paused, pair by pair)."""
     by_pair: dict[int, dict[bool, dict]] = {}
@@ -796,6 +889,9 @@ def analyse(r: dict) -> dict:
         "slowdown_without_core_wait": ratio("step_without_core_wait"),
         # the engine's own work, traced over paused: what tracing does to code it does not run in (``split``)
         "engine_work_slowdown": ratio("work") if "work" in keys else None,
+        # the same for a fixed_work call's median CPU (results since 2026-12-05): a slowdown every call shares, or a
+        # few slow ones
+        "engine_work_median_slowdown": _median_ratio(pairs),
         "p99_ratio": summary([on["step_ms_p99"] / off["step_ms_p99"] for on, off in pairs]),
         "step_ms_paused": {key: mean_of(False, lambda w: split(w)[key]) for key in keys},
         "step_ms_added": added,
@@ -928,10 +1024,12 @@ def line(r: dict) -> str:
     flush = f", flush {a['flush_cpu_ms_per_flush']:.0f} ms CPU each" if a["flush_cpu_ms_per_flush"] else ""
     parts = ""
     if a.get("engine_work_slowdown"):
-        parts = (f" (its own work {pct(a['engine_work_slowdown'])}, hooks and calls "
+        median = f", a call's median {pct(a['engine_work_median_slowdown'])}" if a.get("engine_work_median_slowdown") else ""
+        parts = (f" (its own work {pct(a['engine_work_slowdown'])}{median}, hooks and calls "
                  f"{fmt_ci(added['hooks'], 1e3, ' µs')} a step)")
-    pinned = ", engine thread pinned apart" if r.get("pin") == "apart" else ""
-    return (f"{r['shape']:9s} batch {r['batch']} k {r['k']} {r['rate']:g} steps/s ({a['slowdown']['pairs']} pairs): "
+    pinned = {"apart": ", engine thread pinned apart", "shipper-with-engine": ", engine thread pinned apart with the shipper"}.get(r.get("pin"), "")
+    probes = f" [probe {', '.join(r['probes'])}]" if r.get("probes") else ""
+    return (f"{r['shape']:9s}{probes} batch {r['batch']} k {r['k']} {r['rate']:g} steps/s ({a['slowdown']['pairs']} pairs): "
             f"slowdown {pct(a['slowdown'])}, without core waits {pct(a['slowdown_without_core_wait'])}; "
             f"per step +{added['gil_wait']['mean']:.3f} ms GIL, +{added['core_wait']['mean']:.3f} ms core, +{added['cpu']['mean']:.3f} ms CPU"
             f"{parts} (paused step {a['step_ms_paused']['step']:.2f} ms{pinned}); "
@@ -967,10 +1065,14 @@ def main(argv=None) -> int:
     parser.add_argument("--objects", choices=("fresh", "ring"), default="fresh",
                         help="fresh: each step's vLLM objects made anew, as vLLM does (default); ring: the ring's own, "
                              "reused every ring of steps (results before 2026-12-04)")
-    parser.add_argument("--pin", choices=("none", "apart"), default=None,
+    parser.add_argument("--pin", choices=("none", "apart", "shipper-with-engine"), default=None,
                         help="apart: the engine thread on one CPU, every other thread and the pipeline process on the "
                              "others, as on a host with a core for the engine thread (default where two CPUs or more "
-                             "are allowed); none: the OS places them (results before 2026-12-04)")
+                             "are allowed); none: the OS places them (results before 2026-12-04); shipper-with-engine: "
+                             "apart, with the shipper's thread on the engine thread's CPU")
+    parser.add_argument("--probe", nargs="+", choices=sorted(PROBES), default=[],
+                        help="production shape: variants that say where a slowdown of the engine's own work comes from "
+                             "(combinable): " + "; ".join(f"{name}: {what}" for name, what in PROBES.items()))
     parser.add_argument("--show", metavar="RESULTS_JSON", help="print the summary lines of a results file and exit")
     parser.add_argument("--name", default=None, help="results file bench/results/<name>.json (default gpu_rates[-quick])")
     args = parser.parse_args(argv)
@@ -982,8 +1084,12 @@ def main(argv=None) -> int:
         return 0
     if args.pin is None:
         args.pin = "apart" if len(os.sched_getaffinity(0)) >= 2 else "none"
-    elif args.pin == "apart" and len(os.sched_getaffinity(0)) < 2:
-        parser.error("--pin apart needs two CPUs or more (this process may use one)")
+    elif args.pin != "none" and len(os.sched_getaffinity(0)) < 2:
+        parser.error(f"--pin {args.pin} needs two CPUs or more (this process may use one)")
+    if args.probe:
+        if (args.shapes or ["production"]) != ["production"]:
+            parser.error("--probe runs the production shape only (--shapes production)")
+        args.shapes = ["production"]
     if args.quick:
         args.pairs = args.pairs or 12
         args.warmup = 2.0
