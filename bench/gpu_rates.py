@@ -717,45 +717,47 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     rss_series = [_rss_mb()]
     child_rss_series = [_rss_mb(child_pid)] if child_pid else []
     backlog: list[int] = []
-    for pair in range(args.pairs):
-        order = (True, False) if pair % 2 == 0 else (False, True)
-        for traced in order:
-            set_tracing(traced)
-            if args.pin != "none":
-                pin_apart(child_pid, cpus, with_engine)
-            work0 = engine.work_cpu_ns
-            engine.work_calls = []
-            cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
-            child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
-            delay0 = _thread_sched(tid)[1]
-            step_times = engine.run(args.window)
-            wall = time.perf_counter() - wall0
-            cpu, main = time.process_time() - cpu0, time.thread_time() - main0
-            work_cpu = (engine.work_cpu_ns - work0) / 1e9
-            run_delay = _thread_sched(tid)[1] - delay0
-            child_cpu = _proc_cpu_s(child_pid) - child0 if child_pid else 0.0
-            if traced:
-                traced_s += wall
-                traced_steps += len(step_times)
-            st = sorted(step_times)
-            windows.append({
-                "pair": pair, "traced": traced, "steps": len(step_times), "wall_s": wall,
-                "step_ms_mean": statistics.fmean(step_times) * 1e3, "step_ms_p50": st[len(st) // 2] * 1e3,
-                "step_ms_p99": st[min(len(st) - 1, int(0.99 * len(st)))] * 1e3, "step_ms_max": st[-1] * 1e3,
-                "overruns": sum(t > engine.period for t in step_times),
-                "step_s_sum": sum(step_times), "engine_thread_run_delay_s": run_delay,
-                "engine_thread_cpu_s": main, "engine_work_cpu_s": work_cpu, "background_cpu_s": cpu - main,
-                "pipeline_process_cpu_s": child_cpu,
-                "work_call_ms_p50": statistics.median(engine.work_calls) / 1e6 if engine.work_calls else None,
-            })
-            rss_series.append(_rss_mb())
-            if child_pid:
-                child_rss_series.append(_rss_mb(child_pid))
-            if shipping is not None:  # messages shipped and not yet written by the pipeline process
-                backlog.append(len(shipping._unacked))
-    windows_started = False  # the probes' windows are over: traced to the end, the pipeline process running
-    if "pipeline-stopped" in probes:
-        os.kill(child_pid, signal.SIGCONT)
+    try:
+        for pair in range(args.pairs):
+            order = (True, False) if pair % 2 == 0 else (False, True)
+            for traced in order:
+                set_tracing(traced)
+                if args.pin != "none":
+                    pin_apart(child_pid, cpus, with_engine)
+                work0 = engine.work_cpu_ns
+                engine.work_calls = []
+                cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+                child0 = _proc_cpu_s(child_pid) if child_pid else 0.0
+                delay0 = _thread_sched(tid)[1]
+                step_times = engine.run(args.window)
+                wall = time.perf_counter() - wall0
+                cpu, main = time.process_time() - cpu0, time.thread_time() - main0
+                work_cpu = (engine.work_cpu_ns - work0) / 1e9
+                run_delay = _thread_sched(tid)[1] - delay0
+                child_cpu = _proc_cpu_s(child_pid) - child0 if child_pid else 0.0
+                if traced:
+                    traced_s += wall
+                    traced_steps += len(step_times)
+                st = sorted(step_times)
+                windows.append({
+                    "pair": pair, "traced": traced, "steps": len(step_times), "wall_s": wall,
+                    "step_ms_mean": statistics.fmean(step_times) * 1e3, "step_ms_p50": st[len(st) // 2] * 1e3,
+                    "step_ms_p99": st[min(len(st) - 1, int(0.99 * len(st)))] * 1e3, "step_ms_max": st[-1] * 1e3,
+                    "overruns": sum(t > engine.period for t in step_times),
+                    "step_s_sum": sum(step_times), "engine_thread_run_delay_s": run_delay,
+                    "engine_thread_cpu_s": main, "engine_work_cpu_s": work_cpu, "background_cpu_s": cpu - main,
+                    "pipeline_process_cpu_s": child_cpu,
+                    "work_call_ms_p50": statistics.median(engine.work_calls) / 1e6 if engine.work_calls else None,
+                })
+                rss_series.append(_rss_mb())
+                if child_pid:
+                    child_rss_series.append(_rss_mb(child_pid))
+                if shipping is not None:  # messages shipped and not yet written by the pipeline process
+                    backlog.append(len(shipping._unacked))
+    finally:  # the probes' windows are over: traced to the end, the pipeline process running
+        windows_started = False
+        if "pipeline-stopped" in probes:
+            os.kill(child_pid, signal.SIGCONT)
     set_tracing(True)
     threads = _thread_cpu()
     run_s = time.perf_counter() - started
