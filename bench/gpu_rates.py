@@ -254,7 +254,6 @@ PROBES = {
     "pipeline-stopped": "the pipeline process is stopped (SIGSTOP) in traced windows and resumed in paused ones: "
                         "its work moves to the paused windows",
 }
-WORKER_HOOKS = ("worker.execute_model", "worker.sample_tokens", "worker.propose_drafts", "worker.verify")
 CAPTURE_QUEUES = ("engine_steps", "worker_steps", "worker_timings", "host_steps", "new_requests", "proposals", "finished")
 _foreign_sink: list = []
 
@@ -274,7 +273,7 @@ def skip_hook_bodies(probes: set) -> None:
     if "no-hook-bodies" in probes:
         runtime.active = lambda hook: None
     elif "no-worker-hooks" in probes:
-        runtime.active = lambda hook: None if hook in WORKER_HOOKS else active(hook)
+        runtime.active = lambda hook: None if hook.startswith("worker.") else active(hook)
     elif "no-engine-hooks" in probes:
         runtime.active = lambda hook: None if hook.startswith("engine_core.") else active(hook)
 
@@ -853,11 +852,16 @@ def split(w: dict) -> dict:
     return out
 
 
+def _slowdown(ratios: list[float]) -> dict:
+    """Traced-over-paused ratios, one a pair, as a slowdown: their geometric mean less 1, with its 95 % interval."""
+    out = summary(ratios)
+    return {"slowdown": out["ratio"] - 1, "ci95": [out["ci95"][0] - 1, out["ci95"][1] - 1], "pairs": out["pairs"]}
+
+
 def _median_ratio(pairs: list) -> dict | None:
     if not pairs or pairs[0][0].get("work_call_ms_p50") is None:
         return None
-    out = summary([on["work_call_ms_p50"] / off["work_call_ms_p50"] for on, off in pairs])
-    return {"slowdown": out["ratio"] - 1, "ci95": [out["ci95"][0] - 1, out["ci95"][1] - 1], "pairs": out["pairs"]}
+    return _slowdown([on["work_call_ms_p50"] / off["work_call_ms_p50"] for on, off in pairs])
 
 
 def analyse(r: dict) -> dict:
@@ -868,8 +872,7 @@ def analyse(r: dict) -> dict:
     pairs = [(p[True], p[False]) for p in by_pair.values() if True in p and False in p]
 
     def ratio(key: str) -> dict:
-        out = summary([split(on)[key] / split(off)[key] for on, off in pairs])
-        return {"slowdown": out["ratio"] - 1, "ci95": [out["ci95"][0] - 1, out["ci95"][1] - 1], "pairs": out["pairs"]}
+        return _slowdown([split(on)[key] / split(off)[key] for on, off in pairs])
 
     def share(w: dict, key: str) -> float:
         return w[key] / w["wall_s"]
