@@ -25,6 +25,13 @@ run as in production. The flush thread wakes every interval whether paused or no
 while paused, so the traced windows carry one flush per interval of their own time, as in production.
 What the paused state still costs (the wrappers' call, ~0.2 µs a step) is measured apart in
 bench/hotpath.py and bench/disabled.py; it is not in this ratio.
+
+``--vllm-work`` also times vLLM's own host work on the engine thread, inside spectrace's wrappers (each function
+in :data:`VLLM_WORK` is wrapped before the plugin installs its hooks, so the timer holds vLLM's code and none of
+spectrace's): the engine thread's CPU in it per window, traced over paused, as a ratio with its CI like the
+throughput's, and each function's per-call median. This is the figure that says whether spectrace's hooks slow vLLM's
+own code (BENCHMARKS.md, "vLLM's own host work, traced against paused"), where bench/gpu_rates.py's stand-in loop
+read ~2.5 % slower traced.
 """
 
 from __future__ import annotations
@@ -64,15 +71,56 @@ def summary(ratios: list[float]) -> dict:
     }
 
 
+# --vllm-work: vLLM's host-side Python of a step, on the engine thread (the engine core's scheduling and output
+# processing, the frontend's output processing, the model runner's bookkeeping of the sampled tokens)
+VLLM_WORK = {
+    "schedule": "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+    "update_from_output": "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
+    "process_outputs": "vllm.v1.engine.output_processor:OutputProcessor.process_outputs",
+    "bookkeeping_sync": "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync",
+}
+
+
+def time_vllm_work() -> dict[str, list[int]]:
+    """Wrap each of :data:`VLLM_WORK` in a timer of the calling thread's CPU (before spectrace wraps it: its wrapper
+    then calls the timer, and the timer only vLLM's function). Returns label -> the calls' CPU, ns (cleared per window)."""
+    import functools
+    import importlib
+
+    calls: dict[str, list[int]] = {}
+    for label, target in VLLM_WORK.items():
+        module, _, qualname = target.partition(":")
+        owner_name, attr = qualname.split(".")
+        owner = getattr(importlib.import_module(module), owner_name)
+        original = getattr(owner, attr)
+        took = calls[label] = []
+
+        def make(original=original, took=took):
+            @functools.wraps(original)
+            def timed(*args, **kwargs):
+                started = time.thread_time_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    took.append(time.thread_time_ns() - started)
+
+            return timed
+
+        setattr(owner, attr, make())
+    return calls
+
+
 def child(request: dict) -> None:
     from vllm import LLM, SamplingParams
 
     from spectrace.tracer import runtime
 
     batch, cycles, pairs = request["batch"], request["cycles"], request["pairs"]
+    vllm_calls = time_vllm_work() if request.get("vllm_work") else None
     llm = LLM(
         model=request["target"], tokenizer=request["target"], dtype="float32", enforce_eager=True,
-        max_model_len=512, kv_cache_memory_bytes=256 << 20, disable_log_stats=False, seed=0,
+        max_model_len=512, kv_cache_memory_bytes=(256 << 20) * max(1, batch // 64),  # all of a batch's requests fit
+        disable_log_stats=False, seed=0,
         speculative_config={"method": "draft_model", "model": request["target"], "num_speculative_tokens": 3},
         max_num_seqs=batch,
     )
@@ -101,13 +149,20 @@ def child(request: dict) -> None:
     def run_window(traced: bool, steps: int) -> dict:
         (runtime.resume if traced else runtime.pause)()
         tokens = 0
+        for took in (vllm_calls or {}).values():
+            took.clear()
         cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         for _ in range(steps):
             tokens += step_tokens()[0]
         wall = time.perf_counter() - t0
         cpu, main = time.process_time() - cpu0, time.thread_time() - main0
-        return {"traced": traced, "tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
-                "engine_thread_cpu_s": main, "background_cpu_s": cpu - main, "tokens_per_s": tokens / wall}
+        window = {"traced": traced, "tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
+                  "engine_thread_cpu_s": main, "background_cpu_s": cpu - main, "tokens_per_s": tokens / wall}
+        if vllm_calls is not None:
+            window["vllm_work"] = {label: {"cpu_s": sum(took) / 1e9, "calls": len(took),
+                                           "call_us_p50": statistics.median(took) / 1e3 if took else None}
+                                   for label, took in vllm_calls.items()}
+        return window
 
     # warm up, and learn a request's lifetime in steps (the distance between refills)
     refills, step_no = [], 0
@@ -159,7 +214,42 @@ def per_step(windows: list[dict]) -> dict:
             **{f"{key}_added": on[key] - off[key] for key in ("engine_cpu_ms", "engine_off_cpu_ms", "background_cpu_ms", "background_share")}}
 
 
-def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_interval: float | None, quick: bool) -> dict:
+def vllm_work(windows: list[dict]) -> dict | None:
+    """``--vllm-work``: vLLM's own host work, traced over paused, pair by pair: the engine thread's CPU in it a window
+    (all of :data:`VLLM_WORK` together, and each function), and each function's per-call median."""
+    if not windows or "vllm_work" not in windows[0]:
+        return None
+    by_pair: dict[int, dict[bool, dict]] = {}
+    for w in windows:
+        by_pair.setdefault(w["pair"], {})[w["traced"]] = w["vllm_work"]
+    pairs = [p for p in by_pair.values() if True in p and False in p]
+
+    def ratios(read) -> list[float]:
+        return [read(p[True]) / read(p[False]) for p in pairs if read(p[False])]
+
+    out = {"all": summary(ratios(lambda work: sum(f["cpu_s"] for f in work.values())))}
+    for label in VLLM_WORK:
+        if all(p[True][label]["calls"] and p[False][label]["calls"] for p in pairs):
+            out[label] = {"cpu": summary(ratios(lambda work: work[label]["cpu_s"])),
+                          "call_median": summary(ratios(lambda work: work[label]["call_us_p50"])),
+                          "calls_per_step": statistics.fmean(p[c][label]["calls"] for p in pairs for c in (True, False))
+                          / statistics.fmean(w["steps"] for w in windows),
+                          "call_us_p50_paused": statistics.median(p[False][label]["call_us_p50"] for p in pairs)}
+    return out
+
+
+def vllm_work_line(work: dict) -> str:
+    def pct(s: dict) -> str:
+        return f"{(s['ratio'] - 1) * 100:+.2f} % ({(s['ci95'][0] - 1) * 100:+.2f} … {(s['ci95'][1] - 1) * 100:+.2f})"
+
+    parts = [f"{label} {pct(f['cpu'])}, a call's median {pct(f['call_median'])} "
+             f"({f['calls_per_step']:.1f} calls a step, {f['call_us_p50_paused']:.0f} µs)"
+             for label, f in work.items() if label != "all"]
+    return f"vLLM's own host work traced/paused {pct(work['all'])}: " + "; ".join(parts)
+
+
+def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_interval: float | None, quick: bool,
+        vllm_work_timed: bool = False, pipeline: str = "auto") -> dict:
     from spectrace.testing.models import build_zoo
 
     zoo = build_zoo(SCRATCH / "zoo")
@@ -167,10 +257,11 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_i
     subprocess.run(["rm", "-rf", str(store)], check=False)
     out = SCRATCH / f"ab-{batch}.json"
     request = {"batch": batch, "cycles": cycles, "pairs": pairs, "target": str(zoo["target"]), "max_tokens": 200,
-               "warmup_s": 5 if quick else 15, "out": str(out)}
+               "warmup_s": 5 if quick else 15, "out": str(out), "vllm_work": vllm_work_timed}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
            "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": str(compact_interval), "SPECTRACE_PROMETHEUS_PORT": "0",
            **({"SPECTRACE_FLUSH_INTERVAL": str(flush_interval)} if flush_interval else {}),
+           "SPECTRACE_PIPELINE": pipeline,
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": str(SCRATCH / "vllm-cache"), "PYTHONPATH": str(REPO)}
     load = loadavg()
@@ -186,9 +277,10 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_i
     walls = [w["wall_s"] for w in result["windows"]]
     from spectrace.settings import Settings
 
-    return {"batch": batch, "k": 3, "window_lifetimes": cycles, "compact_interval_s": compact_interval,
+    return {"batch": batch, "k": 3, "pipeline": pipeline, "window_lifetimes": cycles, "compact_interval_s": compact_interval,
             "flush_interval_s": flush_interval or Settings.flush_interval_s, "window_s_median": statistics.median(walls),
             "drift_lag1": drift_lag1(result["windows"]), "per_step": per_step(result["windows"]),
+            "vllm_work": vllm_work(result["windows"]),
             "load_before": load, "load_after": loadavg(),
             **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
             "windows": result["windows"]}
@@ -205,6 +297,12 @@ def main(argv=None) -> int:
                         help="SPECTRACE_COMPACT_INTERVAL of the traced engine (default: the production default, 60 s)")
     parser.add_argument("--flush-interval", type=float, default=None,
                         help="SPECTRACE_FLUSH_INTERVAL of the traced engine (default: the production default)")
+    parser.add_argument("--vllm-work", action="store_true",
+                        help="also time vLLM's own host work on the engine thread (schedule, update_from_output, "
+                             "process_outputs, _bookkeeping_sync) inside spectrace's wrappers: traced over paused")
+    parser.add_argument("--pipeline", choices=("auto", "thread", "process"), default="auto",
+                        help="SPECTRACE_PIPELINE of the traced engine (auto, the default, is thread on vLLM's CPU "
+                             "platform; process: a GPU host's shape, the hooks and a shipper in the engine's process)")
     parser.add_argument("--name", default="ab_windows", help="results file: bench/results/<name>.json")
     parser.add_argument("--per-step", nargs="+", metavar="RESULTS_JSON",
                         help="print where the time goes per step for results files already written, and exit")
@@ -224,11 +322,14 @@ def main(argv=None) -> int:
     results = []
     for batch in args.batches:
         r = run(batch, pairs=pairs, cycles=args.cycles, compact_interval=args.compact_interval,
-                flush_interval=args.flush_interval, quick=args.quick)
+                flush_interval=args.flush_interval, quick=args.quick, vllm_work_timed=args.vllm_work,
+                pipeline=args.pipeline)
         print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
               f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows, "
-              f"{r['compactions']} compaction cycles, flush every {r['flush_interval_s']} s, drift lag-1 {r['drift_lag1']:.2f}), "
+              f"{r['compactions'] if r['compactions'] is not None else 'uncounted (in the pipeline process)'} compaction cycles, flush every {r['flush_interval_s']} s, drift lag-1 {r['drift_lag1']:.2f}), "
               f"load {r['load_before']} -> {r['load_after']}", flush=True)
+        if r["vllm_work"]:
+            print(f"batch {batch}: " + vllm_work_line(r["vllm_work"]), flush=True)
         results.append(r)
     write_result(args.name, {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
     return 0
