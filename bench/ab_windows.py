@@ -31,7 +31,8 @@ in :data:`VLLM_WORK` is wrapped before the plugin installs its hooks, so the tim
 spectrace's): the engine thread's CPU in it per window, traced over paused, as a ratio with its CI like the
 throughput's, and each function's per-call median. This is the figure that says whether spectrace's hooks slow vLLM's
 own code (BENCHMARKS.md, "vLLM's own host work, traced against paused"), where bench/gpu_rates.py's stand-in loop
-read ~2.5 % slower traced.
+read ~2.5 % slower traced. On a GPU host, ``--async-scheduling on|off`` and ``--runner v1|v2`` pick what only the
+CUDA build runs (vLLM's CPU platform turns async scheduling off; the results record what vLLM resolved).
 """
 
 from __future__ import annotations
@@ -117,14 +118,20 @@ def child(request: dict) -> None:
 
     batch, cycles, pairs = request["batch"], request["cycles"], request["pairs"]
     vllm_calls = time_vllm_work() if request.get("vllm_work") else None
+    extra = {} if request.get("async_scheduling") is None else {"async_scheduling": request["async_scheduling"]}
     llm = LLM(
         model=request["target"], tokenizer=request["target"], dtype="float32", enforce_eager=True,
         max_model_len=512, kv_cache_memory_bytes=(256 << 20) * max(1, batch // 64),  # all of a batch's requests fit
         disable_log_stats=False, seed=0,
         speculative_config={"method": "draft_model", "model": request["target"], "num_speculative_tokens": 3},
-        max_num_seqs=batch,
+        max_num_seqs=batch, **extra,
     )
     engine = llm.llm_engine
+    from vllm.platforms import current_platform
+
+    resolved = {"device": current_platform.device_type,  # what vLLM made of the options, not what was asked
+                "async_scheduling": bool(engine.vllm_config.scheduler_config.async_scheduling),
+                "VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER")}
     params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=True)
     prompts = ["the quick brown fox", "hello world speculative decoding", "a b c d e f g", "once upon a time"]
     seen: dict[str, int] = {}
@@ -181,7 +188,7 @@ def child(request: dict) -> None:
         windows += [dict(run_window(traced, cycles * lifetime), pair=i) for traced in order]
     runtime.resume()
     rt = runtime.get()
-    out = {"windows": windows, "lifetime_steps": lifetime, "compactions": getattr(rt.pipeline.sink("duckdb"), "compactions", None) if rt else None,
+    out = {"windows": windows, "lifetime_steps": lifetime, "vllm": resolved, "compactions": getattr(rt.pipeline.sink("duckdb"), "compactions", None) if rt else None,
            "dropped": rt.pipeline.dropped if rt else None, "errors": dict(rt.errors) if rt else None}
     Path(request["out"]).write_text(json.dumps(out))
 
@@ -249,7 +256,8 @@ def vllm_work_line(work: dict) -> str:
 
 
 def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_interval: float | None, quick: bool,
-        vllm_work_timed: bool = False, pipeline: str = "auto") -> dict:
+        vllm_work_timed: bool = False, pipeline: str = "auto", async_scheduling: bool | None = None,
+        runner: str | None = None) -> dict:
     from spectrace.testing.models import build_zoo
 
     zoo = build_zoo(SCRATCH / "zoo")
@@ -257,11 +265,13 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_i
     subprocess.run(["rm", "-rf", str(store)], check=False)
     out = SCRATCH / f"ab-{batch}.json"
     request = {"batch": batch, "cycles": cycles, "pairs": pairs, "target": str(zoo["target"]), "max_tokens": 200,
-               "warmup_s": 5 if quick else 15, "out": str(out), "vllm_work": vllm_work_timed}
+               "warmup_s": 5 if quick else 15, "out": str(out), "vllm_work": vllm_work_timed,
+               "async_scheduling": async_scheduling}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
            "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_COMPACT_INTERVAL": str(compact_interval), "SPECTRACE_PROMETHEUS_PORT": "0",
            **({"SPECTRACE_FLUSH_INTERVAL": str(flush_interval)} if flush_interval else {}),
            "SPECTRACE_PIPELINE": pipeline,
+           **({"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0"} if runner else {}),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": str(SCRATCH / "vllm-cache"), "PYTHONPATH": str(REPO)}
     load = loadavg()
@@ -303,6 +313,10 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", choices=("auto", "thread", "process"), default="auto",
                         help="SPECTRACE_PIPELINE of the traced engine (auto, the default, is thread on vLLM's CPU "
                              "platform; process: a GPU host's shape, the hooks and a shipper in the engine's process)")
+    parser.add_argument("--async-scheduling", choices=("on", "off"), default=None,
+                        help="vLLM's async scheduling (default: vLLM's own default; its CPU platform turns it off)")
+    parser.add_argument("--runner", choices=("v1", "v2"), default=None,
+                        help="VLLM_USE_V2_MODEL_RUNNER (default: unset, vLLM's own default)")
     parser.add_argument("--name", default="ab_windows", help="results file: bench/results/<name>.json")
     parser.add_argument("--per-step", nargs="+", metavar="RESULTS_JSON",
                         help="print where the time goes per step for results files already written, and exit")
@@ -323,11 +337,12 @@ def main(argv=None) -> int:
     for batch in args.batches:
         r = run(batch, pairs=pairs, cycles=args.cycles, compact_interval=args.compact_interval,
                 flush_interval=args.flush_interval, quick=args.quick, vllm_work_timed=args.vllm_work,
-                pipeline=args.pipeline)
+                pipeline=args.pipeline, runner=args.runner,
+                async_scheduling=None if args.async_scheduling is None else args.async_scheduling == "on")
         print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
               f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows, "
               f"{r['compactions'] if r['compactions'] is not None else 'uncounted (in the pipeline process)'} compaction cycles, flush every {r['flush_interval_s']} s, drift lag-1 {r['drift_lag1']:.2f}), "
-              f"load {r['load_before']} -> {r['load_after']}", flush=True)
+              f"load {r['load_before']} -> {r['load_after']}; vLLM resolved {r['vllm']}", flush=True)
         if r["vllm_work"]:
             print(f"batch {batch}: " + vllm_work_line(r["vllm_work"]), flush=True)
         results.append(r)
