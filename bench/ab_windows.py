@@ -86,14 +86,12 @@ def time_vllm_work() -> dict[str, list[int]]:
     """Wrap each of :data:`VLLM_WORK` in a timer of the calling thread's CPU (before spectrace wraps it: its wrapper
     then calls the timer, and the timer only vLLM's function). Returns label -> the calls' CPU, ns (cleared per window)."""
     import functools
-    import importlib
+
+    from spectrace.tracer.hooks import resolve
 
     calls: dict[str, list[int]] = {}
     for label, target in VLLM_WORK.items():
-        module, _, qualname = target.partition(":")
-        owner_name, attr = qualname.split(".")
-        owner = getattr(importlib.import_module(module), owner_name)
-        original = getattr(owner, attr)
+        owner, attr, original = resolve(target)  # the hooks' own "module:Class.name" lookup
         took = calls[label] = []
 
         def make(original=original, took=took):
@@ -227,15 +225,20 @@ def per_step(windows: list[dict]) -> dict:
             **{f"{key}_added": on[key] - off[key] for key in ("engine_cpu_ms", "engine_off_cpu_ms", "background_cpu_ms", "background_share")}}
 
 
+def paired(windows: list[dict]) -> list[tuple[dict, dict]]:
+    """The windows as (traced, paused) pairs, a pair whose two windows both ran."""
+    by_pair: dict[int, dict[bool, dict]] = {}
+    for w in windows:
+        by_pair.setdefault(w["pair"], {})[w["traced"]] = w
+    return [(p[True], p[False]) for p in by_pair.values() if True in p and False in p]
+
+
 def vllm_work(windows: list[dict]) -> dict | None:
     """``--vllm-work``: vLLM's own host work, traced over paused, pair by pair: the engine thread's CPU in it a window
     (all of :data:`VLLM_WORK` together, and each function), and each function's per-call median."""
     if not windows or "vllm_work" not in windows[0]:
         return None
-    by_pair: dict[int, dict[bool, dict]] = {}
-    for w in windows:
-        by_pair.setdefault(w["pair"], {})[w["traced"]] = w["vllm_work"]
-    pairs = [p for p in by_pair.values() if True in p and False in p]
+    pairs = [{True: on["vllm_work"], False: off["vllm_work"]} for on, off in paired(windows)]
 
     def ratios(read) -> list[float]:
         return [read(p[True]) / read(p[False]) for p in pairs if read(p[False])]
@@ -286,10 +289,7 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_i
     if proc.returncode or not out.exists():
         raise SystemExit(f"batch {batch}: child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     result = json.loads(out.read_text())
-    by_pair: dict[int, dict[bool, float]] = {}
-    for w in result["windows"]:
-        by_pair.setdefault(w["pair"], {})[w["traced"]] = w["tokens_per_s"]
-    ratios = [p[True] / p[False] for p in by_pair.values() if True in p and False in p and p[False] > 0]
+    ratios = [on["tokens_per_s"] / off["tokens_per_s"] for on, off in paired(result["windows"]) if off["tokens_per_s"] > 0]
     walls = [w["wall_s"] for w in result["windows"]]
     from spectrace.settings import Settings
 

@@ -87,7 +87,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from bench.ab_windows import summary, t95
+from bench.ab_windows import paired, summary, t95
 from bench.common import SCRATCH, freeze_heap, loadavg, write_result
 
 # -- spectrace's entry points this benchmark drives: the one place to update when they move -----------
@@ -866,10 +866,7 @@ def _median_ratio(pairs: list) -> dict | None:
 
 def analyse(r: dict) -> dict:
     """Paired estimates over the windows of one job (traced against paused, pair by pair)."""
-    by_pair: dict[int, dict[bool, dict]] = {}
-    for w in r["windows"]:
-        by_pair.setdefault(w["pair"], {})[w["traced"]] = w
-    pairs = [(p[True], p[False]) for p in by_pair.values() if True in p and False in p]
+    pairs = paired(r["windows"])
 
     def ratio(key: str) -> dict:
         return _slowdown([split(on)[key] / split(off)[key] for on, off in pairs])
