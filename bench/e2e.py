@@ -68,6 +68,8 @@ def child(config: str, request: dict, *, zoo_store: Path, receiver=None, timeout
     shutil.rmtree(store, ignore_errors=True)
     env = base_env(store, traced=config != "off", cache_root=SCRATCH / "vllm-cache")
     env["TMPDIR"] = str(SCRATCH / "tmp")
+    if config != "off":  # its figures (background threads' CPU, resident size) are the traced process's own: the
+        env["SPECTRACE_PIPELINE"] = "thread"  # flush thread's shape (auto: a pipeline process since fedbe92)
     (SCRATCH / "tmp").mkdir(parents=True, exist_ok=True)
     if config == "otlp":
         env.update(SPECTRACE_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.http_endpoint,

@@ -80,11 +80,13 @@ def build_inputs(batch: int, k: int, seed: int = 0):
 
 
 def active_runtime(store):
-    """A Runtime as the plugin makes it in an engine core, with a run; no background thread."""
+    """A Runtime as the plugin makes it in an engine core, with a run; no background thread. Its flush is this
+    process's (``pipeline="thread"``: the drain measured here is the one a pipeline process runs, and the hooks
+    append the same records in either shape)."""
     from spectrace.settings import Settings
     from spectrace.tracer import runtime, verify
 
-    rt = runtime.Runtime(Settings(enabled=True, dir=store), verify.VerifyCapture)
+    rt = runtime.Runtime(Settings(enabled=True, dir=store, pipeline="thread"), verify.VerifyCapture)
     rt.set_run(runtime.Run(run_id="bench-hotpath", traceparent=""))
     rt.enter_role("engine_core")
     runtime._runtime = rt

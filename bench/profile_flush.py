@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     subprocess.run(["rm", "-rf", str(store)], check=False)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPECTRACE")},
            "SPECTRACE": "1", "SPECTRACE_DIR": str(store), "SPECTRACE_PROMETHEUS_PORT": "0",
+           "SPECTRACE_PIPELINE": "thread",  # the flush thread is what this profiles (auto: a pipeline process since fedbe92)
            **({"SPECTRACE_FLUSH_INTERVAL": str(args.flush_interval)} if args.flush_interval else {}),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(SCRATCH / "vllm-cache")}
     proc = subprocess.run([sys.executable, "-m", "bench.profile_flush", "--child", "--batch", str(args.batch),

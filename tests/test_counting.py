@@ -202,7 +202,7 @@ def test_steps_of_no_run_are_counted_without_an_error(tmp_path):
     """An engine whose start was not traced (a fault in the frontend's hook) still has its steps
     counted, and its series fed, with no run: the drain used to raise on the run's k."""
     rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("prometheus",), metrics_dir=tmp_path / "metrics",
-                                span_every_steps=0), hooks=[], make_capture=verify.VerifyCapture)
+                                span_every_steps=0, pipeline="thread"), hooks=[], make_capture=verify.VerifyCapture)
     try:
         sink = MemorySink()
         rt.pipeline.add_sink(sink)

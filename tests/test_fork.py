@@ -25,7 +25,9 @@ def _wait(pid: int, timeout_s: float = 60.0) -> int:
 
 
 def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
-    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), flush_interval_s=0.05)
+    # the flush thread's locks held at the fork (the thread shape; a pytest worker that imported vLLM would pick
+    # the pipeline process under auto)
+    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), flush_interval_s=0.05, pipeline="thread")
     rt = runtime.start(settings, hooks=[], make_capture=verify.VerifyCapture)
     try:
         rt.record("runs", {"run_id": "parent-run", "started_at": 1}, role="frontend")  # buffered, not yet written
@@ -70,7 +72,7 @@ def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
 
 
 def test_guard_never_raises_and_counts_what_it_catches(tmp_path):
-    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), inject_fault="some.hook")
+    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), inject_fault="some.hook", pipeline="thread")
     rt = runtime.start(settings, hooks=[], make_capture=verify.VerifyCapture)
     try:
         given = []
@@ -86,7 +88,8 @@ def test_guard_never_raises_and_counts_what_it_catches(tmp_path):
 
 
 def test_pause_switches_every_hook_off_and_resume_back_on(tmp_path):
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",)), hooks=[], make_capture=verify.VerifyCapture)
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread"), hooks=[],
+                       make_capture=verify.VerifyCapture)
     try:
         rt.record("runs", {"run_id": "before", "started_at": 1}, role="frontend")
         runtime.pause()

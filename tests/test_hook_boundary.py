@@ -45,7 +45,8 @@ def rt(tmp_path):
     # the frontend's hook starts a run and hands it to child processes through the environment:
     # put the environment back, or later tests' runtimes inherit that run
     inherited = os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",)), hooks=[], make_capture=verify.VerifyCapture)
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread"), hooks=[],
+                       make_capture=verify.VerifyCapture)
     rt.enter_role("worker", 0)  # a role and a rank, as in a worker process
     try:
         yield rt

@@ -182,7 +182,7 @@ def test_switched_off_hook_is_a_hooks_row(site, monkeypatch, tmp_path):
     from spectrace.tracer import runtime, verify
 
     _declare(monkeypatch, old=Support(package="pytest", versions="<1"), fits=Support(package="pytest", versions=">=1"))
-    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",))
+    settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread")
     hooks = [Hook("old", "spectrace_site:Runner.bookkeeping", _same), Hook("fits", "spectrace_site:Runner.__init__", _same)]
     rt = runtime.start(settings, hooks=hooks, make_capture=verify.VerifyCapture)
     try:

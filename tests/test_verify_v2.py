@@ -53,7 +53,8 @@ def _async_output() -> AsyncOutput:
 
 @pytest.fixture
 def rt(tmp_path):
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",)), hooks=[], make_capture=verify.VerifyCapture)
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread"), hooks=[],
+                       make_capture=verify.VerifyCapture)
     rt.set_run(runtime.Run(run_id="v2-run", traceparent=""))
     rt.ranks[verify.WORKER] = 0
     yield rt
@@ -104,7 +105,7 @@ def test_v2_hooks_never_raise_into_vllm(rt):
 
 @pytest.mark.parametrize("hook", ["worker.verify_v2.sample", "worker.verify_v2"])
 def test_an_injected_fault_in_a_v2_hook_is_counted_and_vllms_output_unchanged(tmp_path, hook):
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), inject_fault=hook), hooks=[],
+    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), inject_fault=hook, pipeline="thread"), hooks=[],
                        make_capture=verify.VerifyCapture)
     try:
         output = _v2_step(rt)

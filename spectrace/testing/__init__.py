@@ -38,15 +38,16 @@ def store_pipeline(root, *, host: str = "testhost", clock=None, **settings):
 def memory_runtime(root, run_id: str, **settings):
     """A started runtime with the verification capture, hooks not installed, exporters off and one memory sink,
     with run ``run_id`` set: the drain and the detectors on records a test appends (``(runtime, sink)``; stop it
-    with ``runtime.stop()``). ``settings``: any other ``Settings`` field."""
+    with ``runtime.stop()``). ``settings``: any other ``Settings`` field. The flush runs on a thread of this process
+    (``pipeline="thread"``, whether or not vLLM is loaded here): the memory sink is this process's."""
     from pathlib import Path
 
     from spectrace.settings import Settings
     from spectrace.sinks.memory import MemorySink
     from spectrace.tracer import runtime, verify
 
-    rt = runtime.start(Settings(enabled=True, dir=Path(root), exporters=(), span_every_steps=0, **settings), hooks=[],
-                       make_capture=verify.VerifyCapture)
+    rt = runtime.start(Settings(**{"enabled": True, "dir": Path(root), "exporters": (), "span_every_steps": 0,
+                                   "pipeline": "thread", **settings}), hooks=[], make_capture=verify.VerifyCapture)
     sink = MemorySink()
     rt.pipeline.add_sink(sink)
     rt.set_run(runtime.Run(run_id=run_id, traceparent=""))
