@@ -32,7 +32,10 @@ spectrace's): the engine thread's CPU in it per window, traced over paused, as a
 throughput's, and each function's per-call median. This is the figure that says whether spectrace's hooks slow vLLM's
 own code (BENCHMARKS.md, "vLLM's own host work, traced against paused"), where bench/gpu_rates.py's stand-in loop
 read ~2.5 % slower traced. On a GPU host, ``--async-scheduling on|off`` and ``--runner v1|v2`` pick what only the
-CUDA build runs (vLLM's CPU platform turns async scheduling off; the results record what vLLM resolved).
+CUDA build runs (vLLM's CPU platform turns async scheduling off; the results record what vLLM resolved). It also
+counts the cyclic collector's runs and CPU on the engine thread and on the others (``gc.callbacks``): a collection runs
+on the thread whose allocation crosses the threshold, so tracing can move the collector's work onto the engine thread
+without adding any (BENCHMARKS.md, "The CPU engine in either shape").
 """
 
 from __future__ import annotations
@@ -109,6 +112,31 @@ def time_vllm_work() -> dict[str, list[int]]:
     return calls
 
 
+def count_collections() -> dict[str, list[int]]:
+    """Count the cyclic collector's runs and their CPU by thread: the engine thread (the one calling this) and the
+    others (the flush thread, the shipper). A collection runs on whichever thread's allocation crosses the threshold,
+    so tracing can move the collector's work onto the engine thread without adding any. Returns where -> [runs of
+    generation 0, 1, 2, then their CPU in ns] (cleared per window)."""
+    import gc
+    import threading
+
+    engine_thread = threading.get_ident()
+    counts = {"engine": [0] * 6, "other": [0] * 6}
+    started: dict[int, int] = {}
+
+    def on_collection(phase: str, info: dict) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            started[me] = time.thread_time_ns()
+            return
+        slot = counts["engine" if me == engine_thread else "other"]
+        slot[info["generation"]] += 1
+        slot[3 + info["generation"]] += time.thread_time_ns() - started.pop(me, time.thread_time_ns())
+
+    gc.callbacks.append(on_collection)
+    return counts
+
+
 def child(request: dict) -> None:
     from vllm import LLM, SamplingParams
 
@@ -116,6 +144,7 @@ def child(request: dict) -> None:
 
     batch, cycles, pairs = request["batch"], request["cycles"], request["pairs"]
     vllm_calls = time_vllm_work() if request.get("vllm_work") else None
+    collections = count_collections() if request.get("vllm_work") else None
     extra = {} if request.get("async_scheduling") is None else {"async_scheduling": request["async_scheduling"]}
     llm = LLM(
         model=request["target"], tokenizer=request["target"], dtype="float32", enforce_eager=True,
@@ -156,6 +185,8 @@ def child(request: dict) -> None:
         tokens = 0
         for took in (vllm_calls or {}).values():
             took.clear()
+        for counted in (collections or {}).values():
+            counted[:] = [0] * 6
         cpu0, main0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         for _ in range(steps):
             tokens += step_tokens()[0]
@@ -167,6 +198,8 @@ def child(request: dict) -> None:
             window["vllm_work"] = {label: {"cpu_s": sum(took) / 1e9, "calls": len(took),
                                            "call_us_p50": statistics.median(took) / 1e3 if took else None}
                                    for label, took in vllm_calls.items()}
+        if collections is not None:
+            window["collections"] = {where: list(counted) for where, counted in collections.items()}
         return window
 
     # warm up, and learn a request's lifetime in steps (the distance between refills)
@@ -193,6 +226,7 @@ def child(request: dict) -> None:
         stats = rt.pipeline.stats()
         compactions, dropped = stats.get("duckdb", {}).get("compactions"), stats.get("dropped")
     out = {"windows": windows, "lifetime_steps": lifetime, "vllm": resolved, "compactions": compactions,
+           "pipeline_shape": rt.settings.pipeline if rt else None,  # what SPECTRACE_PIPELINE resolved to
            "dropped": dropped, "errors": dict(rt.errors) if rt else None}
     Path(request["out"]).write_text(json.dumps(out))
 
@@ -254,6 +288,38 @@ def vllm_work(windows: list[dict]) -> dict | None:
     return out
 
 
+def collector(windows: list[dict]) -> dict | None:
+    """``--vllm-work``: the cyclic collector, traced minus paused, a step: its runs per generation and its CPU, on the
+    engine thread and on the others (mean difference of the pairs with a 95 % t interval)."""
+    if not windows or "collections" not in windows[0]:
+        return None
+    pairs = paired(windows)
+    out: dict = {}
+    for where in ("engine", "other"):
+        for i, key in enumerate(("gen0_runs", "gen1_runs", "gen2_runs", "gen0_cpu_ms", "gen1_cpu_ms", "gen2_cpu_ms",
+                                 "cpu_ms")):
+            def read(w: dict) -> float:
+                c = w["collections"][where]
+                value = sum(c[3:]) / 1e6 if key == "cpu_ms" else c[i] / 1e6 if i >= 3 else c[i]
+                return value / w["steps"]
+
+            diffs = [read(on) - read(off) for on, off in pairs]
+            mean = statistics.fmean(diffs)
+            half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+            out[f"{where}_{key}"] = {"paused": statistics.fmean(read(off) for _, off in pairs),
+                                     "added": mean, "ci95": [mean - half, mean + half]}
+    return out
+
+
+def collector_line(counted: dict) -> str:
+    def part(where: str) -> str:
+        cpu, runs = counted[f"{where}_cpu_ms"], counted[f"{where}_gen0_runs"]
+        return (f"{where} thread{'s' if where == 'other' else ''} {cpu['added'] * 1e3:+.1f} µs a step "
+                f"({cpu['ci95'][0] * 1e3:+.1f} … {cpu['ci95'][1] * 1e3:+.1f}; paused {cpu['paused'] * 1e3:.1f}), "
+                f"{runs['added']:+.3f} young collections a step")
+    return "the collector traced - paused: " + "; ".join(part(where) for where in ("engine", "other"))
+
+
 def vllm_work_line(work: dict) -> str:
     def pct(s: dict) -> str:
         return f"{(s['ratio'] - 1) * 100:+.2f} % ({(s['ci95'][0] - 1) * 100:+.2f} … {(s['ci95'][1] - 1) * 100:+.2f})"
@@ -296,7 +362,7 @@ def run(batch: int, *, pairs: int, cycles: int, compact_interval: float, flush_i
     return {"batch": batch, "k": 3, "pipeline": pipeline, "window_lifetimes": cycles, "compact_interval_s": compact_interval,
             "flush_interval_s": flush_interval or Settings.flush_interval_s, "window_s_median": statistics.median(walls),
             "drift_lag1": drift_lag1(result["windows"]), "per_step": per_step(result["windows"]),
-            "vllm_work": vllm_work(result["windows"]),
+            "vllm_work": vllm_work(result["windows"]), "collector": collector(result["windows"]),
             "load_before": load, "load_after": loadavg(),
             **summary(ratios), "ratios": ratios, **{k: v for k, v in result.items() if k != "windows"},
             "windows": result["windows"]}
@@ -317,8 +383,9 @@ def main(argv=None) -> int:
                         help="also time vLLM's own host work on the engine thread (schedule, update_from_output, "
                              "process_outputs, _bookkeeping_sync) inside spectrace's wrappers: traced over paused")
     parser.add_argument("--pipeline", choices=("auto", "thread", "process"), default="auto",
-                        help="SPECTRACE_PIPELINE of the traced engine (auto, the default, is thread on vLLM's CPU "
-                             "platform; process: a GPU host's shape, the hooks and a shipper in the engine's process)")
+                        help="SPECTRACE_PIPELINE of the traced engine (auto, the default, is process in a vLLM "
+                             "process since fedbe92, thread before it: the hooks and a shipper in the engine's process, "
+                             "or the flush thread beside them)")
     parser.add_argument("--async-scheduling", choices=("on", "off"), default=None,
                         help="vLLM's async scheduling (default: vLLM's own default; its CPU platform turns it off)")
     parser.add_argument("--runner", choices=("v1", "v2"), default=None,
@@ -348,9 +415,12 @@ def main(argv=None) -> int:
         print(f"batch {batch}: traced/untraced {r['ratio']:.4f}, 95% CI [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
               f"(half-width {r['half_width'] * 100:.2f} %, {r['pairs']} pairs of {r['window_s_median']:.1f} s windows, "
               f"{r['compactions']} compaction cycles, flush every {r['flush_interval_s']} s, drift lag-1 {r['drift_lag1']:.2f}), "
-              f"load {r['load_before']} -> {r['load_after']}; vLLM resolved {r['vllm']}", flush=True)
+              f"load {r['load_before']} -> {r['load_after']}; pipeline {r['pipeline_shape']}; vLLM resolved {r['vllm']}",
+              flush=True)
         if r["vllm_work"]:
             print(f"batch {batch}: " + vllm_work_line(r["vllm_work"]), flush=True)
+        if r["collector"]:
+            print(f"batch {batch}: " + collector_line(r["collector"]), flush=True)
         results.append(r)
     write_result(args.name, {"command": " ".join(["bench.ab_windows", *(argv or sys.argv[1:])]), "results": results})
     return 0
