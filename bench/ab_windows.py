@@ -7,8 +7,8 @@
 
 Method. One engine (a tiny Qwen3 target with itself as draft_model drafter, k 3, so every step
 verifies a full batch of drafts) with spectrace's hooks installed, in one process (frontend,
-engine core and worker: the flush thread competes with the engine thread for the GIL, the
-worst case). The engine is kept full (requests topped up every step, ``ignore_eos``) and stepped
+engine core and worker; ``--pipeline``: ``auto``, the default, ships the records to a pipeline process,
+``thread`` runs the flush on a thread of this process, competing with the engine thread for the GIL). The engine is kept full (requests topped up every step, ``ignore_eos``) and stepped
 without pause. A window is a whole number of request lifetimes (``--cycles``: the requests
 start and finish together, so a window of whole lifetimes holds the same prefills and the same
 tokens whatever its phase; a window of fixed seconds did not, and that alone moved a pair by a
