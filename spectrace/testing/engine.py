@@ -124,7 +124,7 @@ def base_env(
         env["VLLM_CACHE_ROOT"] = str(cache_root)
     elif scratch is not None:
         env.setdefault("VLLM_CACHE_ROOT", str(scratch / "vllm-cache"))
-    pipeline = env.get("SPECTRACE_PIPELINE")  # the suite under either pipeline shape: `SPECTRACE_PIPELINE=process make test`
+    pipeline = env.get("SPECTRACE_PIPELINE")  # the suite under the other shape: `SPECTRACE_PIPELINE=thread make test`
     for key in [k for k in env if k.startswith("SPECTRACE")]:
         del env[key]
     if traced:
