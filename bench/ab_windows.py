@@ -7,8 +7,9 @@
 
 Method. One engine (a tiny Qwen3 target with itself as draft_model drafter, k 3, so every step
 verifies a full batch of drafts) with spectrace's hooks installed, in one process (frontend,
-engine core and worker; ``--pipeline``: ``auto``, the default, ships the records to a pipeline process,
-``thread`` runs the flush on a thread of this process, competing with the engine thread for the GIL). The engine is kept full (requests topped up every step, ``ignore_eos``) and stepped
+engine core and worker; ``--pipeline``: ``auto``, the default, ships the records to a pipeline
+process, ``thread`` runs the flush on a thread of this process, competing with the engine thread
+for the GIL). The engine is kept full (requests topped up every step, ``ignore_eos``) and stepped
 without pause. A window is a whole number of request lifetimes (``--cycles``: the requests
 start and finish together, so a window of whole lifetimes holds the same prefills and the same
 tokens whatever its phase; a window of fixed seconds did not, and that alone moved a pair by a
@@ -383,9 +384,9 @@ def main(argv=None) -> int:
                         help="also time vLLM's own host work on the engine thread (schedule, update_from_output, "
                              "process_outputs, _bookkeeping_sync) inside spectrace's wrappers: traced over paused")
     parser.add_argument("--pipeline", choices=("auto", "thread", "process"), default="auto",
-                        help="SPECTRACE_PIPELINE of the traced engine (auto, the default, is process in a vLLM "
-                             "process since fedbe92, thread before it: the hooks and a shipper in the engine's process, "
-                             "or the flush thread beside them)")
+                        help="SPECTRACE_PIPELINE of the traced engine: process (the hooks and a shipper in the "
+                             "engine's process, a pipeline process for the rest), thread (the flush on a thread beside "
+                             "the engine's), auto (the default: process since fedbe92, thread on CPU before it)")
     parser.add_argument("--async-scheduling", choices=("on", "off"), default=None,
                         help="vLLM's async scheduling (default: vLLM's own default; its CPU platform turns it off)")
     parser.add_argument("--runner", choices=("v1", "v2"), default=None,

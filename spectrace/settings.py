@@ -351,7 +351,8 @@ VARIABLES: tuple[Variable, ...] = (
              "(GPU engines: at batch 256 the flush thread cost the engine 13-25 %, the shipper about 1 % of a core; the "
              "CPU engine kept 98.9 / 99.4 % of its throughput at batch 16 / 64 in it, 98.6 / 98.5 % with the flush "
              "thread; Benchmarks); `auto`: `process` in every vLLM process, whatever its platform, `thread` where vLLM "
-             "is not loaded. `thread` saves a process (215–630 MB resident) per traced process"),
+             "is not loaded. `thread` saves a process per traced process (130–630 MB resident; a multiprocess CPU engine has "
+             "three: frontend, engine core, worker)"),
     Variable("SPECTRACE_SHIP_INTERVAL", "ship_interval_s", "a duration, 0.01 s to 60 s",
              "with `SPECTRACE_PIPELINE=process`: how often the shipper hands the records to the pipeline process, and so "
              "the most a `kill -9` of the engine process loses (what it recorded since; what it shipped, its pipeline "
