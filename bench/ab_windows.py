@@ -63,6 +63,15 @@ def t95(df: int) -> float:
     return 1.96
 
 
+def mean_ci(xs: list[float]) -> dict:
+    """The mean of paired differences with its 95 % t interval."""
+    if len(xs) < 2:
+        return {"mean": xs[0] if xs else None, "ci95": None}
+    m = statistics.fmean(xs)
+    half = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return {"mean": m, "ci95": [m - half, m + half]}
+
+
 def summary(ratios: list[float]) -> dict:
     logs = [math.log(r) for r in ratios]
     mean = statistics.fmean(logs)
@@ -294,21 +303,20 @@ def collector(windows: list[dict]) -> dict | None:
     engine thread and on the others (mean difference of the pairs with a 95 % t interval)."""
     if not windows or "collections" not in windows[0]:
         return None
-    pairs = paired(windows)
+
+    def per_step(w: dict, where: str) -> dict[str, float]:
+        runs, ns = w["collections"][where][:3], w["collections"][where][3:]
+        values = {**{f"gen{g}_runs": runs[g] for g in range(3)}, **{f"gen{g}_cpu_ms": ns[g] / 1e6 for g in range(3)},
+                  "cpu_ms": sum(ns) / 1e6}
+        return {key: value / w["steps"] for key, value in values.items()}
+
     out: dict = {}
     for where in ("engine", "other"):
-        for i, key in enumerate(("gen0_runs", "gen1_runs", "gen2_runs", "gen0_cpu_ms", "gen1_cpu_ms", "gen2_cpu_ms",
-                                 "cpu_ms")):
-            def read(w: dict) -> float:
-                c = w["collections"][where]
-                value = sum(c[3:]) / 1e6 if key == "cpu_ms" else c[i] / 1e6 if i >= 3 else c[i]
-                return value / w["steps"]
-
-            diffs = [read(on) - read(off) for on, off in pairs]
-            mean = statistics.fmean(diffs)
-            half = t95(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
-            out[f"{where}_{key}"] = {"paused": statistics.fmean(read(off) for _, off in pairs),
-                                     "added": mean, "ci95": [mean - half, mean + half]}
+        pairs = [(per_step(on, where), per_step(off, where)) for on, off in paired(windows)]
+        for key in pairs[0][0]:
+            added = mean_ci([on[key] - off[key] for on, off in pairs])
+            out[f"{where}_{key}"] = {"paused": statistics.fmean(off[key] for _, off in pairs),
+                                     "added": added["mean"], "ci95": added["ci95"]}
     return out
 
 

@@ -72,7 +72,6 @@ import argparse
 import copy
 import io
 import json
-import math
 import os
 import pickle
 import random
@@ -87,7 +86,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from bench.ab_windows import paired, summary, t95
+from bench.ab_windows import mean_ci, paired, summary  # mean_ci: also bench.gpu_rates.mean_ci for its users
 from bench.common import SCRATCH, freeze_heap, loadavg, write_result
 
 # -- spectrace's entry points this benchmark drives: the one place to update when they move -----------
@@ -804,14 +803,6 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
 
 
 # -- analysis ------------------------------------------------------------------------------------------
-
-
-def mean_ci(xs: list[float]) -> dict:
-    if len(xs) < 2:
-        return {"mean": xs[0] if xs else None, "ci95": None}
-    m = statistics.fmean(xs)
-    half = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return {"mean": m, "ci95": [m - half, m + half]}
 
 
 def pipeline_share(r: dict) -> dict | None:
