@@ -221,6 +221,7 @@ def main() -> int:
     from spectrace.tracer.verify import VerifyCapture
 
     rt = runtime.Runtime(replace(init["settings"], pipeline="thread", enabled=True), make_capture=VerifyCapture)
+    rt.verify.release = None  # no vLLM thread here to let go of the drained records: they are freed as drained
     rt.runs.clear()
     rt.run = None
     if init.get("lost"):

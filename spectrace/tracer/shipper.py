@@ -276,6 +276,7 @@ class Shipper:
                 self._configs_sent.update(configs)
                 message["configs"] = configs
             records += len(engine) + len(worker) + len(timings) + len(proposals) + len(host)
+            capture.let_go(engine, worker, proposals, host)  # sent as values: vLLM's threads drop them (capture)
         rows, columns, dropped = self.pipeline.take()
         if rows:
             message["rows"] = rows

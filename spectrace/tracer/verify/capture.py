@@ -5,6 +5,17 @@ worker step. They append one record per step to a bounded deque here, holding on
 vLLM already holds on the host (references to its per-step objects, ints, lists of ints);
 the drain (``spectrace.tracer.verify.drain``) takes them on the flush thread.
 
+Records are let go of on vLLM's threads. A record keeps its step's objects (the draft dict
+and its lists, the frontend's outputs) until the shipper has sent it or the drain has
+counted it, 0.25 or 2 s later. Freed there, hundreds of objects at once on another thread,
+they no longer offset the engine thread's allocations in the cyclic collector's
+young-generation count (CPython lowers the count on a free only while it is above zero), and
+the collector ran more often on the engine thread: +35 µs a step at batch 64 (BENCHMARKS.md,
+"The collector on the engine thread"). So the shipper and the drain hand the records they are
+done with to :attr:`Capture.release`, and each per-step hook drops one of them for each record
+it appends (:meth:`Capture.release_one`): a step's objects are freed on vLLM's thread among
+its allocations, as they are without tracing, one shipment later.
+
 Records are named (:class:`EngineStep`, :class:`WorkerStep`: ``NamedTuple``;
 :class:`StepTiming`: a ``__slots__`` object the timing hooks fill in as the step runs).
 Built with positional arguments they cost what a tuple costs (bench/hotpath.py).
@@ -150,8 +161,21 @@ class Capture:
         # (run, ts, request ids) finished in an engine step without drafts (those with drafts: EngineStep.finished)
         self.finished: deque[tuple[str | None, int, list[str]]] = deque()
         self.schedule_ns = 0  # the engine core's last Scheduler.schedule, added to its update_from_output
+        # records the shipper sent or the drain counted, and the objects they hold: dropped by vLLM's threads
+        # (None in a pipeline process)
+        self.release: deque | None = deque()
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
+
+    def release_one(self) -> None:
+        """Drop the oldest record the shipper or the drain is done with: its step's objects are freed here, on vLLM's
+        thread. A hook calls it once for each record it appends, so records are let go of as fast as they come, a
+        step's worth a step. Dropping a whole shipment's records at once, even on vLLM's thread, still met a count at
+        zero, and the collector ran nearly as often (BENCHMARKS.md)."""
+        try:
+            self.release.popleft()
+        except (IndexError, AttributeError):  # nothing waiting; a pipeline process (None)
+            pass
 
     def add_worker_step(self, run_id: str | None, rank: int | None, drafts, sampled, row_of: dict | None) -> None:
         """One worker step's verification output (V1 and V2 hooks): the rows' lengths, bounded."""
@@ -192,6 +216,17 @@ class Capture:
     def take_host_steps(self) -> list[HostStep]:
         queue = self.host_steps
         return [queue.popleft() for _ in range(len(queue))]
+
+    def let_go(self, *batches: list) -> None:
+        """Records taken, and sent or counted: for vLLM's threads to drop (:meth:`release_one`). What is still
+        waiting from the last call with records no step came to take (tracing paused, an idle engine): it is freed
+        here. A call without records changes nothing (an idle engine keeps at most one call's records)."""
+        release = self.release
+        if release is None or not any(batches):  # a pipeline process (no hooks: freed where they are); nothing new
+            return
+        release.clear()
+        for batch in batches:
+            release.extend(batch)
 
     def take_dropped(self) -> int:
         dropped, self.dropped_steps = self.dropped_steps, 0

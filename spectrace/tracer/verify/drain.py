@@ -98,6 +98,7 @@ class VerifyCapture(Capture):
             timings = self.take_timings()
             if timings:
                 self.step_times.drain(rt, timings, yielded, self.judge, self._emit)
+            self.let_go(engine, worker, proposals, host)  # counted: vLLM's threads drop them (capture)
             judge = self.judge
             for run_id in list(judge.runs):  # the run's configs are read only where a rule needs them
                 scheduler = lambda run_id=run_id: self.config_of(run_id).scheduler()  # noqa: E731

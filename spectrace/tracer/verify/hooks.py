@@ -2,7 +2,10 @@
 
 Hot path: each hook appends one record (``spectrace.tracer.verify.capture``) of references
 and ints vLLM already holds on the host; no device synchronisation, no per-request Python
-loop on the engine's thread. Everything else happens in the drain, on the flush thread.
+loop on the engine's thread. Everything else happens in the drain, on the flush thread or in
+the pipeline process. For each record a per-step hook appends it drops one the shipper sent
+or the drain counted (``Capture.release_one``), so that a step's objects are freed on vLLM's
+thread, among its allocations, as without tracing.
 
 Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
     ``Scheduler.update_from_output(scheduler_output, model_runner_output)`` runs once per
@@ -85,6 +88,8 @@ def wrap_update_from_output(original, hook: str):
         if rt is not None:
             try:
                 _host_step(rt, elapsed, step, self, model_runner_output, finished)
+                if rt.verify is not None:
+                    rt.verify.release_one()  # a record already shipped or counted: its step's objects freed here
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         if step is not None:
@@ -103,6 +108,7 @@ def wrap_update_from_output(original, hook: str):
                     capture.engine_steps.append(EngineStep(
                         ts, capture.engine_step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled,
                         emitted, ended))
+                    capture.release_one()
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
         return outputs
@@ -167,6 +173,8 @@ def wrap_process_outputs(original, hook: str):
                 stamp = args[0] if args else kwargs.get("engine_core_timestamp")
                 capture.host_steps.append(HostStep(rt.run.run_id if rt.run is not None else None, FRONTEND, elapsed,
                                                    engine_core_outputs, stamp))
+            if capture is not None:
+                capture.release_one()
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return result
@@ -217,6 +225,7 @@ def wrap_update_draft_token_ids(original, hook: str):
                 else:
                     capture.proposals.append(Proposal(rt.run.run_id if rt.run is not None else None,
                                                       draft_token_ids.draft_token_ids))
+                    capture.release_one()
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return original(self, draft_token_ids, *args, **kwargs)
@@ -235,6 +244,7 @@ def wrap_bookkeeping_sync(original, hook: str):
                 if valid:
                     rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
                                               drafts, valid, row_of)
+                rt.verify.release_one()
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return result

@@ -63,6 +63,7 @@ def wrap_get_output(original, hook: str):
                 if sampled:  # rows aligned with the drafts per row: no request-id index
                     rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
                                               drafts, sampled, None)
+                rt.verify.release_one()
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return output
