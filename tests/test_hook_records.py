@@ -67,10 +67,9 @@ def _alive(watch: list) -> int:
     return sum(ref() is not None for ref in watch)
 
 
-def test_records_are_freed_by_the_next_hook_call_once_sent_or_counted(rt):
-    capture = rt.verify
+def _record(watch: list):
+    """Two steps through the real per-step hooks (engine core, proposals, frontend, worker); returns the frontend's."""
     engine_hook = hooks.wrap_update_from_output(lambda *a, **kw: "vllm's result", "engine_core.verify")
-    watch: list = []
     for _ in range(2):
         _engine_step(engine_hook, watch)
     proposal_hook = hooks.wrap_update_draft_token_ids(lambda *a, **kw: None, "engine_core.proposals")
@@ -88,7 +87,15 @@ def test_records_are_freed_by_the_next_hook_call_once_sent_or_counted(rt):
         worker_hook(SimpleNamespace(), Obj(scheduled_spec_decode_tokens=drafts))
         watch += map(weakref.ref, drafts.values())
     watch += [*map(weakref.ref, lists), *map(weakref.ref, outputs)]
-    del lists, outputs, drafts
+    return frontend_hook
+
+
+def test_records_are_freed_by_the_next_hook_call_once_sent_or_counted(rt):
+    capture = rt.verify
+    watch: list = []
+    # the background shipper or flush thread waits while the steps are recorded: whichever takes them takes them all
+    with rt.pipeline.shipper._ship_lock if rt.shipping else capture._lock:
+        frontend_hook = _record(watch)
     assert _alive(watch) == len(watch)  # the records wait for the flush or the shipper, and hold them
 
     rt.flush()  # thread: drained on this thread; process: collected and sent from here, counted there
