@@ -5,11 +5,11 @@ hooks' real wrappers around a stand-in for the wrapped function)."""
 from __future__ import annotations
 
 import inspect
-import os
 
 import pytest
 
 from spectrace.settings import Settings
+from spectrace.testing import fresh_run_env
 from spectrace.tracer import runtime, stages, verify
 
 
@@ -42,19 +42,14 @@ def _positional(fn) -> int:
 
 @pytest.fixture
 def rt(tmp_path):
-    # the frontend's hook starts a run and hands it to child processes through the environment:
-    # put the environment back, or later tests' runtimes inherit that run
-    inherited = os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
-    rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread"), hooks=[],
-                       make_capture=verify.VerifyCapture)
-    rt.enter_role("worker", 0)  # a role and a rank, as in a worker process
-    try:
-        yield rt
-    finally:
-        runtime.stop()
-        os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
-        if inherited is not None:
-            os.environ[runtime.ACTIVE_RUN_ENV] = inherited
+    with fresh_run_env():  # the frontend's hook starts a run and hands it on through the environment
+        rt = runtime.start(Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread"), hooks=[],
+                           make_capture=verify.VerifyCapture)
+        rt.enter_role("worker", 0)  # a role and a rank, as in a worker process
+        try:
+            yield rt
+        finally:
+            runtime.stop()
 
 
 HOOKS = stages.all_hooks()

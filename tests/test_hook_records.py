@@ -7,7 +7,6 @@ for vLLM's functions and objects)."""
 from __future__ import annotations
 
 import json
-import os
 import weakref
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ import pytest
 
 import spectrace.store
 from spectrace.settings import Settings
+from spectrace.testing import fresh_run_env
 from spectrace.tracer import runtime, verify
 from spectrace.tracer.verify import hooks
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
@@ -35,19 +35,16 @@ class Obj:
 
 @pytest.fixture(params=["thread", "process"])
 def rt(request, tmp_path):
-    inherited = os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
     settings = Settings(enabled=True, dir=tmp_path / "store", metrics_dir=tmp_path / "metrics", exporters=("duckdb",),
                         pipeline=request.param, span_every_steps=0, record_tokens=True)
-    rt = runtime.start(settings, hooks=[], make_capture=verify.VerifyCapture)
-    rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
-    rt.enter_role("engine_core")
-    try:
-        yield rt
-    finally:
-        runtime.stop()
-        os.environ.pop(runtime.ACTIVE_RUN_ENV, None)
-        if inherited is not None:
-            os.environ[runtime.ACTIVE_RUN_ENV] = inherited
+    with fresh_run_env():
+        rt = runtime.start(settings, hooks=[], make_capture=verify.VerifyCapture)
+        rt.set_run(runtime.Run(run_id=RUN, traceparent=""))
+        rt.enter_role("engine_core")
+        try:
+            yield rt
+        finally:
+            runtime.stop()
 
 
 def _engine_step(hook, watch: list) -> None:

@@ -3,7 +3,9 @@ PostgreSQL and OTLP receivers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 
 
 def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
@@ -17,6 +19,22 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
         if time.time() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+
+
+@contextmanager
+def fresh_run_env():
+    """No run inherited from the environment inside (``SPECTRACE_ACTIVE_RUN`` unset), and the environment as it was
+    afterwards: the frontend's hook starts a run and hands it to child processes there, and a later test's runtime
+    would join that run."""
+    from spectrace.settings import ACTIVE_RUN_ENV
+
+    inherited = os.environ.pop(ACTIVE_RUN_ENV, None)
+    try:
+        yield
+    finally:
+        os.environ.pop(ACTIVE_RUN_ENV, None)
+        if inherited is not None:
+            os.environ[ACTIVE_RUN_ENV] = inherited
 
 
 def store_pipeline(root, *, host: str = "testhost", clock=None, **settings):
