@@ -12,9 +12,10 @@ they no longer offset the engine thread's allocations in the cyclic collector's
 young-generation count (CPython lowers the count on a free only while it is above zero), and
 the collector ran more often on the engine thread: +35 µs a step at batch 64 (BENCHMARKS.md,
 "The collector on the engine thread"). So the shipper and the drain hand the records they are
-done with to :attr:`Capture.release`, and each per-step hook drops one of them for each record
-it appends (:meth:`Capture.release_one`): a step's objects are freed on vLLM's thread among
-its allocations, as they are without tracing, one shipment later.
+done with to :attr:`Capture.release`, and each per-step hook call drops one of them (two in
+``update_from_output``, which appends two), about one for each record a step appends
+(:meth:`Capture.release_one`): a step's objects are freed on vLLM's thread among its
+allocations, as they are without tracing, one shipment later.
 
 Records are named (:class:`EngineStep`, :class:`WorkerStep`: ``NamedTuple``;
 :class:`StepTiming`: a ``__slots__`` object the timing hooks fill in as the step runs).
@@ -169,8 +170,9 @@ class Capture:
 
     def release_one(self) -> None:
         """Drop the oldest record the shipper or the drain is done with: its step's objects are freed here, on vLLM's
-        thread. A hook calls it once for each record it appends, so records are let go of as fast as they come, a
-        step's worth a step. Dropping a whole shipment's records at once, even on vLLM's thread, still met a count at
+        thread. Each per-step hook call calls it once (``update_from_output`` twice: a host step and an engine step),
+        about once for each record a step appends, so records are let go of as fast as they come, a step's worth a
+        step. Dropping a whole shipment's records at once, even on vLLM's thread, still met a count at
         zero, and the collector ran nearly as often (BENCHMARKS.md)."""
         try:
             self.release.popleft()

@@ -3,9 +3,9 @@
 Hot path: each hook appends one record (``spectrace.tracer.verify.capture``) of references
 and ints vLLM already holds on the host; no device synchronisation, no per-request Python
 loop on the engine's thread. Everything else happens in the drain, on the flush thread or in
-the pipeline process. For each record a per-step hook appends it drops one the shipper sent
-or the drain counted (``Capture.release_one``), so that a step's objects are freed on vLLM's
-thread, among its allocations, as without tracing.
+the pipeline process. Each per-step hook call also drops one record the shipper sent or the
+drain counted (``Capture.release_one``; ``update_from_output`` two, as it appends two), so that
+a step's objects are freed on vLLM's thread, among its allocations, as without tracing.
 
 Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
     ``Scheduler.update_from_output(scheduler_output, model_runner_output)`` runs once per
