@@ -1,16 +1,25 @@
-"""Check spectrace's hook sites against a vLLM that cannot run here (0.33.0: a CUDA wheel, no CPU build).
+"""Check spectrace's hook sites against a vLLM that cannot run here (0.33.0, 0.34.0: CUDA wheels, no CPU build).
 
-    python -m bench.check_vllm_static --version 0.33.0      (make check-vllm-0.33)
+    python -m bench.check_vllm_static --version 0.34.0      (make check-vllm: 0.33.0 and 0.34.0)
+    python -m bench.check_vllm_static --latest              (make check-vllm-latest: the newest vllm on the index)
 
 1. ``pip download --no-deps vllm==VERSION`` into a scratch directory (kept between runs) and unpack it there:
-   the installed source is read, nothing of it is copied into the repository.
+   the installed source is read, nothing of it is copied into the repository. ``--latest`` asks the index
+   (``pip index versions vllm``) which version that is.
 2. Every vLLM hook's site, parameters, returned tuple and the fields its capture reads are checked
    statically (:func:`spectrace.tracer.support.static_check`, the same checks a hook runs when it installs).
-3. ``spectrace doctor`` is tried against that vLLM (the unpacked wheel first on ``PYTHONPATH``, this venv's
-   torch and dependencies): whether its config path imports and resolves on a CPU machine.
+   A hook whose site that vLLM removed on purpose (``Support.gone``: the V1 model runner's, from 0.34) is
+   listed as retired, not as a failure.
+3. ``spectrace doctor`` is run against that vLLM (the unpacked wheel first on ``PYTHONPATH``, this venv's torch
+   and dependencies) on the seed's declaration (a window without ``use_sliding_window``): it must name
+   ``SWA_DROPPED``. A CUDA wheel finds no platform on a CPU machine, so vLLM's own ``VLLM_TARGET_DEVICE=cpu``
+   selects its CPU platform, and the test suite's Triton-interpreter harness
+   (``spectrace/testing/triton_interpreter``) lets that platform's Triton check pass: config resolution and
+   the meta-device build are vLLM's own code; the platform's rules are the CPU platform's, not CUDA's. Each
+   runner that vLLM has (``--runner v1`` is refused with one line where it has only V2).
 
 The result goes to ``bench/results/vllm-VERSION-check.json`` and the README's version table reads it.
-Exit code 1 when a hook site does not fit.
+Exit code 1 when a hook site does not fit or doctor does not name SWA_DROPPED; what does not fit is printed.
 """
 
 from __future__ import annotations
@@ -65,12 +74,25 @@ def unpack(version: str, scratch: Path) -> Path:
     return root
 
 
+def latest_version() -> str:
+    """The newest vllm release the package index serves (``pip index versions vllm``)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "vllm"], capture_output=True, text=True,
+                          timeout=300)
+    first = (proc.stdout.strip().splitlines() or [""])[0]  # "vllm (0.34.0)"
+    if proc.returncode != 0 or not first.startswith("vllm (") or not first.endswith(")"):
+        raise SystemExit(f"cannot ask the package index for vllm's newest version: {(proc.stderr or first).strip()[:200]}")
+    return first[len("vllm ("):-1]
+
+
 def try_doctor(root: Path, runner: str) -> dict:
+    from spectrace.testing.engine import TRITON_INTERPRETER
+
     with tempfile.TemporaryDirectory(prefix="spectrace-doctor-") as tmp:
         for name, config in {"Qwen3-8B": TARGET, "Qwen3-8B-DFlash": DRAFT}.items():
             Path(tmp, name).mkdir()
             Path(tmp, name, "config.json").write_text(json.dumps(config))
-        env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRITON_INTERPRETER), str(root)]), "HF_HUB_OFFLINE": "1",
+               "VLLM_TARGET_DEVICE": "cpu", "SPECTRACE_TESTING_TRITON_INTERPRETER": "1"}
         cmd = [sys.executable, "-m", "spectrace.cli", "doctor", "--target", f"{tmp}/Qwen3-8B", "--draft", f"{tmp}/Qwen3-8B-DFlash",
                "--method", "dflash", "--num-speculative-tokens", "7", "--runner", runner, "--json"]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -79,6 +101,7 @@ def try_doctor(root: Path, runner: str) -> dict:
         report = json.loads(proc.stdout)
         out["vllm_version"] = report.get("vllm_version") or report.get("versions", {}).get("vllm")
         out["findings"] = [f"{f['code']}: {f['message']}" for f in report.get("findings", [])]
+        out["swa_dropped"] = any(f.get("code") == "SWA_DROPPED" for f in report.get("findings", []))
     except (json.JSONDecodeError, AttributeError, TypeError):
         out["output"] = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
     return out
@@ -86,20 +109,35 @@ def try_doctor(root: Path, runner: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.check_vllm_static")
-    parser.add_argument("--version", default="0.33.0")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--version", default="0.34.0")
+    which.add_argument("--latest", action="store_true", help="the newest vllm on the package index (release-day drift check)")
     parser.add_argument("--scratch", type=Path, help="where the wheel is downloaded and unpacked (default: /tmp/spectrace-vllm-VERSION)")
     args = parser.parse_args(argv)
-    root = unpack(args.version, args.scratch or Path(tempfile.gettempdir(), f"spectrace-vllm-{args.version}"))
-    problems = support.static_check(root, all_hooks())
+    version = latest_version() if args.latest else args.version
+    if args.latest:
+        print(f"newest vllm on the index: {version} (spectrace's tested range: {support.VLLM_RANGE})")
+    root = unpack(version, args.scratch or Path(tempfile.gettempdir(), f"spectrace-vllm-{version}"))
+    hooks = all_hooks()
+    problems = support.static_check(root, hooks, version)
+    retired = support.static_retired(hooks, version)
     for name, found in problems.items():
         print(f"{'ok  ' if not found else 'FAIL'} {name}" + ("" if not found else ": " + "; ".join(found)))
+    for name, why in retired.items():
+        print(f"gone {name}: {why}")
     doctor = [try_doctor(root, runner) for runner in ("v1", "v2")]
     for d in doctor:
         print(f"doctor --runner {d['runner']}: exit {d['exit_code']}", *d.get("findings", d.get("output", [])), sep="\n  ")
-    result = {"version": args.version, "source": f"vllm=={args.version} wheel, unpacked", "hooks": problems, "doctor": doctor}
+    result = {"version": version, "source": f"vllm=={version} wheel, unpacked", "hooks": problems, "retired": retired,
+              "doctor": doctor}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"vllm-{args.version}-check.json").write_text(json.dumps(result, indent=1) + "\n")
-    return 1 if any(problems.values()) else 0
+    (RESULTS / f"vllm-{version}-check.json").write_text(json.dumps(result, indent=1) + "\n")
+    unfit = sorted(name for name, found in problems.items() if found)
+    named = any(d.get("swa_dropped") for d in doctor)
+    print(f"{len(problems) - len(unfit)} of {len(problems)} hook sites fit vllm {version}"
+          + (f"; no longer fit: {', '.join(unfit)}" if unfit else "") + (f"; {len(retired)} retired" if retired else "")
+          + ("; doctor names SWA_DROPPED" if named else "; doctor did NOT name SWA_DROPPED"))
+    return 1 if unfit or not named else 0
 
 
 if __name__ == "__main__":

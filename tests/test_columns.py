@@ -16,7 +16,8 @@ from spectrace.tracer.verify import columns
 def reference_engine(steps):
     """The rules as the drain wrote them before #34, one request-step at a time."""
     out = []
-    for drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted_lens in steps:
+    for drafts, sampled_lens, req_ids, cached, invalid, num_sampled, emitted_lens in steps:
+        row_of = {rid: i for i, rid in enumerate(req_ids) if rid is not None}
         context = dict(zip(cached.req_ids, cached.num_computed_tokens)) if cached is not None else {}
         rows = len(sampled_lens) if sampled_lens is not None else 0
         for req_id, draft_ids in drafts.items():
@@ -41,7 +42,7 @@ def random_steps(rng: random.Random, n_steps: int):
         drafts = {rid: [rng.randrange(-1, 5) for _ in range(rng.choice([0, 1, 2, 3, 5]))] for rid in ids}
         order = list(drafts)
         rng.shuffle(order)
-        row_of = {rid: i for i, rid in enumerate(order) if rng.random() < 0.9}
+        req_ids = [rid if rng.random() < 0.9 else None for rid in order]  # the output's rows; None: a row of no draft
         width = rng.randrange(0, len(order) + 2)
         sampled = [rng.randrange(0, 6) for _ in range(width)] if rng.random() < 0.95 else None
         listed = [rid for rid in drafts if rng.random() < 0.8]
@@ -50,7 +51,7 @@ def random_steps(rng: random.Random, n_steps: int):
         invalid = {rid: rng.randrange(0, 2) for rid in drafts if rng.random() < 0.3} if rng.random() < 0.3 else None
         # a step where requests stopped: vLLM trimmed their sampled tokens to what they emitted
         emitted = [rng.randrange(0, n + 1) for n in sampled] if sampled and rng.random() < 0.3 else None
-        steps.append((drafts, sampled, row_of, cached, invalid, rng.choice([1, 1, 1, 0]), emitted))
+        steps.append((drafts, sampled, req_ids, cached, invalid, rng.choice([1, 1, 1, 0]), emitted))
     return steps
 
 
@@ -187,8 +188,8 @@ def test_packed_drafts_count_as_the_dicts_do(seed):
         counts.append((counted.ids, counted.drafted.tolist(), counted.accepted.tolist(), counted.context.tolist(),
                        counted.emitted.tolist(), rows, [x.tolist() for x in counted.per_step]))
         worker = columns.WorkerColumns()
-        for drafts, sampled, row_of, *_ in shape:
-            worker.add(drafts, list(sampled or ()), row_of)
+        for drafts, sampled, req_ids, *_ in shape:  # V1's worker: the same rows, as an index
+            worker.add(drafts, list(sampled or ()), {rid: i for i, rid in enumerate(req_ids) if rid is not None})
         got = worker.count()
         counts[-1] += tuple(a.tolist() for a in got) if got is not None else (None,)
     assert counts[0] == counts[1] == counts[2]

@@ -54,7 +54,7 @@ def _engine_step(hook, watch: list) -> None:
     cached = Obj(req_ids=["a", "b"], num_computed_tokens=[40, 7], new_block_ids=Held([None, None]))
     scheduler_output = Obj(scheduled_spec_decode_tokens=drafts, scheduled_cached_reqs=cached,
                            num_invalid_spec_tokens=None)
-    runner_output = Obj(sampled_token_ids=[[11, 12, 13, 14], [5]], req_id_to_index={"a": 0, "b": 1})
+    runner_output = Obj(sampled_token_ids=[[11, 12, 13, 14], [5]], req_ids=["a", "b"])
     watch += [*map(weakref.ref, drafts.values()), weakref.ref(cached)]
     scheduler = SimpleNamespace(num_sampled_tokens_per_step=1, finished_req_ids=set())
     assert hook(scheduler, scheduler_output, runner_output) == "vllm's result"

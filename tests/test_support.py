@@ -200,3 +200,58 @@ def test_a_hook_on_another_package_also_needs_the_vllm_range(site, monkeypatch):
     _declare(monkeypatch, served=Support(package="pytest", versions=">=1", also=(("pytest", "<1"),)))
     assert support.check("served", "spectrace_site:Runner.bookkeeping") == f"pytest {PYTEST} is outside <1"
     assert support.range_text("served", "") == "pytest >=1, pytest <1"
+
+
+@pytest.mark.parametrize(
+    ("installed", "newer"),
+    [("0.35.0", True), ("0.35.0rc1", True), ("1.0", True), ("0.34.9", False), ("0.29.0", False), ("0.32.0", False)],
+)
+def test_newer_than_the_range_is_a_later_release_only(installed, newer):
+    assert support.newer_than(installed, ">=0.30, <0.35") is newer
+
+
+def _vllm_is(monkeypatch, installed: str) -> None:
+    real = support.installed_version
+    monkeypatch.setattr(support, "installed_version", lambda package: installed if package == "vllm" else real(package))
+
+
+def test_next_release_installs_every_hook_whose_site_fits_and_names_the_rest(site, monkeypatch):
+    """vLLM newer than the tested range: a hook whose site has the shape it reads installs, noted as untested; one
+    whose site changed is unsupported with the reason; one vLLM removed on purpose is retired; the summary counts
+    them all (the start-up line)."""
+    _vllm_is(monkeypatch, "0.35.0")
+    _declare(
+        monkeypatch,
+        fits=Support(versions=">=0.30, <0.35", params=("self", "scheduler_output")),
+        moved=Support(versions=">=0.30, <0.35", params=("self", "model_runner_output")),
+        gone=Support(versions=">=0.30, <0.34", gone="vLLM 0.34 removed this site"),
+    )
+    hooks = HookSet()
+    assert hooks.install(Hook("fits", "spectrace_site:Runner.bookkeeping", _same)) is None
+    assert hooks.install(Hook("moved", "spectrace_site:Runner.ready", _same)).startswith("vllm 0.35.0: ")
+    assert hooks.install(Hook("gone", "spectrace_site_removed:Runner.step", _same)) == "vllm 0.35.0: vLLM 0.34 removed this site"
+    assert list(hooks.installed) == ["fits"]
+    assert hooks.untested == {"fits": "untested on vllm 0.35.0 (tested >=0.30, <0.35); its site fits"}
+    assert [hooks.status(n) for n in ("fits", "moved", "gone")] == ["installed", "unsupported", "retired"]
+    summary = hooks.summary()
+    assert summary.startswith("1 of 2 hooks active (1 retired: not in this vLLM by design); 1 installed outside the "
+                              "tested range (their sites fit); not installed: moved (vllm 0.35.0: ")
+    hooks.uninstall_all()
+
+
+def test_a_vllm_older_than_the_range_is_refused_and_a_retired_site_is_not_retired_inside_its_range(site, monkeypatch):
+    _vllm_is(monkeypatch, "0.29.0")
+    _declare(monkeypatch, old=Support(versions=">=0.30, <0.35"), gone=Support(versions=">=0.30, <0.34", gone="removed"))
+    hooks = HookSet()
+    assert hooks.install(Hook("old", "spectrace_site:Runner.bookkeeping", _same)) == "vllm 0.29.0 is outside >=0.30, <0.35"
+    assert support.retired("gone") is None  # older than its range: refused, not retired
+    _vllm_is(monkeypatch, "0.33.0")
+    assert support.retired("gone") is None and support.untested("old") is None
+    assert hooks.install(Hook("gone", "spectrace_site:Runner.bookkeeping", _same)) is None
+
+
+def test_the_v1_runner_hooks_are_the_ones_retired_on_0_34():
+    """From the declarations alone (``make check-vllm`` checks every other site against 0.34's own source)."""
+    retired = support.static_retired(all_hooks(), "0.34.0")
+    assert sorted(retired) == ["worker.execute_model", "worker.propose_drafts", "worker.sample_tokens", "worker.verify"]
+    assert support.static_retired(all_hooks(), "0.32.0") == {}

@@ -238,6 +238,9 @@ def diagnose(
             known = model_methods()
             if method not in known:
                 raise DoctorInputError(f"unknown method {method!r} (choose from {', '.join(known)})")
+        if runner not in sandbox.runners():
+            raise DoctorInputError(f"vLLM {getattr(vllm, '__version__', '?')} has only model runner {', '.join(sandbox.runners())}: "
+                                   f"--runner {runner} does not apply to it")
         with sandbox.runner_rules(runner), _terminated_cleanly():
             report = _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args)
     report.seconds = time.perf_counter() - started

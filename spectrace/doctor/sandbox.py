@@ -71,21 +71,33 @@ def runner_rules(runner: str) -> Iterator[None]:
     ``qwen3_dflash._resolve_layer_attention`` through ``get_current_vllm_config()``).
     For ``v2`` on a host without Triton (the CPU build) ``_validate_v2_model_runner``
     would refuse for the host's sake, so its ``HAS_TRITON`` reads True meanwhile.
+    A vLLM with one runner (0.34 on: V2 only, no ``use_v2_model_runner``) applies its own rules as they are.
     """
     import vllm.config.vllm as vllm_config_module
     from vllm.config import VllmConfig
 
+    if "use_v2_model_runner" not in VllmConfig.__dict__:
+        yield
+        return
     use_v2 = runner == "v2"
     saved_property = VllmConfig.__dict__["use_v2_model_runner"]
-    saved_triton = vllm_config_module.HAS_TRITON
+    saved_triton = getattr(vllm_config_module, "HAS_TRITON", None)
     VllmConfig.use_v2_model_runner = property(lambda self: use_v2)
-    if use_v2:
+    if use_v2 and saved_triton is not None:
         vllm_config_module.HAS_TRITON = True
     try:
         yield
     finally:
         VllmConfig.use_v2_model_runner = saved_property
-        vllm_config_module.HAS_TRITON = saved_triton
+        if saved_triton is not None:
+            vllm_config_module.HAS_TRITON = saved_triton
+
+
+def runners() -> tuple[str, ...]:
+    """The model runners the installed vLLM has: both through 0.33, only V2 from 0.34 (its V1 runner is gone)."""
+    from vllm.config import VllmConfig
+
+    return ("v1", "v2") if "use_v2_model_runner" in VllmConfig.__dict__ else ("v2",)
 
 
 @contextlib.contextmanager

@@ -75,6 +75,9 @@ class EngineResult:
 
 K = 3  # draft tokens per step in the standard runs
 
+RUNNERS = ("v1", "v2")  # vLLM's model runners a child can run (base_env)
+TRITON_INTERPRETER = Path(__file__).resolve().parent / "triton_interpreter"  # the V2 harness's sitecustomize
+
 
 def method_specs(zoo: dict[str, str], *, enforce_eager: bool = True, k: int = K) -> list[EngineSpec]:
     """One engine per speculative method that runs on CPU, ngram last (see run_engines).
@@ -110,8 +113,15 @@ def base_env(
     multiprocessing: bool = False,
     scratch: Path | None = None,
     cache_root: Path | None = None,
+    runner: str = "v1",
 ) -> dict[str, str]:
-    """Environment for a child that runs vLLM on CPU, offline."""
+    """Environment for a child that runs vLLM on CPU, offline.
+
+    ``runner="v2"``: vLLM's Model Runner V2 through Triton's interpreter, a test harness
+    (``spectrace/testing/triton_interpreter/sitecustomize.py``) first on ``PYTHONPATH`` for the child and every
+    process vLLM starts from it; ``"v1"``: the CPU build's default runner."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {RUNNERS}, not {runner!r}")
     env = dict(os.environ)
     env.update(
         HF_HUB_OFFLINE="1",
@@ -127,6 +137,11 @@ def base_env(
     pipeline = env.get("SPECTRACE_PIPELINE")  # the suite under the other shape: `SPECTRACE_PIPELINE=thread make test`
     for key in [k for k in env if k.startswith("SPECTRACE")]:
         del env[key]
+    if runner == "v2":
+        env.update(VLLM_USE_V2_MODEL_RUNNER="1", SPECTRACE_TESTING_TRITON_INTERPRETER="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TRITON_INTERPRETER), env.get("PYTHONPATH")]))
+    else:
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     if traced:
         env["SPECTRACE"] = "1"
         if pipeline:
@@ -147,6 +162,7 @@ def run_engines(
     log_file: Path | None = None,
     cache_root: Path | None = None,
     scratch: Path | None = None,
+    runner: str = "v1",
 ) -> dict[str, EngineResult]:
     """Start each engine in ``specs`` in one child process; return results by name.
 
@@ -154,7 +170,8 @@ def run_engines(
     engine in the same process fails in ``triton_utils.dispatcher._rebind_kernels``.
     """
     scratch = Path(scratch or (Path(store).parent if store is not None else Path.cwd()))
-    child_env = base_env(store, traced=traced, multiprocessing=multiprocessing, scratch=scratch, cache_root=cache_root)
+    child_env = base_env(store, traced=traced, multiprocessing=multiprocessing, scratch=scratch, cache_root=cache_root,
+                         runner=runner)
     child_env.update(env or {})
     out = scratch / f".engine-results-{os.getpid()}-{id(specs)}.json"
     request = {"specs": [asdict(s) for s in specs], "out": str(out)}

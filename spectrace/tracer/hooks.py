@@ -5,7 +5,10 @@ it fits is data in :mod:`spectrace.tracer.support`. Installing checks that the
 target exists in the installed vLLM (a missing one: ``missing``) and that the
 installed version and the site's source fit the hook (else ``unsupported``);
 either is reported (one log line + a ``hooks`` row), never silently skipped,
-and the other hooks go on. Every installed hook can be removed again, leaving the
+and the other hooks go on. A site the installed vLLM removed on purpose (the V1
+model runner's, from 0.34) is ``retired``: a ``hooks`` row, no warning. On a vLLM
+newer than the tested range a hook whose site fits installs, its row noting so
+(``untested``). The process's one start-up line (:meth:`HookSet.summary`) counts them all. Every installed hook can be removed again, leaving the
 original object in place (tests check identity).
 
 Wrappers are built by a factory ``make(original, name) -> wrapper`` (``name`` is the
@@ -82,11 +85,38 @@ class HookSet:
         self.installed: dict[str, Installed] = {}
         self.missing: dict[str, str] = {}
         self.unsupported: dict[str, str] = {}
+        self.retired: dict[str, str] = {}
+        self.untested: dict[str, str] = {}  # installed outside the tested range: the note
+
+    def status(self, name: str) -> str:
+        """``installed``, ``retired``, ``unsupported`` or ``missing`` (a hook not tried: ``missing``)."""
+        if name in self.installed:
+            return "installed"
+        if name in self.retired:
+            return "retired"
+        return "unsupported" if name in self.unsupported else "missing"
+
+    def summary(self) -> str:
+        """The start-up line's count: hooks active of those this vLLM has, and why the others are not."""
+        active = len(self.installed)
+        failed = {**self.missing, **self.unsupported}
+        text = f"{active} of {active + len(failed)} hooks active"
+        if self.retired:
+            text += f" ({len(self.retired)} retired: not in this vLLM by design)"
+        if self.untested:
+            text += f"; {len(self.untested)} installed outside the tested range (their sites fit)"
+        if failed:
+            text += "; not installed: " + "; ".join(f"{name} ({why})" for name, why in sorted(failed.items()))
+        return text
 
     def install(self, hook: Hook) -> str | None:
-        """Install ``hook``; return None on success, else why it is missing or unsupported."""
+        """Install ``hook``; return None on success, else why it is missing, unsupported or retired."""
         if hook.name in self.installed:
             return None
+        gone = support.retired(hook.name)
+        if gone is not None:
+            self.retired[hook.name] = gone
+            return gone
         try:
             owner, attr, current = resolve(hook.target)
         except MissingTarget as exc:
@@ -123,6 +153,9 @@ class HookSet:
             replacement = functools.wraps(current)(hook.make(current, hook.name))
         setattr(owner, attr, replacement)
         self.installed[hook.name] = Installed(hook, owner, attr, raw, had_own)
+        note = support.untested(hook.name)
+        if note is not None:
+            self.untested[hook.name] = note
         return None
 
     def uninstall_all(self) -> None:

@@ -244,8 +244,8 @@ class Runtime:
                     "ts": time.time_ns(),
                     "hook": hook.name,
                     "target": hook.target,
-                    "status": "unsupported" if hook.name in self.hooks.unsupported else "missing" if reason else "installed",
-                    "detail": reason or "",
+                    "status": self.hooks.status(hook.name),
+                    "detail": reason or self.hooks.untested.get(hook.name, ""),
                     "vllm_version": vllm_version(),
                     "supported_versions": support.range_text(hook.name),
                 },
@@ -503,10 +503,29 @@ def start(settings: Settings | None = None, *, hooks: list[Hook] | None = None, 
         else:
             rt = Runtime(settings or Settings.from_env(), make_capture)
             rt.install(hooks or [])
+            if hooks:
+                _log_start(rt)
         _runtime, _parent = rt, None
         rt.pipeline.start()
         atexit.register(rt.shutdown)
         return rt
+
+
+def _log_start(rt: Runtime) -> None:
+    """The process's one start-up line in vLLM's log: the vLLM (and whether it lies in the tested range), the hooks
+    active and why the others are not, where records go and in which pipeline shape. A warning where a hook that this
+    vLLM has did not install, or where the vLLM is outside the tested range; else information."""
+    version = vllm_version() or "unknown"
+    try:
+        inside = version != "unknown" and support.in_range(version, support.VLLM_RANGE)
+    except ValueError:
+        inside = False
+    where = f"store {rt.settings.dir}" if "duckdb" in rt.settings.exporters else "no store"
+    shape = "pipeline process" if rt.shipping else "flush thread"
+    line = (f"spectrace: tracing on in pid {rt.pid} (vLLM {version}{'' if inside else ', outside the tested range ' + support.VLLM_RANGE}): "
+            f"{rt.hooks.summary()}; {where}; exporters {', '.join(rt.settings.exporters) or 'none'}; {shape}")
+    failed = rt.hooks.missing or rt.hooks.unsupported
+    log.log(logging.WARNING if failed or not inside else logging.INFO, "%s", line)
 
 
 def stop() -> None:

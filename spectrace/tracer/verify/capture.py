@@ -45,7 +45,7 @@ class EngineStep(NamedTuple):
     run_id: str | None
     drafts: dict  # scheduler_output.scheduled_spec_decode_tokens: request id -> draft token ids
     sampled_lens: list[int] | None  # tokens sampled per row (accepted + 1), before vLLM trims
-    row_of: dict  # model_runner_output.req_id_to_index
+    req_ids: list  # model_runner_output.req_ids: the output's rows (vLLM 0.34 has no req_id_to_index)
     cached: Any  # scheduler_output.scheduled_cached_reqs (request ids, computed tokens)
     invalid: dict | None  # scheduler_output.num_invalid_spec_tokens (structured output)
     num_sampled: int  # Scheduler.num_sampled_tokens_per_step

@@ -63,8 +63,10 @@ class RunColumns:
         self.has_invalid = False
         self.counted: Counted | None = None
 
-    def add(self, ts: int, step_no: int, drafts: "dict | PackedDrafts", sampled_lens, row_of: dict, cached,
+    def add(self, ts: int, step_no: int, drafts: "dict | PackedDrafts", sampled_lens, req_ids: list, cached,
             invalid: dict | None, num_sampled: int, emitted_lens=None) -> None:
+        """One engine step; ``req_ids``: the output's request id of each sampled row (``ModelRunnerOutput.req_ids``;
+        an id the step drafted for but the output lacks counts nothing, as in vLLM)."""
         if type(drafts) is PackedDrafts:
             ids = drafts.ids
             n = len(ids)
@@ -82,6 +84,7 @@ class RunColumns:
             self._lengths += lengths
             self._tokens.append((values, sum(lengths)))
         self.ids += ids
+        row_of = dict(zip(req_ids, range(len(req_ids))))
         self._rows += map(row_of.get, ids, repeat(-1))
         if cached is not None:
             computed = dict(zip(cached.req_ids, cached.num_computed_tokens))

@@ -113,11 +113,11 @@ class VerifyCapture(Capture):
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
         runs: dict[str, columns.RunColumns] = {}
         ended: list[tuple[str | None, int, list[str]]] = []  # (run, ts, requests) that finished in a step
-        for ts, step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted, finished in steps:
+        for ts, step_no, run_id, drafts, sampled_lens, req_ids, cached, invalid, num_sampled, emitted, finished in steps:
             run = runs.get(run_id)  # EngineStep
             if run is None:
                 run = runs[run_id] = columns.RunColumns()
-            run.add(ts, step_no, drafts, sampled_lens, row_of, cached, invalid, num_sampled, emitted)
+            run.add(ts, step_no, drafts, sampled_lens, req_ids, cached, invalid, num_sampled, emitted)
             if finished:
                 ended.append((run_id, ts, finished))
         common = rt.common(ENGINE)

@@ -10,7 +10,7 @@ a step's objects are freed on vLLM's thread, among its allocations, as without t
 Engine core (vLLM 0.32, ``v1/core/sched/scheduler.py``)
     ``Scheduler.update_from_output(scheduler_output, model_runner_output)`` runs once per
     step for either model runner, with or without async scheduling: one ``EngineStep``
-    (the step's draft dict, row index and cached-request data — new objects every step —
+    (the step's draft dict, the output's request ids and cached-request data — new objects every step —
     plus the per-request sampled-token counts taken with one C-level ``map(len, ...)``
     before vLLM trims anything). ``Scheduler.add_request`` notes once per request whether
     it is greedy and structured, and keeps references to its sampling parameters, LoRA request
@@ -74,7 +74,7 @@ def wrap_update_from_output(original, hook: str):
                     rt.run.run_id if rt.run is not None else None,
                     drafts,
                     list(map(len, sampled)) if sampled else None,
-                    model_runner_output.req_id_to_index,
+                    model_runner_output.req_ids,
                     scheduler_output.scheduled_cached_reqs,
                     scheduler_output.num_invalid_spec_tokens,
                     self.num_sampled_tokens_per_step,
@@ -94,7 +94,7 @@ def wrap_update_from_output(original, hook: str):
                 runtime.count_hook_error(hook, exc)
         if step is not None:
             try:
-                rt, sampled, finished, (ts, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled) = step
+                rt, sampled, finished, (ts, run_id, drafts, sampled_lens, req_ids, cached, invalid, num_sampled) = step
                 # a request that finished in this step (EOS, max_tokens, a stop token) kept only the tokens up to its
                 # stop: vLLM trimmed its sampled list in place; the lengths now are what the step emitted
                 done = getattr(self, "finished_req_ids", ())
@@ -106,7 +106,7 @@ def wrap_update_from_output(original, hook: str):
                     capture.dropped_steps += 1
                 else:
                     capture.engine_steps.append(EngineStep(
-                        ts, capture.engine_step_no, run_id, drafts, sampled_lens, row_of, cached, invalid, num_sampled,
+                        ts, capture.engine_step_no, run_id, drafts, sampled_lens, req_ids, cached, invalid, num_sampled,
                         emitted, ended))
                     capture.release_one()
             except Exception as exc:
