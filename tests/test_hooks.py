@@ -102,3 +102,50 @@ def test_second_install_is_ignored(module):
     Engine().step(1)
     assert calls == [1]
     hooks.uninstall_all()
+
+
+@pytest.fixture
+def shimmed(monkeypatch):
+    """``spectrace_real`` defines ``fetch`` and ``Consumer``, which calls its own global ``fetch``;
+    ``spectrace_shim`` is the old path, re-exporting both (as vLLM leaves shims when it moves a module)."""
+    real = types.ModuleType("spectrace_real")
+    exec("def fetch():\n    return 'real'\n\nclass Consumer:\n    def run(self):\n        return fetch()\n", real.__dict__)
+    real.Consumer.__module__ = "spectrace_real"
+    shim = types.ModuleType("spectrace_shim")
+    shim.fetch, shim.Consumer = real.fetch, real.Consumer
+    monkeypatch.setitem(sys.modules, "spectrace_real", real)
+    monkeypatch.setitem(sys.modules, "spectrace_shim", shim)
+    return real, shim
+
+
+def _noting(calls):
+    def make(original, name):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    return make
+
+
+def test_a_function_hooked_through_a_shim_is_patched_where_its_caller_looks_it_up(shimmed):
+    real, shim = shimmed
+    calls = []
+    hooks = HookSet()
+    # through the shim alone the name patched is one that nobody calls
+    assert hooks.install(Hook("naive", "spectrace_shim:fetch", _noting(calls))) is None
+    assert real.Consumer().run() == "real" and calls == []
+    hooks.uninstall_all()
+    assert hooks.install(Hook("within", "spectrace_shim:fetch", _noting(calls), within="spectrace_shim:Consumer")) is None
+    assert real.Consumer().run() == "real" and calls == ["within"]
+    hooks.uninstall_all()
+    assert real.fetch() == "real" and real.__dict__["fetch"] is shim.fetch  # the original back in place
+
+
+def test_a_caller_that_no_longer_calls_the_name_is_missing(shimmed):
+    real, _ = shimmed
+    del real.fetch
+    hooks = HookSet()
+    reason = hooks.install(Hook("within", "spectrace_shim:fetch", _noting([]), within="spectrace_shim:Consumer"))
+    assert reason == "spectrace_real (where Consumer is defined) calls no fetch" and "within" in hooks.missing

@@ -167,7 +167,8 @@ def serve_headless_node() -> None:
 
 
 HOOKS = [
-    Hook("api_server.metrics_registry", "vllm.entrypoints.serve.instrumentator.metrics:get_prometheus_registry", wrap_get_prometheus_registry),
+    Hook("api_server.metrics_registry", "vllm.entrypoints.serve.instrumentator.metrics:get_prometheus_registry",
+         wrap_get_prometheus_registry, within="vllm.entrypoints.serve.instrumentator.metrics:attach_router"),
     Hook(
         "api_server.multiprocess_registry",
         "prometheus_client.multiprocess:MultiProcessCollector.__init__",

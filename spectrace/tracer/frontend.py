@@ -112,7 +112,7 @@ wrap_request_finished = around(before=_request_finished)
 
 HOOKS = [
     Hook("frontend.create_engine_config", "vllm.engine.arg_utils:EngineArgs.create_engine_config", wrap_create_engine_config),
-    Hook("frontend.get_config", "vllm.config.model:get_config", wrap_get_config),
+    Hook("frontend.get_config", "vllm.config.model:get_config", wrap_get_config, within="vllm.config.model:ModelConfig"),
     Hook("frontend.llm_engine_started", "vllm.v1.engine.llm_engine:LLMEngine.__init__", wrap_engine_init),
     Hook("frontend.async_llm_started", "vllm.v1.engine.async_llm:AsyncLLM.__init__", wrap_engine_init),
     Hook("frontend.request_finished", "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,6 +38,10 @@ class Hook:
     name: str
     target: str  # "package.module:Class.method" or "package.module:function"
     make: Callable[[Callable[..., Any], str], Callable[..., Any]]  # which versions it fits: support.SUPPORT
+    # a module-level function patched in the namespace of the code that calls it (``from x import f`` there):
+    # "module:Name" of that caller; the name is patched in the module that *defines* the caller, so a shim left
+    # at the old path (vLLM's main moves modules under ``vllm/foundation/...``) still patches the name it calls
+    within: str = ""
 
     @property
     def module(self) -> str:
@@ -60,13 +65,29 @@ class MissingTarget(Exception):
     pass
 
 
-def resolve(target: str) -> tuple[Any, str, Any]:
-    """Return (owner, attribute name, current value) for ``target``."""
-    module_name, _, qualname = target.partition(":")
+def _import(module_name: str) -> Any:
     try:
-        owner: Any = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except Exception as exc:
         raise MissingTarget(f"module {module_name} cannot be imported: {exc}") from None
+
+
+def resolve(target: str, within: str = "") -> tuple[Any, str, Any]:
+    """Return (owner, attribute name, current value) for ``target``.
+
+    A class or method is the same object through any module that re-exports it. A module-level function given
+    ``within`` (its caller, ``Hook.within``) is looked up in the module that defines that caller."""
+    module_name, _, qualname = target.partition(":")
+    owner: Any = _import(module_name)
+    if within and "." not in qualname:
+        caller_module, _, caller_name = within.partition(":")
+        caller = getattr(_import(caller_module), caller_name, None)
+        defining = sys.modules.get(getattr(caller, "__module__", "") or "")
+        if defining is None:
+            raise MissingTarget(f"{caller_module} has no {caller_name} (the caller of {qualname})")
+        if not hasattr(defining, qualname):
+            raise MissingTarget(f"{defining.__name__} (where {caller_name} is defined) calls no {qualname}")
+        return defining, qualname, getattr(defining, qualname)
     parts = qualname.split(".")
     for part in parts[:-1]:
         if not hasattr(owner, part):
@@ -118,7 +139,7 @@ class HookSet:
             self.retired[hook.name] = gone
             return gone
         try:
-            owner, attr, current = resolve(hook.target)
+            owner, attr, current = resolve(hook.target, hook.within)
         except MissingTarget as exc:
             reason = str(exc)
             self.missing[hook.name] = reason

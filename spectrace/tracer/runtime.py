@@ -107,6 +107,7 @@ class Runtime:
         self._dropped_reported = 0
         self._shut_down = False
         self.agreement_at_exit = True  # a pipeline process whose engine ended without its last message: False
+        self.pending_start_line: tuple[int, str] | None = None  # the start-up line, until vLLM's log is set up
         self.verify = make_capture() if make_capture is not None else None
         # model loads in this process (tracer.weights): the one in progress, and the last per model role
         self.weight_loads: dict[str, Any] = {}
@@ -283,6 +284,9 @@ class Runtime:
             for sink in self.pipeline.sinks:
                 sink.writing(run.run_id)  # the store never evicts the run this process writes
         self.run = run
+        pending, self.pending_start_line = self.pending_start_line, None
+        if pending is not None and run is not None:  # vLLM's logging is set up by the time a run starts
+            log.log(pending[0], "%s; run %s", pending[1], run.run_id)
 
     def run_by_id(self, run_id: str | None) -> "Run | None":
         if run_id is None:
@@ -525,7 +529,24 @@ def _log_start(rt: Runtime) -> None:
     line = (f"spectrace: tracing on in pid {rt.pid} (vLLM {version}{'' if inside else ', outside the tested range ' + support.VLLM_RANGE}): "
             f"{rt.hooks.summary()}; {where}; exporters {', '.join(rt.settings.exporters) or 'none'}; {shape}")
     failed = rt.hooks.missing or rt.hooks.unsupported
-    log.log(logging.WARNING if failed or not inside else logging.INFO, "%s", line)
+    level = logging.WARNING if failed or not inside else logging.INFO
+    if not _vllm_logging_ready() and rt.run is None:
+        rt.pending_start_line = (level, line)  # a frontend loads plugins before vLLM sets up its log: said at its run
+        return
+    log.log(level, "%s", line)
+
+
+def _vllm_logging_ready() -> bool:
+    """Whether an information line of ``vllm.spectrace`` reaches a handler yet (vLLM configures its logger lazily;
+    the frontend loads plugins before that)."""
+    logger = log
+    while logger is not None:
+        if logger.handlers:
+            return log.isEnabledFor(logging.INFO)
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
 
 
 def stop() -> None:
