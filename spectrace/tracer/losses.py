@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -61,15 +62,19 @@ class Ledger:
         if unreported <= 0:
             self.remove()
             return
-        from spectrace.store import files
-
-        folder_mode, file_mode = files.modes(self.settings.store_group)
-        root = Path(self.settings.dir)
-        files.make_folder(self.path.parent, root, folder_mode)
+        # the store's modes (spectrace.store.files, not imported: its package loads DuckDB into vLLM's process)
+        folder_mode, file_mode = (0o750, 0o640) if self.settings.store_group else (0o700, 0o600)
+        folder = self.path.parent
+        os.makedirs(folder.parent, mode=folder_mode, exist_ok=True)
+        try:
+            os.mkdir(folder, folder_mode)
+        except FileExistsError:
+            info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                raise OSError(f"{folder} is not this user's folder: refused") from None
         doc = {"pid": self.pid, "host": self.host, "run_id": run_id, "records": int(unreported), "lost_in_all": int(total),
                "messages": int(messages), "reasons": reasons[-8:], "ts": time.time_ns()}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        files.write_durably(tmp, self.path, file_mode, lambda out: out.write(json.dumps(doc).encode()), sync=False)
+        _replace(self.path, json.dumps(doc).encode(), file_mode)
 
     def remove(self) -> None:
         if self.path is not None:
@@ -93,19 +98,7 @@ class Ledger:
             "is recorded, every record is counted as lost\n# TYPE spectrace_tracing_stopped gauge\n"
             f"spectrace_tracing_stopped{_labels({**base, 'reason': stopped or ''})} {1 if stopped else 0}\n"
         )
-        path = self.metrics_path
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(text.encode())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        _replace(self.metrics_path, text.encode(), 0o600)
 
     def remove_metrics(self) -> None:
         if self.metrics_path is not None:
@@ -113,6 +106,23 @@ class Ledger:
                 os.unlink(self.metrics_path)
             except OSError:
                 pass
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """``data`` as the file ``path``: through a hidden name created here (never through a planted link), renamed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _labels(labels: dict[str, str]) -> str:
