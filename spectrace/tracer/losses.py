@@ -33,9 +33,14 @@ _NAME = re.compile(r"(?P<host>[A-Za-z0-9_.-]{1,255})\.(?P<pid>[1-9][0-9]*)\.(?P<
 
 
 def _start_time(pid: int) -> str:
-    from spectrace.sinks.exposition import _start_time as start_time
-
-    return start_time(pid) or "0"
+    """The process's start time in clock ticks since boot (as the exposition files are named; read here: importing
+    ``spectrace.sinks.exposition`` would load the store's package, DuckDB with it, into vLLM's process), else "0"."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return "0"
+    return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else "0"
 
 
 def _safe_host(host: str) -> str:
@@ -133,9 +138,17 @@ def _labels(labels: dict[str, str]) -> str:
 
 
 def _alive(pid: int, start: str) -> bool:
-    from spectrace.sinks.exposition import _alive as alive
-
-    return alive(pid, None if start == "0" else start)
+    """Is ``pid`` running and the process that started at ``start`` (without /proc: whether the pid exists)?"""
+    if os.path.isdir("/proc/self"):
+        now = _start_time(pid)
+        return now != "0" and (start == "0" or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def claim(settings, host: str) -> list[tuple[Path, dict[str, Any]]]:
