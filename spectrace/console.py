@@ -1,6 +1,7 @@
 """What every ``spectrace`` subcommand shares: the one-line user error, the table format and the one
 number formatter (``number``, ``ratio``, ``json_number``: a NULL or a non-finite value never crashes a command),
-and output bounded by what is useful (``bounded``, ``listed``: a list from a config is cut with a count).
+and output bounded by what is useful (``bounded``, ``listed``: a list from a config is cut with a count), and the one
+boundary text from outside crosses before a terminal (``safe``, ``terminal``, ``rich_text``).
 
 A leaf module (imports nothing of spectrace), so ``cli`` and the subcommands it
 registers (``doctor``, ``dashboards``, ``report``) never import each other.
@@ -9,6 +10,7 @@ registers (``doctor``, ``dashboards``, ``report``) never import each other.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Sequence
 
 EXIT_USAGE = 2
@@ -18,12 +20,47 @@ class UsageError(Exception):
     """A one-line error for the user; exit code 2."""
 
 
+# -- text from outside, before a terminal -------------------------------------------------------------------------------
+# Label values on a scraped page, request ids, model names, messages, store values: anyone who can put a label on a page
+# the operator scrapes or send a request id chooses them. Every C0 and C1 control, ESC and DEL (an OSC that retitles
+# the window, a CSI that clears the screen, a CR that overwrites a line, a LF that starts a fake row) and the bidi
+# controls that reorder what is shown are written escaped (``\x1b``, ``\r``, ``\n``, ``\u202e``), never sent; rich
+# gets data only as ``Text`` (``rich_text``), so ``[/]`` or ``[red]`` in data is text, never markup.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROLS_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match) -> str:
+    char = match[0]
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def safe(value: Any) -> str:
+    """``value`` as text for a terminal: every control character (C0, C1, ESC, DEL, CR, LF, tab, bidi) escaped."""
+    text = "" if value is None else str(value)
+    return _CONTROLS.sub(_escaped, text)
+
+
+def terminal(text: str) -> str:
+    """A whole output (lines spectrace composed) for a terminal: every control but the newline escaped. The last
+    step before ``write``: data in it was already ``safe`` where a newline would start a line of its own."""
+    return _CONTROLS_BUT_NEWLINE.sub(_escaped, text)
+
+
+def rich_text(value: Any, style: str = ""):
+    """``value`` as a rich ``Text`` (never parsed as markup), ``safe``."""
+    from rich.text import Text
+
+    return Text(safe(value), style=style)
+
+
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, max_width: int = 60) -> str:
     def cell(value: Any) -> str:
-        text = "" if value is None else str(value)
-        text = text.replace("\n", " ")
+        text = safe(value)
         return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
+    columns = [safe(c) for c in columns]
     cells = [[cell(v) for v in row] for row in rows]
     widths = [len(c) for c in columns]
     for row in cells:

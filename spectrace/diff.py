@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spectrace.console import UsageError, format_table
+from spectrace.console import UsageError, format_table, safe, terminal
 
 
 @dataclass
@@ -30,6 +30,10 @@ class Run:
     mean_length: float | None = None
     steps: int = 0
     findings: set[tuple[str, str, str]] = field(default_factory=set)  # (code, severity, model_role)
+    note: str = ""  # series of a scraped page left out (not numbers a counter can hold), counted
+
+
+_opened: dict[str, Any] = {}  # one connection per store for the whole diff: each file it skips is named once
 
 
 def _open(directory: str):
@@ -37,10 +41,19 @@ def _open(directory: str):
 
     if not Path(directory).is_dir():
         raise UsageError(f"no store at {directory}")
-    try:
-        return open_store(directory)
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
+    key = str(Path(directory).resolve())
+    if key not in _opened:
+        try:
+            _opened[key] = open_store(directory)
+        except StoreError as exc:
+            raise UsageError(str(exc)) from None
+    return _opened[key]
+
+
+def close() -> None:
+    """Close the connections the diff opened."""
+    while _opened:
+        _opened.popitem()[1].close()
 
 
 def resolve(arg: str, default_store: str) -> tuple[str, str]:
@@ -69,9 +82,10 @@ def load_url(label: str, url: str) -> Run:
 
     source = top.MetricsSource([url], window_s=0)
     frame = source.frame()
-    page = top.snapshot(zip(source.urls, source.texts))
+    page = top.snapshot(zip(source.urls, source.texts))  # the same checks as the frame's (its note says what was left)
     info_labels = next((dict(labels) for (_, name, labels) in page if name == "spectrace_run_info"), {})
-    k = int(info_labels.get("num_speculative_tokens") or len(frame.positions) or 1)
+    declared = str(info_labels.get("num_speculative_tokens") or "")
+    k = int(declared) if declared.isascii() and declared.isdigit() and len(declared) < 4 else len(frame.positions) or 1
     run = Run(label, source.urls[0], info_labels.get("run_id") or "(scrape)",
               {"method": info_labels.get("method"), "k": k, "draft": info_labels.get("draft_model")}, k)
     run.positions = {p.position: (int(p.drafted), int(p.accepted)) for p in frame.positions}
@@ -79,6 +93,7 @@ def load_url(label: str, url: str) -> Run:
     run.mean_length = frame.mean_length
     run.steps = int(sum(frame.lengths.values()))
     run.findings = {(code, severity, role) for severity, code, role, _ in frame.findings}
+    run.note = frame.note
     return run
 
 
@@ -150,8 +165,10 @@ def render(a: Run, b: Run) -> str:
     for run in (a, b):
         info = run.info
         where = "scraped from" if is_url(run.store) else "in"
-        out.append(f"  {run.label}  run {run.run_id} {where} {run.store}: {info.get('method') or '?'}, k = {info.get('k') or '?'}, "
-                   f"draft {info.get('draft') or '?'}")
+        out.append(f"  {run.label}  run {safe(run.run_id)} {where} {safe(run.store)}: {safe(info.get('method') or '?')}, "
+                   f"k = {safe(info.get('k') or '?')}, draft {safe(info.get('draft') or '?')}")
+        if run.note:
+            out.append(f"     {safe(run.note)}")
     out.append("")
     out.append("Acceptance by draft position (95 % intervals; a drafted token is a trial)")
     positions = sorted({*a.positions, *b.positions})
@@ -181,12 +198,12 @@ def render(a: Run, b: Run) -> str:
         out.append(format_table(["dimension", "value", *HEAD], rows))
     single = {d for d, _ in {*a.slices, *b.slices}} - varied
     if single:
-        out += ["", f"Request slices: {len(single)} dimension(s) with one value in both runs ({', '.join(sorted(single))})"]
+        out += ["", f"Request slices: {len(single)} dimension(s) with one value in both runs ({safe(', '.join(sorted(single)))})"]
     order = {"error": 0, "warning": 1, "info": 2}
     rank = lambda f: (order.get(f[1], 9), f[0], f[2])  # noqa: E731
     only_a, only_b = sorted(a.findings - b.findings, key=rank), sorted(b.findings - a.findings, key=rank)
     out += ["", "Findings that differ" if only_a or only_b else "Findings: the same in both runs"]
     for label, found in (("only in A", only_a), ("only in B", only_b)):
         for code, severity, role in found:
-            out.append(f"  {label}  {severity:<7} {code}" + (f" [{role}]" if role else ""))
-    return "\n".join(out) + "\n"
+            out.append(f"  {label}  {safe(severity):<7} {safe(code)}" + (f" [{safe(role)}]" if role else ""))
+    return terminal("\n".join(out) + "\n")  # values from a page or a store: no control reaches a terminal

@@ -14,11 +14,17 @@ Per draft position: drafted, accepted, rate, the conditional rate (accepted at i
 vLLM's own rate (its per-position accepted counter over its number of drafts) beside spectrace's; the
 cliff is the position :func:`spectrace.acceptance.position_cliff` names, the rule of ``POSITION_CLIFF``.
 Without spectrace's series (tracing off), the positions come from vLLM's counters alone.
+
+A page is data from whoever serves it: it is read whole within one deadline (connect and body, :data:`PAGE_DEADLINE_S`)
+up to :data:`MAX_PAGE_BYTES`; a sample that is not a number the frame can hold (NaN, ±Inf; a negative or fractional
+count; a position, k, rank or bucket bound that is not a number) is left out and counted in the frame's note, naming
+the URL and the first such series; every string from it reaches the terminal through ``console.safe`` / ``rich_text``.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -26,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from spectrace.console import UsageError
+from spectrace.console import UsageError, rich_text, safe, terminal
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 MIN_WIDTH, MIN_HEIGHT = 60, 12
@@ -52,39 +58,125 @@ def metrics_url(text: str) -> str:
     return url
 
 
-def fetch(url: str, timeout: float = 5.0) -> str:
+PAGE_DEADLINE_S = 5.0  # a whole page, connect and body: a server sending a byte a second holds nothing longer
+MAX_PAGE_BYTES = 16 << 20  # a vLLM page is well under 1 MB
+
+
+def fetch(url: str, timeout: float = PAGE_DEADLINE_S, max_bytes: int = MAX_PAGE_BYTES) -> str:
+    """The page at ``url``, read whole within ``timeout`` seconds (connect and body) and at most ``max_bytes``; else
+    one TopError. (The read runs on a daemon thread that ends on its own within a socket timeout.)"""
+    box: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            box["text"] = _read(url, time.monotonic() + timeout, timeout, max_bytes)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    reader = threading.Thread(target=read, name="spectrace-scrape", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive() or not box:
+        raise TopError(f"{url}: the page did not arrive within {timeout:g} s (connect and body)")
+    if "error" in box:
+        raise box["error"]
+    return box["text"]
+
+
+def _read(url: str, deadline: float, timeout: float, max_bytes: int) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read().decode("utf-8", errors="replace")
+            chunks, size = [], 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise TopError(f"{url}: the page did not arrive within {timeout:g} s (connect and body)")
+                chunk = response.read1(1 << 16)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > max_bytes:
+                    raise TopError(f"{url}: the page is larger than {max_bytes >> 20} MiB; not read")
+                chunks.append(chunk)
+            return b"".join(chunks).decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise TopError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # http.client's errors are OSError or ValueError
         reason = getattr(exc, "reason", None) or exc
         raise TopError(f"cannot reach {url}: {reason}") from None
 
 
-def parse(text: str, url: str) -> list[tuple[str, dict[str, str], float]]:
-    """The samples of a Prometheus text page; a page that is not one (HTML, JSON, empty) is a TopError."""
+# the series the frame reads as counts (integers >= 0), and the labels it reads as numbers
+_COUNTS = frozenset({
+    "spectrace_verify_drafted_tokens_total", "spectrace_verify_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_accepted_tokens_total", "spectrace_verify_acceptance_length_bucket",
+    "spectrace_verify_acceptance_length_count", "spectrace_verify_acceptance_length_sum",
+    "spectrace_slice_drafted_tokens_total", "spectrace_slice_accepted_tokens_total",
+    "spectrace_worker_verified_drafted_tokens_total", "spectrace_worker_verified_accepted_tokens_total",
+})
+_INTEGER_LABELS = {"position": "a position", "k": "a k", "rank": "a rank"}
+
+
+def _unusable(name: str, labels: dict[str, str], value: float) -> str | None:
+    """Why a sample is not one the frame can hold, or None."""
+    if not math.isfinite(value):
+        return f"value {value}"
+    if name in _COUNTS and (value < 0 or value != int(value)):
+        return f"value {value:g} is not a count"
+    for label, what in _INTEGER_LABELS.items():
+        text = labels.get(label)
+        if text is not None and text != "" and not (text.isascii() and text.isdigit() and len(text) < 10):
+            return f"{label}={text!r} is not {what}"
+    if name == "spectrace_verify_acceptance_length_bucket":
+        le = labels.get("le", "")
+        try:
+            ok = le == "+Inf" or (math.isfinite(float(le)) and 0 <= float(le) < 1e6)
+        except ValueError:
+            ok = False
+        if not ok:
+            return f"le={le!r} is not a bucket bound"
+    return None
+
+
+def _series(name: str, labels: dict[str, str]) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def parse(text: str, url: str, notes: list[str] | None = None) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text page; a page that is not one (HTML, JSON, empty) is a TopError. Samples the
+    frame cannot hold (:func:`_unusable`) are left out, and counted in one line appended to ``notes``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     head = text.lstrip()[:1]
     if not head or head in "<{[":
         raise TopError(f"{url}: not Prometheus text (the page starts with {text.lstrip()[:20]!r})")
     try:
-        samples = [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
-                   for s in family.samples]
+        parsed = [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
+                  for s in family.samples]
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on anything else
         raise TopError(f"{url}: not Prometheus text ({type(exc).__name__}: {exc})") from None
-    if not samples:
+    if not parsed:
         raise TopError(f"{url}: no samples on the page (not Prometheus text?)")
+    samples, skipped, first = [], 0, None
+    for name, labels, value in parsed:
+        why = _unusable(name, labels, value)
+        if why is None:
+            samples.append((name, labels, value))
+            continue
+        skipped += 1
+        if first is None:
+            first = f"{_series(name, labels)[:200]}: {why[:100]}"
+    if skipped and notes is not None:
+        notes.append(f"{url}: {skipped} series left out (not numbers a frame holds; the first: {first})")
     return samples
 
 
-def snapshot(texts: Iterable[tuple[str, str]]) -> dict[Key, float]:
+def snapshot(texts: Iterable[tuple[str, str]], notes: list[str] | None = None) -> dict[Key, float]:
     """(url, page) pairs -> one snapshot: every sample keyed by its source, name and labels."""
     out: dict[Key, float] = {}
     for index, (url, text) in enumerate(texts):
-        for name, labels, value in parse(text, url):
+        for name, labels, value in parse(text, url, notes):
             out[(index, name, tuple(sorted(labels.items())))] = value
     return out
 
@@ -242,7 +334,7 @@ def frame_from_metrics(values: dict[Key, float], sources: list[str], scope: str)
 class MetricsSource:
     """``/metrics`` URLs, scraped and summed; snapshots kept for the window."""
 
-    def __init__(self, urls: list[str], window_s: float, timeout: float = 5.0) -> None:
+    def __init__(self, urls: list[str], window_s: float, timeout: float = PAGE_DEADLINE_S) -> None:
         self.urls = [metrics_url(u) for u in urls]
         self.window_s = window_s
         self.timeout = timeout
@@ -252,7 +344,8 @@ class MetricsSource:
     def frame(self) -> Frame:
         self.texts = [fetch(url, self.timeout) for url in self.urls]
         now = time.monotonic()
-        latest = snapshot(zip(self.urls, self.texts))
+        notes: list[str] = []
+        latest = snapshot(zip(self.urls, self.texts), notes)
         self.history.append((now, latest))
         # the base: the newest snapshot at least window_s old (older ones are dropped), else the oldest there is
         older = [h for h in self.history[:-1] if now - h[0] >= self.window_s]
@@ -264,7 +357,9 @@ class MetricsSource:
         else:
             base_t, base = now, None
         scope = "lifetime (one scrape)" if base is None else f"last {now - base_t:.0f}s"
-        return frame_from_metrics(window(latest, base), self.urls, scope)
+        frame = frame_from_metrics(window(latest, base), self.urls, scope)
+        frame.note = "; ".join(notes)
+        return frame
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -356,11 +451,12 @@ def plain(frame: Frame, *, error: str | None = None, width: int = 120) -> str:
 
     out = io.StringIO()
     Console(file=out, color_system=None, force_terminal=False, width=width, legacy_windows=False).print(render(frame, error=error))
-    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n") + "\n"
+    return terminal("\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n") + "\n")
 
 
 def render(frame: Frame, *, error: str | None = None, live: bool = False):
-    """The frame as rich renderables (one Group)."""
+    """The frame as rich renderables (one Group). Every string from a page or a store is a ``rich_text`` (escaped
+    controls, never markup); the rest is spectrace's own."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -370,14 +466,14 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
     parts: list[Any] = []
     head = Text()
     head.append("spectrace top", style="bold")
-    head.append(f"  {', '.join(frame.sources)}  ·  {frame.scope}")
+    head.append(f"  {safe(', '.join(frame.sources))}  ·  {safe(frame.scope)}")
     if frame.vllm_source:
         head.append("  ·  vLLM's counters only (no spectrace series: SPECTRACE unset?)", style="yellow")
     if live:
         head.append("  ·  q quits", style="dim")
     parts.append(head)
     if error:
-        parts.append(Text(f"last scrape failed: {error}", style="red"))
+        parts.append(rich_text(f"last scrape failed: {error}", style="red"))
 
     if frame.positions:
         t = Table(title="Acceptance by draft position", title_justify="left", box=style, pad_edge=False)
@@ -432,7 +528,8 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
         for col in ("severity", "code", "model", "fix"):
             t.add_column(col, overflow="fold")
         for severity, code, role, fix in frame.findings:
-            t.add_row(Text(severity, style={"error": "bold red", "warning": "yellow"}.get(severity, "")), code, role, fix or "—")
+            t.add_row(rich_text(severity, style={"error": "bold red", "warning": "yellow"}.get(severity, "")),
+                      rich_text(code), rich_text(role), rich_text(fix or "—"))
         parts.append(t)
     slices = sorted((s for s in frame.slices if s[4] is not None and s[2]), key=lambda s: (s[3] / s[2] - s[4], -s[2]))
     if slices:
@@ -441,15 +538,16 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
                           ("rate", "right"), ("the rest", "right")):
             t.add_column(col, justify=just)
         for dimension, value, drafted, accepted, rest in slices[:8]:
-            t.add_row(dimension, value, _n(drafted), _n(accepted), _pct(accepted / drafted if drafted else None), _pct(rest))
+            t.add_row(rich_text(dimension), rich_text(value), _n(drafted), _n(accepted),
+                      _pct(accepted / drafted if drafted else None), _pct(rest))
         parts.append(t)
     if frame.ranks:
         t = Table(title="Per rank / source", title_justify="left", box=style, pad_edge=False)
         for col, just in (("who", "left"), ("drafted", "right"), ("accepted", "right"), ("rate", "right")):
             t.add_column(col, justify=just)
         for who, drafted, accepted in frame.ranks:
-            t.add_row(who, _n(drafted), _n(accepted), _pct(accepted / drafted if drafted else None))
+            t.add_row(rich_text(who), _n(drafted), _n(accepted), _pct(accepted / drafted if drafted else None))
         parts.append(t)
     if frame.note:
-        parts.append(Text(frame.note, style="dim"))
+        parts.append(rich_text(frame.note, style="dim"))
     return Group(*parts)

@@ -87,3 +87,27 @@ def test_a_tiny_terminal_is_one_line_and_exit_2(tmux):
         assert "Traceback" not in joined
     finally:
         pages.close()
+
+
+def test_escape_sequences_in_a_pages_labels_never_reach_the_terminal(tmux):
+    """The live view of a page whose labels carry an OSC that retitles the pane and a CSI that clears the screen:
+    the pane keeps its title, and the sequences show as text."""
+    from test_hardening_pages import hostile_page
+
+    pages = Pages()
+    try:
+        url = pages.serve("/metrics", hostile_page())
+        tmux("new-session", "-d", "-s", "hostile", "-x", "150", "-y", "50", "sleep 120")
+        tmux("select-pane", "-t", "hostile", "-T", "before")
+        env = f"env -u COLUMNS -u LINES PYTHONPATH={REPO} TERM=xterm-256color"
+        tmux("respawn-pane", "-k", "-t", "hostile",
+             f"{env} {sys.executable} -m spectrace.cli top {url} --interval 0.5; echo EXIT=$?; sleep 60")
+        screen = _wait(tmux, "hostile", lambda s: "Findings" in s and "PWNED" in s, "the findings")
+        assert "TAP\\x1b]2;PWNED" in screen.replace("\n", "") and "[red]x[/]" in screen
+        assert tmux("display-message", "-p", "-t", "hostile", "#{pane_title}").stdout.strip() == "before"
+        tmux("send-keys", "-t", "hostile", "q")
+        screen = _wait(tmux, "hostile", lambda s: "EXIT=" in s, "the exit")
+        assert "EXIT=0" in screen and "Traceback" not in screen
+        assert tmux("display-message", "-p", "-t", "hostile", "#{pane_title}").stdout.strip() == "before"
+    finally:
+        pages.close()

@@ -20,7 +20,7 @@ import sys
 from typing import Sequence
 
 from spectrace.cli.args import Parser
-from spectrace.console import EXIT_USAGE, UsageError
+from spectrace.console import EXIT_USAGE, UsageError, safe
 from spectrace.redact import install_logging_filter, redact, remember, remember_token
 
 SECRET_VARIABLES = ("SPECTRACE_LAKE",)  # connection strings and URLs
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # every subcommand: one line on stderr, exit 2, never a traceback
         if debug:
             raise
-        print(f"spectrace: error: {redact(_one_line(exc))}", file=sys.stderr)
+        print(f"spectrace: error: {safe(redact(_one_line(exc)))}", file=sys.stderr)
         return EXIT_USAGE
 
 

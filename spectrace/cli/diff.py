@@ -12,13 +12,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from spectrace import diff
 
     runs = []
-    for label, arg in (("A", args.a), ("B", args.b)):
-        if diff.is_url(arg):
-            runs.append(diff.load_url(label, arg))
-            continue
-        store, run_id = diff.resolve(arg, args.dir)
-        runs.append(diff.load(label, store, run_id))
-    sys.stdout.write(diff.render(*runs))
+    try:
+        for label, arg in (("A", args.a), ("B", args.b)):
+            if diff.is_url(arg):
+                runs.append(diff.load_url(label, arg))
+                continue
+            store, run_id = diff.resolve(arg, args.dir)
+            runs.append(diff.load(label, store, run_id))
+    finally:
+        diff.close()
+    sys.stdout.write(diff.render(*runs))  # every value safe, the whole terminal()
     return 0
 
 

@@ -67,7 +67,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         writer.writerow(columns)
         writer.writerows(rows)
     else:
-        out.write(format_table(columns, rows) + "\n")
+        out.write(format_table(columns, rows) + "\n")  # every cell console.safe
         out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
     return 0
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from spectrace.cli.args import LAKE_HELP, default_dir, open_source
-from spectrace.console import UsageError
+from spectrace.console import UsageError, terminal
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -17,7 +17,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         text = report.render(con, run_id=args.run, plot=args.plot)
     except report.ReportError as exc:
         raise UsageError(str(exc)) from None
-    sys.stdout.write(text)
+    sys.stdout.write(terminal(text))
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectrace.console import format_table, listed
+from spectrace.console import format_table, listed, terminal
 from spectrace.doctor.diagnose import Report
 
 
@@ -98,7 +98,7 @@ def render_text(report: Report) -> str:
     infos = sum(f.severity == "info" for f in report.findings)
     lines.append("")
     lines.append(f"{errors} error(s), {warns} warning(s), {infos} info ({report.seconds:.1f}s, no engine started)")
-    return "\n".join(lines) + "\n"
+    return terminal("\n".join(lines) + "\n")  # config.json's strings are someone else's: no control reaches a terminal
 
 
 def _taps_lines(report: Report) -> list[str]:

@@ -49,7 +49,9 @@ SUFFIX = ".prom"
 _DIR_PREFIX = "spectrace-metrics-"
 # A file the collector reads: <pid>.<start time>.prom, both non-zero (``1.prom`` or
 # ``1.0.prom`` would skip the liveness check, so they are never read).
-_FILE_NAME = re.compile(r"([1-9][0-9]*)\.([1-9][0-9]*)" + re.escape(SUFFIX))
+# <pid>.<start time>.prom; a shipping engine process's own losses: <pid>.<start time>.shipper.prom
+# (spectrace.tracer.losses), beside its pipeline process's file
+_FILE_NAME = re.compile(r"([1-9][0-9]*)\.([1-9][0-9]*)(?:\.shipper)?" + re.escape(SUFFIX))
 MAX_FILE_BYTES = 4 << 20  # one process's series are a few kB; a larger file is skipped
 
 # Labels vLLM's own series carry, for this process: model_name (the served model

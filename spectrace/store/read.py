@@ -235,12 +235,18 @@ def has_data(root: Path) -> bool:
     return any(root.glob("*/*/*.parquet"))
 
 
+# JSON columns a view reads as a type (views.sql): a value of another shape would fail every query of that view
+JSON_READS = {("request_counts", "histogram"): "BIGINT[]"}
+
+
 def _unreadable(table: str, path: str) -> str | None:
     """Why ``path`` cannot be one of ``table``'s segments (from its Parquet footer), or None.
 
     A zero-byte, truncated or non-Parquet file, one this user cannot read, or one of another
     schema (a column no version of spectrace's ``table`` has, or one of another type:
-    ``spectrace.store.schema``) is left out of every query."""
+    ``spectrace.store.schema``) is left out of every query; so is one whose JSON column holds a value
+    that is not JSON, or not the type a view reads it as (:data:`JSON_READS`: ``histogram`` holding
+    ``["a", "b"]``), which would fail every query of the views over that table."""
     try:
         schema = pq.read_schema(path)
     except PermissionError:
@@ -248,7 +254,29 @@ def _unreadable(table: str, path: str) -> str | None:
     except (OSError, pa.ArrowException) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"not a Parquet file ({first[:120]})"
-    return segment_schema.mismatch(table, schema)
+    return segment_schema.mismatch(table, schema) or _bad_values(table, path, schema)
+
+
+def _bad_values(table: str, path: str, schema: pa.Schema) -> str | None:
+    """Why the JSON values of a segment of the right schema cannot be read by the views, or None (one scan of those
+    columns, once per file's size and mtime on a connection)."""
+    names = [name for name, kind in columns(table) if kind == "JSON" and name in schema.names
+             and pa.types.is_string(schema.field(name).type)]
+    if not names:
+        return None
+    checks = []
+    for name in names:
+        cast = JSON_READS.get((table, name))
+        value = f"try({name}::JSON)" if cast is None else f"try({name}::JSON::{cast})"
+        checks.append(f"count(*) FILTER (WHERE {name} IS NOT NULL AND {value} IS NULL)")
+    try:
+        with duckdb.connect(":memory:") as con:
+            counts = con.execute(f"SELECT {', '.join(checks)} FROM read_parquet(?)", [_glob_literal(path)]).fetchone()
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"not readable as a {table} segment ({first[:120]})"
+    bad = [f"{name}: {n} value(s) not {JSON_READS.get((table, name), 'JSON')}" for name, n in zip(names, counts) if n]
+    return f"not a {table} segment ({', '.join(bad[:3])})" if bad else None
 
 
 class Store:

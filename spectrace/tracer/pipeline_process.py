@@ -136,6 +136,44 @@ def _apply_capture(capture, message: dict) -> None:
         capture.dropped_steps += message.get("dropped_steps", 0)
 
 
+def _write_losses(rt, init: dict) -> None:
+    """Records shippers lost, into the store's ``internal_errors`` (hook ``losses.HOOK``, ``count`` the records) and
+    this pipeline's ``dropped``: what this engine's earlier pipeline process never wrote (the shipper's count, in the
+    start message), and the ledgers of this host's engine processes that exited with a count no pipeline process
+    took (``spectrace.tracer.losses``; each removed once the flush that wrote it is done)."""
+    import time
+
+    from spectrace.tracer import losses
+
+    def row(pid, host, run_id, records, why):
+        rt.pipeline.append("internal_errors", {**rt.common("process"), "run_id": run_id, "pid": pid, "host": host,
+                                               "ts": time.time_ns(), "hook": losses.HOOK, "error": why[:500],
+                                               "count": int(records)})
+
+    if init.get("lost"):
+        rt.pipeline.count_dropped(init["lost"])  # what an earlier pipeline process of this engine never took
+        row(init["pid"], init["host"], init.get("run"), init["lost"], "an earlier pipeline process of this engine "
+            "ended before writing them")
+    try:
+        claimed = losses.claim(rt.settings, init["host"])
+    except Exception as exc:
+        rt.count_error("pipeline.losses", exc)
+        return
+    for _, doc in claimed:
+        reasons = "; ".join(str(r) for r in doc.get("reasons") or [])[:400]
+        row(doc.get("pid"), doc.get("host"), doc.get("run_id"), doc["records"],
+            f"lost by the shipper of pid {doc.get('pid')}, which exited: {reasons}")
+        log.warning("spectrace: pid %s on this host exited with %d records its pipeline processes never wrote; "
+                    "written into the store (internal_errors, hook %s)", doc.get("pid"), doc["records"], losses.HOOK)
+    if claimed:
+        rt.flush()
+        for path, _ in claimed:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 class Acks:
     """What the engine is told: after every flush (the thread's, or one a message asked for), the last message
     whose records that flush wrote, and the pipeline's stats. The engine counts the records of messages never
@@ -224,8 +262,7 @@ def main() -> int:
     rt.verify.release = None  # no vLLM thread here to let go of the drained records: they are freed as drained
     rt.runs.clear()
     rt.run = None
-    if init.get("lost"):
-        rt.pipeline.count_dropped(init["lost"])  # what an earlier pipeline process of this engine never took
+    _write_losses(rt, init)
     ack = Acks(acks)
     rt.pipeline.sources.insert(0, ack.flush_starts)
     rt.pipeline.add_sink(AckSink(ack, rt))

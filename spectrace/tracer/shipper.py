@@ -23,11 +23,19 @@ read here, the pipeline process holds no VllmConfig), the rows the low-rate hook
 spans as plain values, the metric updates the hooks made (``wire.MetricCalls``), hook error counts,
 drops, and the process's state (runs, roles, ranks, the labels vLLM's series carry).
 
-Failure costs vLLM nothing: a pipeline process that is gone or cannot keep up loses the message
-(its records are counted in ``dropped`` of the next pipeline process, one log line), and is started
-again, at most :data:`MAX_RESTARTS` times; the capture's buffers stay bounded as before. The
-engine's exit ends the pipeline process by EOF after a last flush and waits for it a bounded time
-(:data:`EXIT_WAIT_S`); a killed engine's pipeline process sees EOF as well and flushes what it has.
+Failure costs vLLM nothing: a pipeline process that is gone loses the messages it never wrote, one
+that takes nothing for :data:`PIPE_FULL_S` (stopped, hung: its pipe stays full) is killed and loses
+them too; it is started again, at most :data:`MAX_RESTARTS` times; the capture's buffers stay bounded
+as before. Every record not handed over is counted here (``lost_records``), whatever the reason: the next
+pipeline process is told and counts it in ``dropped``; a count no pipeline process took (the last one died,
+restarts exhausted, one stopped at the engine's exit) goes to this process's own exposition file and to a
+ledger in the store that the next pipeline process on this host writes into the store
+(``spectrace.tracer.losses``), and the engine's exit logs the totals. Past the restarts the shipper keeps
+taking (and counting) what the hooks buffer, and says once, as an error, that tracing stopped for this process
+and why. (It does not fall back to the in-process flush: docs/architecture.md says why.) The engine's exit
+ends the pipeline process by EOF after a last flush and waits for it a bounded time (:data:`EXIT_WAIT_S`;
+one that is stopped is killed then, its unwritten records counted); a killed engine's pipeline process sees
+EOF as well and flushes what it has.
 """
 
 from __future__ import annotations
@@ -44,14 +52,15 @@ from collections import defaultdict, deque
 from typing import Any
 
 from spectrace.pipeline import Pipeline
-from spectrace.tracer import wire
+from spectrace.tracer import losses, wire
 from spectrace.tracer.verify.capture import Cached, ReadRequest, host_tokens
-from spectrace.tracer.wire import dumps_message, read_frame, span_values, write_frame
+from spectrace.tracer.wire import FRAME, dumps_message, read_frame, span_values
 
 log = logging.getLogger("vllm.spectrace")
 
 MAX_RESTARTS = 3  # pipeline processes started again after one died; then records are dropped (counted, logged)
 EXIT_WAIT_S = 30.0  # the engine's exit waits this long for its pipeline process's last flush
+PIPE_FULL_S = 30.0  # a pipeline process that takes no byte of a message this long (stopped, hung) is killed
 FLUSH_WAIT_S = 60.0  # flush() waits this long for the pipeline process to have written everything
 MAX_PENDING_REQUESTS = 10_000  # requests whose prefill is not known yet (the oldest are shipped as they are)
 STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped without its prefill
@@ -177,6 +186,11 @@ class Shipper:
         self._last_state: dict | None = None  # the state the last message carried
         self._closed = False
         self._unacked: deque = deque()  # (seq, records) shipped and not yet written by the pipeline process
+        self.stopped: str | None = None  # why tracing stopped for this process (restarts exhausted), said once
+        self.lost_by_reason: dict[str, int] = {}  # records lost, by why (the exit's totals line)
+        self.ledger = losses.Ledger(settings, rt.pid, rt.host)  # where a count no pipeline process took is kept
+        self._published = 0.0  # when the ledger and the exposition file were last written
+        self._unpublished = False
         self.remote_stats: dict[str, Any] = {}  # the pipeline process's Pipeline.stats() at its last acknowledged flush
 
     # -- the pipeline process ------------------------------------------------------------
@@ -197,7 +211,7 @@ class Shipper:
             from spectrace.sinks.exposition import server_dir
 
             try:
-                server_dir(self.settings.metrics_dir)
+                self.ledger.metrics_path = server_dir(self.settings.metrics_dir) / self.ledger.metrics_name
             except Exception as exc:
                 self.rt.count_error("shipper.metrics_dir", exc)
         if self.proc is not None:
@@ -213,26 +227,45 @@ class Shipper:
                 [sys.executable, "-m", "spectrace.tracer.pipeline_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 env=env, close_fds=True,
             )
+            os.set_blocking(self.proc.stdin.fileno(), False)  # every write is bounded (_write)
             init = {"settings": self.settings, "pid": self.rt.pid, "host": self.rt.host, "lost": self._lost_unreported,
-                    "started": self.started}
-            write_frame(self.proc.stdin, pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL))
-            self._lost_unreported = 0
+                    "started": self.started, "run": self.rt.run.run_id if self.rt.run is not None else None}
+            if not self._write(pickle.dumps(init, protocol=pickle.HIGHEST_PROTOCOL)):
+                raise OSError("the pipeline process took no start message")
         except Exception as exc:
             log.error("spectrace: cannot start the pipeline process: %s: %s (records are dropped and counted)",
                       type(exc).__name__, exc)
             self.proc = None
             return False
+        if self._lost_unreported:
+            self._lost_unreported = 0  # the new pipeline process counts them
+            self._publish(force=True)
         return True
 
     def _alive(self) -> bool:
         if self.proc is not None and self.proc.poll() is None:
             return True
         if self.proc is not None and self._unacked:  # shipped, never written: lost with the process
-            self._lost(sum(records for _, records in self._unacked), messages=len(self._unacked))
+            self._lost(sum(records for _, records in self._unacked), messages=len(self._unacked),
+                       why=f"the pipeline process ended (exit {self.proc.returncode}) before writing them")
             self._unacked.clear()
         if self.started > MAX_RESTARTS:
+            self._stop_tracing()
             return False
         return self._spawn()
+
+    def _stop_tracing(self) -> None:
+        """Restarts exhausted: said once, as an error; the shipper goes on taking and counting what the hooks buffer."""
+        if self.stopped is not None:
+            return
+        code = self.proc.returncode if self.proc is not None else None
+        self.stopped = (f"the pipeline process ended {self.started} times (last exit {code}), "
+                        f"past its {MAX_RESTARTS} restarts")
+        log.error("spectrace: TRACING STOPPED for this process (pid %d): %s. vLLM is unaffected; from here every record "
+                  "is dropped and counted (%d lost so far), in this process's /metrics (spectrace_shipper_lost_records_"
+                  "total, spectrace_tracing_stopped) and, once it exits, by the next pipeline process on this host in "
+                  "the store's internal_errors (hook %s)", self.rt.pid, self.stopped, self.lost_records, losses.HOOK)
+        self._publish(force=True)
 
     # -- collecting --------------------------------------------------------------------
 
@@ -377,6 +410,15 @@ class Shipper:
             except Exception as exc:
                 self.rt.count_error("shipper.collect", exc)
                 return 0
+            if self.stopped is not None:  # no pipeline process any more: taken from the hooks' buffers, counted
+                if records:
+                    self._lost(records, why=self.stopped)
+                else:
+                    self.idle_skips += 1
+                    if self._unpublished:
+                        self._publish()
+                self.ship_cpu_ns += time.thread_time_ns() - started
+                return 0
             if (IDLE_WAIT_S and not (wait or final) and message.keys() == {"state"}
                     and message["state"] == self._last_state):
                 self.idle_skips += 1
@@ -394,16 +436,14 @@ class Shipper:
                 payload = dumps_message(message)
             except Exception as exc:
                 self.rt.count_error("shipper.pickle", exc)
-                self._lost(records)
+                self._lost(records, why="a message that could not be pickled")
                 return 0
             self.ship_cpu_ns += time.thread_time_ns() - started
             if not self._alive():
-                self._lost(records)
+                self._lost(records, why=self.stopped or "no pipeline process could be started")
                 return 0
-            try:
-                write_frame(self.proc.stdin, payload)
-            except (OSError, ValueError):  # the pipeline process is gone: the next message starts another
-                self._lost(records)
+            if not self._write(payload):  # gone, or killed for a pipe that stayed full: the next message starts another
+                self._lost(records, why="the pipeline process did not take the message")
                 return 0
             self._unacked.append((seq, records))
             self.messages += 1
@@ -412,14 +452,85 @@ class Shipper:
             self._await(seq, FLUSH_WAIT_S)
         return records
 
-    def _lost(self, records: int, messages: int = 1) -> None:
+    def _write(self, payload: bytes) -> bool:
+        """One frame to the pipeline process, on its non-blocking pipe: True once written whole. False when it is gone,
+        or took no byte for :data:`PIPE_FULL_S` (stopped or hung): then it is killed (a frame cut short would corrupt
+        the stream), and the next message counts what it never wrote and starts another."""
+        proc = self.proc
+        if proc is None:
+            return False
+        try:
+            fd = proc.stdin.fileno()
+        except (OSError, ValueError):
+            return False
+        deadline = time.monotonic() + PIPE_FULL_S
+        for chunk in (FRAME.pack(len(payload)), payload):
+            view = memoryview(chunk)
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    pass
+                except (OSError, ValueError):
+                    return False
+                if not view:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("spectrace: the pipeline process (pid %d) took nothing for %.0f s (its pipe stayed "
+                                "full: stopped or hung); killed, its unwritten records counted as lost", proc.pid,
+                                PIPE_FULL_S)
+                    self._kill_now(proc)
+                    return False
+                try:
+                    select.select([], [fd], [], min(left, 0.5))
+                except (OSError, ValueError):
+                    return False
+                if proc.poll() is not None:
+                    return False
+        return True
+
+    @staticmethod
+    def _kill_now(proc) -> None:
+        try:
+            proc.kill()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _lost(self, records: int, messages: int = 1, why: str = "") -> None:
         first = not self.lost_messages
         self.lost_messages += messages
         self.lost_records += records
         self._lost_unreported += records
+        if records:
+            self.lost_by_reason[why or "not handed over"] = self.lost_by_reason.get(why or "not handed over", 0) + records
         if first:
             log.warning("spectrace: the pipeline process did not take a message (%d records dropped and counted; "
                         "vLLM is unaffected)", records)
+        self._publish()
+
+    def _publish(self, *, force: bool = False) -> None:
+        """The count where it outlives the pipeline processes: the ledger (what none took) and this process's
+        exposition file; at most once a second unless ``force``. Never raises."""
+        now = time.monotonic()
+        if not force and now - self._published < 1.0:
+            self._unpublished = True
+            return
+        self._published, self._unpublished = now, False
+        if not (self.lost_records or self.stopped):
+            return
+        run = self.rt.run.run_id if self.rt.run is not None else None
+        try:
+            self.ledger.write(self._lost_unreported, self.lost_records, self.lost_messages, list(self.lost_by_reason), run)
+        except Exception as exc:
+            self.rt.count_error("shipper.ledger", exc)
+        try:
+            exposition = sys.modules.get("spectrace.sinks.exposition")
+            labels = dict(exposition.PROCESS_LABELS) if exposition is not None else {}
+            self.ledger.write_metrics(self.lost_records, self.stopped, labels)
+        except Exception as exc:
+            self.rt.count_error("shipper.exposition", exc)
 
     def _await(self, seq: int, timeout: float) -> bool:
         """Read the pipeline process's acknowledgements until ``seq`` is acknowledged, at most ``timeout`` s."""
@@ -528,16 +639,41 @@ class Shipper:
             try:
                 proc.wait(timeout=EXIT_WAIT_S)
             except subprocess.TimeoutExpired:
-                log.warning("spectrace: the pipeline process (pid %d) is still writing after %.0f s; it finishes on "
-                            "its own", proc.pid, EXIT_WAIT_S)
+                if not _stopped(proc.pid):
+                    log.warning("spectrace: the pipeline process (pid %d) is still writing after %.0f s; it finishes "
+                                "on its own (%d records not confirmed written yet)", proc.pid, EXIT_WAIT_S,
+                                sum(n for _, n in self._unacked))
+                    return
+                log.warning("spectrace: the pipeline process (pid %d) is stopped (SIGSTOP?) at exit; killed, its "
+                            "unwritten records counted as lost", proc.pid)
+                self._kill_now(proc)
+            self._drain_acks()  # its last flush's acknowledgements
+            if self._unacked:  # shipped and never written: lost with it
+                self._lost(sum(n for _, n in self._unacked), messages=len(self._unacked),
+                           why=f"the pipeline process ended at exit (exit {proc.returncode}) before writing them")
+                self._unacked.clear()
         finally:
             watchdog.cancel()
+            self._totals()
+
+    def _totals(self) -> None:
+        """At exit: one line with every record this process lost, and where the count is kept."""
+        self._publish(force=True)
+        if not self.lost_records:
+            return
+        reasons = "; ".join(f"{n} {why}" for why, n in self.lost_by_reason.items())
+        kept = (f"{self._lost_unreported} of them never reached a pipeline process: kept in {self.ledger.path} for "
+                "the next pipeline process on this host to write into the store" if self._lost_unreported and
+                self.ledger.path is not None else "every one counted in the store's dropped records")
+        log.warning("spectrace: this process (pid %d) lost %d records in %d messages to its pipeline processes "
+                    "(%d started%s): %s; %s", self.rt.pid, self.lost_records, self.lost_messages, self.started,
+                    f"; tracing stopped: {self.stopped}" if self.stopped else "", reasons, kept)
 
     @staticmethod
     def _kill(proc) -> None:
         if proc is not None and proc.poll() is None:
-            log.warning("spectrace: the pipeline process (pid %d) took no records for %.0f s at exit; stopped",
-                        proc.pid, EXIT_WAIT_S)
+            log.warning("spectrace: the pipeline process (pid %d) took no records for %.0f s at exit; killed, its "
+                        "unwritten records counted as lost", proc.pid, EXIT_WAIT_S)
             proc.kill()
 
     def stats(self) -> dict[str, Any]:
@@ -549,5 +685,16 @@ class Shipper:
             "bytes": self.bytes_shipped,
             "lost_messages": self.lost_messages,
             "lost_records": self.lost_records,
+            "lost_unreported": self._lost_unreported,  # of them, what no pipeline process took (the ledger's count)
+            "stopped": self.stopped,
             "ship_cpu_ms": self.ship_cpu_ns / 1e6,
         }
+
+
+def _stopped(pid: int) -> bool:
+    """Is ``pid`` stopped (SIGSTOP, a debugger): state T or t in /proc?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
