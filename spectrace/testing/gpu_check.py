@@ -3,8 +3,8 @@
     make gpu-check                                   # = python -m spectrace.testing.gpu_check
     python -m spectrace.testing.gpu_check --cpu      # the same checks on what a CPU build runs (V1, sync)
 
-For each model runner (V1, V2) x async scheduling (off, on) x method (draft_model, eagle3, dflash,
-mtp) on tiny random models (spectrace.testing.models), it runs every engine traced and untraced and
+For each model runner the installed vLLM has (V1 and V2 through 0.33; V2 alone from 0.34, where the V1
+runner is gone) x async scheduling (off, on) x method (draft_model, eagle3, dflash, mtp) on tiny random models (spectrace.testing.models), it runs every engine traced and untraced and
 prints one verdict line per check:
 
 - ``tokens``   greedy tokens traced == untraced;
@@ -23,7 +23,7 @@ prints one verdict line per check:
 
 Then Ray (``ray`` installed; vLLM on CPU refuses Ray): one draft_model engine with
 ``distributed_executor_backend="ray"`` and tensor parallelism over ``min(2, GPUs)`` (TP=2 needs two
-GPUs; the verdict line says which ran), V1 runner, traced and untraced:
+GPUs; the verdict line says which ran), the first runner the vLLM has, traced and untraced:
 
 - ``tokens``   traced == untraced;
 - ``ranks``    every rank recorded under the engine's one run id (Ray workers got ``SPECTRACE*``
@@ -43,6 +43,13 @@ import time
 from pathlib import Path
 
 METHODS = ("self", "eagle3", "dflash", "mtp")  # names in spectrace.testing.engine.method_specs
+
+
+def runners() -> tuple[str, ...]:
+    """The model runners the installed vLLM has: V1 and V2 through 0.33, V2 only from 0.34."""
+    import importlib.util
+
+    return ("v1", "v2") if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None else ("v2",)
 TAP_METHODS = ("eagle3", "dflash")
 
 
@@ -162,7 +169,7 @@ def _check_ray(zoo: dict[str, str], root: Path, cache: Path, gpus: int) -> list[
     from spectrace.testing.engine import ChildFailed, method_specs, run_engines
 
     tp = min(2, gpus)
-    cell = Cell("v1", False)
+    cell = Cell(runners()[0], False)
     spec = next(s for s in method_specs(zoo) if s.name == "self")
     spec = dataclasses.replace(spec, name="ray", extra_llm_kwargs={"tensor_parallel_size": tp,
                                                                    "distributed_executor_backend": "ray"})
@@ -203,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from spectrace.testing.models import build_zoo
 
-    cells = [Cell(r, a) for r in ("v1", "v2") for a in (False, True)] if cuda else [Cell("v1", False)]
+    cells = [Cell(r, a) for r in runners() for a in (False, True)] if cuda else [Cell("v1", False)]
     root = Path(args.work or tempfile.mkdtemp(prefix="spectrace-gpu-check-"))
     root.mkdir(parents=True, exist_ok=True)
-    print(f"gpu-check: vLLM {vllm.__version__}, torch {torch.__version__}, "
+    print(f"gpu-check: vLLM {vllm.__version__} (runners {', '.join(runners())}), torch {torch.__version__}, "
           f"{torch.cuda.get_device_name(0) if cuda else 'CPU (--cpu)'}, work in {root}", flush=True)
     started = time.time()
     zoo = {name: str(path) for name, path in build_zoo(root / "zoo").items()}

@@ -6,7 +6,7 @@ Triton only when ``triton.backends.backends`` has a ``"cpu"`` entry (triton-cpu,
 kernel in Python on torch CPU tensors. This module, put first on ``PYTHONPATH`` by
 :func:`spectrace.testing.engine.base_env` (``runner="v2"``), is imported by every Python process that starts
 with that path -- the test's engine child, vLLM's engine core and its workers -- and, only where
-``SPECTRACE_TESTING_TRITON_INTERPRETER=1``, sets ``TRITON_INTERPRET=1`` and registers a backend whose driver says
+``TRITON_INTERPRETER_HARNESS=1``, sets ``TRITON_INTERPRET=1`` and registers a backend whose driver says
 it is active, before vLLM is imported: as ``"cpu"`` (what the CPU build's check asks for) and as ``"interpreter"``
 (the one active driver the check of a build without "cpu" in its version asks for: the CUDA wheel of vLLM 0.34,
 read on this machine by ``bench/check_vllm_static.py``'s doctor run with ``VLLM_TARGET_DEVICE=cpu``). Kernels run about 3x slower than the V1 runner's torch code;
@@ -16,7 +16,7 @@ the CPU platform still turns async scheduling off. Nothing of spectrace's produc
 import os
 import sys
 
-if os.environ.get("SPECTRACE_TESTING_TRITON_INTERPRETER") == "1":
+if os.environ.get("TRITON_INTERPRETER_HARNESS") == "1":
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         from triton.backends import Backend, backends
