@@ -185,7 +185,7 @@ def _audit_drafter(
         fields = drafter_fields(declared, facts.drafter_stages)
         listed = {d.field for d in diffs if d.model_role == "draft"}
         rows = [FieldDiff("draft", f.path, f.declared, f.resolved, f.status) for f in fields
-                if f.status != "ok" and f.path not in listed]
+                if f.status not in ("ok", "moved") and f.path not in listed]
         covered = set() if is_speculators(declared) else {
             f.evidence.get("field") for f in findings
             if f.model_role == "draft" and f.code in (codes.FIELD_DROPPED, codes.FIELD_CHANGED)}
