@@ -133,7 +133,10 @@ def judge(facts: RunFacts) -> Judgement:
         draft_resolved=built_from.get("draft", draft.get("transformers_resolved")),
         max_model_len=facts.max_model_len,
     )
-    return Judgement(findings, root_causes(findings), boundaries, diffs, plans, statuses)
+    # roots: the causes a run's acceptance is explained by, the uncertain info findings among them (their evidence
+    # says what would settle them: a collapse does, curve.raised_findings)
+    suspects = {f.code for f in findings if f.caused_by is None and f.severity == "info" and f.evidence.get("settled_by")}
+    return Judgement(findings, root_causes(findings) | suspects, boundaries, diffs, plans, statuses)
 
 
 def _resolved(model: dict[str, Any], built_from: dict[str, dict[str, Any] | None] | None, role: str) -> dict[str, Any] | None:
