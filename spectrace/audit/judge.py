@@ -186,6 +186,10 @@ def _audit_drafter(
     # purpose (num_hidden_layers 0, n_predict, model_type), so a field-by-field audit would only repeat that
     if facts.drafter_stages and facts.method != "mtp":
         fields = drafter_fields(declared, facts.drafter_stages)
+        moved = {f.path: f for f in fields if f.status == "moved"}
+        for d in diffs:  # the generic top-level comparison saw a field vLLM's updater moved as dropped: it is not
+            if d.model_role == "draft" and d.field in moved and d.status == "dropped":
+                d.status, d.resolved = "moved", moved[d.field].resolved
         listed = {d.field for d in diffs if d.model_role == "draft"}
         rows = [FieldDiff("draft", f.path, f.declared, f.resolved, f.status) for f in fields
                 if f.status not in ("ok", "moved") and f.path not in listed]
