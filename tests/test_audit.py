@@ -338,11 +338,16 @@ _DFLASH = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hi
 def test_causal_inferred_follows_vllms_rule_unless_declared():
     resolved = {**_DFLASH, "layer_types": ["sliding_attention", "full_attention"]}
     [finding] = _audit.audit_causality("draft", _DFLASH, resolved)
-    assert (finding.code, finding.severity) == ("CAUSAL_INFERRED", "warning")
+    # info: vLLM's fallback is the published drafters' convention; the evidence says what settles it
+    assert (finding.code, finding.severity) == ("CAUSAL_INFERRED", "info")
     assert finding.evidence["causal_by_layer"] == [True, False] and finding.evidence["from"] == "rule"
+    assert finding.evidence["settled_by"] and "collapse after it" in finding.message
     declared = {**_DFLASH, "dflash_config": {"mask_token_id": 5, "causal": False}}
     assert _audit.audit_causality("draft", declared, resolved) == []
     assert _audit.audit_causality("draft", {**_DFLASH, "is_causal": True}, resolved) == []
+    # set by vLLM's updater (update_dflash: dflash_config.causal from sliding_window_non_causal): nothing inferred
+    updated = {**resolved, "dflash_config": {"mask_token_id": 5, "causal": True}}
+    assert _audit.audit_causality("draft", _DFLASH, updated) == []
     assert _audit.audit_causality("target", _DFLASH, resolved) == []
 
 

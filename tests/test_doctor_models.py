@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -38,28 +39,45 @@ def configs(tmp_path_factory):
         # a converted drafter whose base fell back to 10000
         "eagle3-theta-10k": {**EAGLE3, "rope_theta": 10000.0},
         "dflash": {**DFLASH, "layer_types": ["full_attention"] * 5},
+        "dflash-theta-10k": {**DFLASH, "layer_types": ["full_attention"] * 5, "rope_theta": 10000.0},
     }
     return {name: _dir(root, name, config) for name, config in paths.items()}
 
 
 def test_a_drafter_with_another_rotary_base_is_rope_mismatch_from_config_alone(capsys, configs):
-    rc, report = run_json(capsys, "--target", configs["qwen3-8b"], "--draft", configs["eagle3-theta-10k"], "--method", "eagle3")
-    assert (rc, triples(report)) == (1, [("ROPE_MISMATCH", "error", None)])
+    # DFlash's trainers build the drafter's RoPE from the target's config: another base misstates the training
+    rc, report = run_json(capsys, "--target", configs["qwen3-8b"], "--draft", configs["dflash-theta-10k"], "--method", "dflash")
+    assert (rc, triples(report)) == (1, [("CAUSAL_INFERRED", "info", None), ("ROPE_MISMATCH", "error", None)])
     rope = finding(report, "ROPE_MISMATCH")
     assert rope["evidence"]["differs"] == ["theta"] and rope["evidence"]["vllm_rule"] == doctor.RULE_ROPE
     assert (rope["evidence"]["target"]["theta"], rope["evidence"]["draft"]["theta"]) == (1000000.0, 10000.0)
     assert '"rope_theta": 1000000.0' in rope["fix"]
     assert report["models"]["draft"]["rope"]["theta"] == 10000.0
+    # an EAGLE-3 drafter gets a base of its own from its trainer (the EAGLE-3 reference's 10000): info, no error
+    rc, report = run_json(capsys, "--target", configs["qwen3-8b"], "--draft", configs["eagle3-theta-10k"], "--method", "eagle3")
+    assert (rc, triples(report)) == (0, [("ROPE_DIFFERS", "info", None)])
+    assert finding(report, "ROPE_DIFFERS")["evidence"]["differs"] == ["theta"]
     # the same base in either spelling agrees
     for draft in ("eagle3", "eagle3-v5"):
         rc, report = run_json(capsys, "--target", configs["qwen3-8b"], "--draft", configs[draft], "--method", "eagle3")
         assert (rc, report["findings"]) == (0, []), draft
 
 
-def test_a_bf16_drafter_next_to_an_fp16_target_is_dtype_lossy(capsys, configs):
+def test_a_bf16_drafter_next_to_an_fp16_target_is_dtype_lossy(capsys, configs, tmp_path):
+    # config.json alone says bfloat16: trainers leave it stale, so info, naming what settles it
     rc, report = run_json(capsys, "--target", configs["qwen3-8b-fp16"], "--draft", configs["dflash"], "--method", "dflash")
+    assert rc == 0 and ("DRAFT_DTYPE_LOSSY", "info", None) in triples(report)
+    assert finding(report, "DRAFT_DTYPE_LOSSY")["evidence"]["trained_from"] == "config"
+    # the checkpoint's tensors say bfloat16 too (a safetensors header is all doctor reads): an error
+    drafter = tmp_path / "dflash-bf16"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(Path(configs["dflash"], "config.json").read_text())
+    header = json.dumps({"fc.weight": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}).encode()
+    (drafter / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0")
+    rc, report = run_json(capsys, "--target", configs["qwen3-8b-fp16"], "--draft", str(drafter), "--method", "dflash")
     assert rc == 1 and ("DRAFT_DTYPE_LOSSY", "error", None) in triples(report)
     lossy = finding(report, "DRAFT_DTYPE_LOSSY")
+    assert lossy["evidence"]["trained_from"] == "checkpoint"
     assert (lossy["evidence"]["declared_dtype"], lossy["evidence"]["runs_in"]) == ("bfloat16", "float16")
     assert lossy["evidence"]["vllm_rule"] == doctor.RULE_DRAFT_DTYPE and "--dtype bfloat16" in lossy["fix"]
     assert (report["models"]["draft"]["declared_dtype"], report["models"]["draft"]["runs_in"]) == ("bfloat16", "float16")

@@ -102,7 +102,7 @@ def tap_triples(report: dict) -> list[tuple]:
 def others(report: dict) -> list[dict]:
     """The findings besides CAUSAL_INFERRED, which every DFlash drafter here gets (none declares causality)."""
     causal = [f for f in report["findings"] if f["code"] == "CAUSAL_INFERRED"]
-    assert [f["severity"] for f in causal] in ([], ["warning"])
+    assert [f["severity"] for f in causal] in ([], ["info"])
     return [f for f in report["findings"] if f["code"] != "CAUSAL_INFERRED"]
 
 
@@ -134,7 +134,7 @@ def test_eagle3_with_explicit_ids_taps_what_it_declares(capsys, models, runner):
 def test_eagle3_without_ids_is_tap_defaulted(capsys, models, runner):
     rc, report = doctor_json(capsys, models, "qwen3-8b", "eagle3-no-ids", "eagle3", runner)
     assert rc == 0  # a warning
-    assert tap_triples(report) == [("TAP_DEFAULTED", "warning", None)]
+    assert tap_triples(report) == [("TAP_DEFAULTED", "info", None)]
     assert len(report["findings"]) == 1
     taps = report["taps"]
     assert (taps["declared_field"], taps["expected_ids"], taps["tapped_ids"], taps["status"]) == (
@@ -226,7 +226,7 @@ def test_eagle3_fc_sized_for_three_with_two_ids_is_count_mismatch(capsys, models
 def test_dflash_without_ids_sizes_fc_by_its_own_layers(capsys, models, runner):
     rc, report = doctor_json(capsys, models, "qwen3-8b", "dflash-no-ids", "dflash", runner)
     assert rc == 1
-    assert tap_triples(report) == [("TAP_COUNT_MISMATCH", "error", None), ("TAP_DEFAULTED", "warning", None)]
+    assert tap_triples(report) == [("TAP_COUNT_MISMATCH", "error", None), ("TAP_DEFAULTED", "info", None)]
     assert (report["taps"]["tapped_ids"], report["taps"]["input_taps"]) == ([2, 18, 33], 5)
 
 
@@ -237,7 +237,7 @@ def test_a_drafter_that_does_not_build_is_sized_from_its_config(capsys, models):
     assert rc == 1
     load = finding(report, "LOAD_FAILED")
     assert (load["caused_by"], load["evidence"]["phase"]) == ("SWA_DROPPED", "building the draft model")
-    assert tap_triples(report) == [("TAP_COUNT_MISMATCH", "error", None), ("TAP_DEFAULTED", "warning", None)]
+    assert tap_triples(report) == [("TAP_COUNT_MISMATCH", "error", None), ("TAP_DEFAULTED", "info", None)]
     assert (report["taps"]["tapped_ids"], report["taps"]["input_taps"]) == ([2, 18, 33], 5)
     assert report["taps"]["vllm_rule"].endswith(f"fc input width: {DFLASH_FC}")
 

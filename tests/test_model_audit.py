@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from spectrace import audit
+from spectrace.audit.curve import raised_findings
 from spectrace.audit import codes
 from spectrace.audit.dtype import audit_dtype, declared_dtype
 from spectrace.audit.rope import audit_rope, rope_of, runtime_rope
@@ -40,15 +41,28 @@ def test_rope_reads_transformers_5_and_legacy_spellings_alike():
 
 def test_rope_mismatch_for_shared_positions_names_both_values_and_the_fix():
     target = rope_of({"rope_theta": 1e6, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})
-    draft = rope_of({"rope_theta": 10000})  # a converted EAGLE3 drafter: scaling lost, base pinned
-    [finding] = audit_rope("eagle3", target, draft)
+    draft = rope_of({"rope_theta": 10000})  # a DFlash drafter whose config lost the target's scaling and base
+    [finding] = audit_rope("dflash", target, draft)
+    # DFlash's trainers build the drafter's RoPE from the target's (speculators, SpecForge): a misdeclaration
     assert (finding.code, finding.severity, finding.model_role) == (codes.ROPE_MISMATCH, "error", "draft")
     assert finding.evidence["differs"] == ["theta", "rope_type", "factor", "original_max_position_embeddings"]
     assert "theta: target 1000000.0, drafter 10000.0" in finding.message
     # what it costs is measured, not promised (nothing on the trained EAGLE-3 at x100, 37 % -> 23 % on the DFlash)
     assert "depends on the drafter and the context length" in finding.message and "degrade" not in finding.message
     assert '"rope_type": "yarn"' in finding.fix and '"factor": 4.0' in finding.fix
-    assert audit_rope("eagle3", target, target) == []
+    assert audit_rope("dflash", target, target) == []
+
+
+def test_an_eagle3_drafters_own_rope_is_info_saying_what_settles_it():
+    """The EAGLE-3 reference trains its drafter with a base of its own (10000): from configs alone, info."""
+    target = rope_of({"rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}})
+    for method in ("eagle3", "eagle"):
+        [finding] = audit_rope(method, target, rope_of({}))
+        assert (finding.code, finding.severity) == (codes.ROPE_DIFFERS, "info")
+        assert "SafeAILab/EAGLE" in finding.message and finding.evidence["settled_by"]
+        assert finding.fix.startswith("only if acceptance collapses")  # never rewrite a drafter that works
+    [mtp] = audit_rope("mtp", target, rope_of({}))
+    assert (mtp.code, mtp.severity) == (codes.ROPE_MISMATCH, "error")  # MTP layers are the target's own
 
 
 def test_a_missing_base_is_vllms_default_10000():
@@ -77,6 +91,11 @@ def test_judge_compares_the_configs_vllm_builds_from():
     draft_cfg = {"architectures": ["LlamaForCausalLMEagle3"], "rope_theta": 10000}
     draft = {"model_role": "draft", "declared": draft_cfg, "transformers_resolved": draft_cfg}
     judged = audit.judge(audit.RunFacts([target, draft], "eagle3"))
+    assert [f.code for f in judged.findings if f.component == "rope"] == [codes.ROPE_DIFFERS]
+    assert codes.ROPE_DIFFERS in judged.roots  # an uncertain info finding: a collapse in the run names and raises it
+    dflash = {**draft, "declared": {**draft_cfg, "architectures": ["DFlashDraftModel"]}}
+    dflash["transformers_resolved"] = dflash["declared"]
+    judged = audit.judge(audit.RunFacts([target, dflash], "dflash"))
     assert [f.code for f in judged.findings if f.component == "rope"] == [codes.ROPE_MISMATCH]
     healthy = {**draft, "transformers_resolved": {**draft_cfg, **QWEN3_ROPE}}
     assert not [f for f in audit.judge(audit.RunFacts([target, healthy], "eagle3")).findings if f.component == "rope"]
@@ -86,19 +105,27 @@ def test_judge_compares_the_configs_vllm_builds_from():
 
 
 def test_bf16_drafter_in_the_targets_fp16_is_an_error():
-    [finding] = audit_dtype("draft", declared="bfloat16", checkpoint=None, runs_in="torch.float16", target_runs_in="float16")
+    [finding] = audit_dtype("draft", declared="bfloat16", checkpoint="BF16", runs_in="torch.float16", target_runs_in="float16")
     assert (finding.code, finding.severity) == (codes.DRAFT_DTYPE_LOSSY, "error")
     assert "overflow" in finding.message and "the target's dtype" in finding.message
     assert finding.fix.startswith("run the target in bfloat16 (--dtype bfloat16)")
-    assert finding.evidence == {"declared_dtype": "bfloat16", "checkpoint_dtype": None, "runs_in": "float16", "target_runs_in": "float16"}
+    assert finding.evidence == {"declared_dtype": "bfloat16", "checkpoint_dtype": "bfloat16", "runs_in": "float16",
+                                "target_runs_in": "float16", "trained_from": "checkpoint"}
+    # config.json alone (no checkpoint read): often stale, so info, naming what settles it
+    [stale] = audit_dtype("draft", declared="bfloat16", checkpoint=None, runs_in="float16", target_runs_in="float16")
+    assert (stale.severity, stale.evidence["trained_from"]) == ("info", "config") and "safetensors" in stale.message
+    # a stale torch_dtype (float16) over bfloat16 tensors: the tensors win, bfloat16 runs in bfloat16, nothing to say
+    assert audit_dtype("draft", declared="float16", checkpoint="BF16", runs_in="bfloat16") == []
 
 
 @pytest.mark.parametrize(
     "declared, checkpoint, runs_in, expected",
     [
         (None, "BF16", "float16", "error"),  # the checkpoint's tensors say what the config does not
-        ("float32", None, "float16", "warning"),
-        ("float16", None, "bfloat16", "warning"),
+        ("float32", None, "float16", "info"),  # config.json alone: info (trainers leave torch_dtype stale)
+        ("float16", None, "bfloat16", "info"),
+        (None, "F32", "float16", "warning"),
+        ("bfloat16", "F16", "bfloat16", "warning"),
         ("float32", None, "bfloat16", None),  # the usual serving cast
         ("float16", None, "float32", None),
         ("bfloat16", None, "bfloat16", None),
@@ -220,14 +247,20 @@ def test_a_collapse_names_the_model_findings_of_its_run_as_likely_causes():
     event = SimpleNamespace(code=codes.ACCEPTANCE_COLLAPSE, evidence={
         "position_0_rate": 0.01, "overall_rate": 0.01, "window_drafted_tokens": 400, "threshold": 0.1})
     finding = audit.collapse_finding(event, {codes.ROPE_DIFFERS, codes.TAP_DEFAULTED})
-    assert finding.evidence["likely_causes"] == [codes.ROPE_DIFFERS] and finding.caused_by == codes.ROPE_DIFFERS
-    assert "likely cause: ROPE_DIFFERS" in finding.message
+    assert finding.evidence["likely_causes"] == [codes.ROPE_DIFFERS, codes.TAP_DEFAULTED]
+    assert finding.caused_by == codes.ROPE_DIFFERS and "likely cause: ROPE_DIFFERS, TAP_DEFAULTED" in finding.message
+    # what the configs could not tell, the collapse does: both info suspects come back as warnings
+    raised = raised_findings(finding)
+    assert [(f.code, f.severity, f.evidence["raised_by"]) for f in raised] == [
+        (codes.ROPE_DIFFERS, "warning", codes.ACCEPTANCE_COLLAPSE), (codes.TAP_DEFAULTED, "warning", codes.ACCEPTANCE_COLLAPSE)]
+    assert "position 0 1.0%" in raised[0].message
     both = audit.collapse_finding(event, {codes.ROPE_MISMATCH, codes.DRAFT_VOCAB_MAP_MISSING})
     # every draft on a wrong id comes first: its cost is certain, a RoPE's depends on the drafter and the context
     assert both.evidence["likely_causes"] == [codes.DRAFT_VOCAB_MAP_MISSING, codes.ROPE_MISMATCH]
     assert both.caused_by == codes.DRAFT_VOCAB_MAP_MISSING
     alone = audit.collapse_finding(event)
     assert "likely_causes" not in alone.evidence and alone.caused_by is None
+    assert raised_findings(both) == [] and raised_findings(alone) == []  # errors stay errors
 
 
 def test_a_context_cliff_past_the_drafters_length_is_explained_by_its_rope():

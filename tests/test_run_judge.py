@@ -44,10 +44,12 @@ def test_a_collapse_names_the_runs_root_causes_from_its_curve():
     findings = []
     for _ in range(4):
         findings += judge.observe_positions("r", *_batch(100, 0.0))
-    (collapse,) = findings
+    (collapse, raised) = findings
     # a dropped window costs nothing below it, but a collapse past it is its doing first
     assert collapse.evidence["likely_causes"] == [codes.SWA_DROPPED, codes.ROPE_DIFFERS]
     assert collapse.caused_by == codes.SWA_DROPPED and "likely cause: SWA_DROPPED, ROPE_DIFFERS" in collapse.message
+    # the RoPE difference was info (the configs could not tell): the collapse raises it to a warning
+    assert (raised.code, raised.severity, raised.evidence["raised_by"]) == (codes.ROPE_DIFFERS, "warning", codes.ACCEPTANCE_COLLAPSE)
     assert judge.run("r").curve.drafted_at.tolist() == [400, 400, 400]  # the curve got every batch's positions
 
 

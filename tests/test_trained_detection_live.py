@@ -45,6 +45,9 @@ def served(scratch, cache_root):
         "eagle3-no-d2t": ("eagle3", trained.eagle3_variant(where / "no-d2t", "d2t-missing"), {}),
         "dflash": ("dflash", trained.dflash_declared(where / "dflash", "fixed"), PER_REQUEST),
         "dflash-rope": ("dflash", trained.dflash_declared(where / "rope", "fixed", rope_theta=COPIED_THETA), {}),
+        # the zoo's DFlash drafter served directly, its speculators-format config as speculators wrote it (issue #55):
+        # update_dflash moves its fields into dflash_config, none is lost
+        "dflash-speculators": ("dflash", zoo["dflash"], {}),
     }
     prompts = trained.prompts(6, LONG_CHARS)
     specs = [
@@ -171,7 +174,39 @@ def test_a_drafters_repeated_mistake_is_no_placeholder_and_the_drafters_served_r
     # these placeholders; they are the drafter's predictions (`` | | |`` and seven other ids), not a stand-in
     assert rows >= 50 and repeated >= 0.5 * rows and accepted < 0.1 * drafted, (rows, repeated, drafted, accepted)
     assert _rate(short) >= 0.05, f"{_rate(short):.1%}"  # 10.8 % measured: a drafter that accepts, wrongly repeating
-    for name in ("eagle3", "eagle3-mapped", "eagle3-short", "dflash"):
+    for name in ("eagle3", "eagle3-mapped", "eagle3-short", "dflash", "dflash-speculators"):
         said = con.execute("select code, severity, message from findings where run_id = ? and severity in "
                            "('error', 'warning')", [results[name].run_id]).fetchall()
         assert said == [], (name, said)  # no DUMMY_DRAFTS; no embed_requires_grad (training only) reported dropped
+
+
+def test_the_zoos_speculators_drafters_served_as_published_are_quiet_in_the_store_report_and_top(served, scratch):
+    """Issue #55: the zoo's speculators-format DFlash and EAGLE-3, served directly with their own configs: the store,
+    `spectrace report` and `spectrace top` say no error and no warning; the DFlash drafter accepts as its HF copy."""
+    import subprocess
+    import sys
+
+    con, results = served
+    store = scratch / "trained-detection-store"
+    direct, copy = _rate(results["dflash-speculators"]), _rate(results["dflash"])
+    assert direct >= 0.2 and abs(direct - copy) < 0.05, (direct, copy)  # same weights, the same acceptance
+    for name in ("eagle3", "dflash-speculators"):
+        run_id = results[name].run_id
+        loud = con.execute("select code, severity from findings where run_id = ? and severity in ('error', 'warning')",
+                           [run_id]).fetchall()
+        assert loud == [], (name, loud)
+        rows = con.execute("select field, status from config_fields where run_id = ? and model_role = 'draft' and field "
+                           "in ('mask_token_id', 'aux_hidden_state_layer_ids', 'sample_from_anchor', "
+                           "'sliding_window_non_causal') order by field", [run_id]).fetchall()
+        # update_dflash moves them into dflash_config (and the EAGLE-3 tap field): none is lost
+        assert rows == ([] if name == "eagle3" else [
+            ("aux_hidden_state_layer_ids", "moved"), ("mask_token_id", "moved"), ("sample_from_anchor", "moved"),
+            ("sliding_window_non_causal", "moved")]), (name, rows)
+        report = subprocess.run([sys.executable, "-m", "spectrace.cli", "report", "--dir", str(store), "--run", run_id],
+                                capture_output=True, text=True, timeout=120)
+        assert report.returncode == 0, report.stderr
+        assert "Findings: none" in report.stdout or "Findings: 0 error(s), 0 warning(s)" in report.stdout, report.stdout[:2000]
+        top = subprocess.run([sys.executable, "-m", "spectrace.cli", "top", "--dir", str(store), "--run", run_id, "--once"],
+                             capture_output=True, text=True, timeout=120)
+        assert top.returncode == 0, top.stderr
+        assert "ERROR" not in top.stdout and "WARNING" not in top.stdout, top.stdout[:2000]

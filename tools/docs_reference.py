@@ -84,6 +84,13 @@ def codes_page() -> str:
         "[Causes spectrace names](#causes-spectrace-names); how the findings are judged: "
         "[Findings and causes](../diagnosis.md).",
         "",
+        "Severity is certainty: **error** when vLLM runs something other than what the checkpoint declares and the "
+        "arithmetic changes; **warning** when it is likely to cost acceptance; **info** when it differs and is fine if "
+        "the drafter was trained so. An info finding that the configs cannot settle says what would "
+        "(`evidence.settled_by`); when the run's acceptance collapses in the shape it predicts, it is said again as a "
+        "warning (`evidence.raised_by`). Each code's **severity** line below says when it is which "
+        "([per code](../diagnosis.md#how-severities-are-judged)).",
+        "",
         "| code | component | severity | meaning |",
         "|---|---|---|---|",
     ]

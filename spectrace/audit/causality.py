@@ -1,4 +1,9 @@
-"""DFlash causality: CAUSAL_INFERRED for a DFlash drafter that declares none."""
+"""DFlash causality: CAUSAL_INFERRED for a DFlash drafter that declares none.
+
+Info: vLLM's fallback (sliding layers causal, full layers bidirectional) is the published drafters' convention, so the
+config alone cannot say it is wrong. A speculators-format drafter always has one: ``update_dflash`` sets
+``dflash_config.causal`` from ``sliding_window_non_causal``, so it is read from the config vLLM builds from too.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ def audit_causality(
     """
     if role != "draft" or declared is None or architecture_method(declared) != "dflash":
         return []
-    if _get(declared, "is_causal", None) is not None or _dflash(declared).get("causal") is not None:
-        return []
+    for config in (declared, resolved):  # declared, or set by vLLM's updater (update_dflash: dflash_config.causal)
+        if _get(config, "is_causal", None) is not None or _dflash(config).get("causal") is not None:
+            return []
     source = "runtime"
     chosen = [p.causal for p in plans or [] if p.causal is not None]
     if plans and not chosen and any(p.runtime_type is not None for p in plans):
@@ -42,15 +48,19 @@ def audit_causality(
     return [
         codes.finding(
             codes.CAUSAL_INFERRED,
-            severity="warning",
+            severity="info",
             model_role=role,
             message=f"the DFlash drafter declares no causality (is_causal, dflash_config.causal); vLLM chose {text}, "
-            "from layer_types (sliding layers causal, full layers not)",
+            "from layer_types (sliding layers causal, full layers not), the convention of the published DFlash "
+            "drafters (z-lab's train bidirectionally within the block); a drafter trained otherwise would accept "
+            "well at position 0 and collapse after it: declaring dflash_config.causal, or the acceptance by position "
+            "of a run (spectrace report), settles it",
             evidence={
                 "causal_by_layer": chosen,
                 "from": source,
                 "resolved_layer_types": _get(resolved, "layer_types", None),
                 "vllm_rule": "vllm.model_executor.models.qwen3_dflash._dflash_layer_causal",
+                "settled_by": "dflash_config.causal declared, or acceptance by position in a run",
             },
         )
     ]

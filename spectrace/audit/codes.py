@@ -113,10 +113,11 @@ LAYOUT_MISMATCH = _code(
     "check the vLLM version's support for this config's layer layout",
 )
 CAUSAL_INFERRED = _code(
-    "CAUSAL_INFERRED", "layout", ("warning",),
-    "warning",
-    "a DFlash drafter declares no causality (`is_causal`, `dflash_config.causal`); vLLM chose per layer from "
-    "`layer_types` (sliding causal, full not): live and in `doctor`",
+    "CAUSAL_INFERRED", "layout", ("warning", "info"),
+    "info: vLLM's fallback is the published drafters' convention, the config cannot say it is wrong; "
+    "warning when acceptance collapses in the run (raised by `ACCEPTANCE_COLLAPSE`)",
+    "a DFlash drafter declares no causality (`is_causal`, `dflash_config.causal`) and vLLM's updater set none; vLLM "
+    "chose per layer from `layer_types` (sliding causal, full not): live and in `doctor`",
     'declare how the drafter was trained: "dflash_config": {"causal": true|false} (or "is_causal")',
 )
 # -- the pair: method, vocabulary, context
@@ -139,8 +140,10 @@ VOCAB_MISMATCH = _code(
     "use a drafter trained for this target's tokenizer",
 )
 DRAFT_CONTEXT_SHORT = _code(
-    "DRAFT_CONTEXT_SHORT", "context", ("warning",),
-    "warning",
+    "DRAFT_CONTEXT_SHORT", "context", ("warning", "info"),
+    "warning (dflash, mtp, draft_model: the drafter runs only up to its own context); info for eagle / eagle3, "
+    "which vLLM runs up to the target's context on purpose (`_maybe_override_draft_max_position_embeddings`): "
+    "acceptance past the boundary settles it (`CONTEXT_CLIFF`)",
     "the drafter's effective context is shorter than the target's",
     "give the drafter the target's rope scaling (e.g. the same YaRN factor) or cap --max-model-len",
 )
@@ -168,8 +171,10 @@ ACCEPTANCE_RECOVERED = _code(
 )
 # -- hidden-state taps
 TAP_DEFAULTED = _code(
-    "TAP_DEFAULTED", "taps", ("warning",),
-    "warning",
+    "TAP_DEFAULTED", "taps", ("warning", "info"),
+    "info when vLLM's fallback is the common trainers' default (2, N//2, N-3): right unless the drafter was trained "
+    "otherwise; warning when the fallback is another (the target model overrides it), or when acceptance collapses "
+    "in the run (raised by `ACCEPTANCE_COLLAPSE`)",
     "the drafter declares no hidden-state layer ids; vLLM uses its default taps",
     "declare the ids the drafter was trained on (eagle_aux_hidden_state_layer_ids, or "
     "dflash_config.target_layer_ids for DFlash)",
@@ -316,24 +321,27 @@ DRAFT_TENSORS_UNUSED = _code(
 )
 ROPE_MISMATCH = _code(
     "ROPE_MISMATCH", "rope", ("error",),
-    "error",
-    "an eagle / eagle3 / dflash / mtp drafter, which reads the target's positions, rotates them differently: "
+    "error: the method's trainers build the drafter's RoPE from the target's (speculators and SpecForge DFlash, "
+    "MTP), so a drafter declaring another misstates its training",
+    "a dflash / mtp drafter, which reads the target's positions, rotates them differently: "
     "base, scaling type or factor, original length, partial rotary factor or NeoX/GPT-J layout (config, and the "
     "built rotary modules live)",
     "give the drafter the target's RoPE in its config.json (\"rope_parameters\", or \"rope_theta\" and "
     "\"rope_scaling\" for older readers)",
 )
 ROPE_DIFFERS = _code(
-    "ROPE_DIFFERS", "rope", ("info",),
-    "info",
-    "a `draft_model` drafter's RoPE differs from the target's: legitimate for an independent drafter, the first "
-    "suspect when its acceptance collapses or falls with context",
+    "ROPE_DIFFERS", "rope", ("warning", "info"),
+    "info: legitimate if trained so, which the configs cannot tell; warning when acceptance collapses in the run "
+    "(raised by `ACCEPTANCE_COLLAPSE`)",
+    "a `draft_model` drafter's RoPE, or an eagle / eagle3 drafter's (the EAGLE-3 reference trains it with a base of "
+    "its own), differs from the target's: the first suspect when its acceptance collapses or falls with context",
     "if acceptance collapses or falls with context, give the drafter the target's RoPE or use one trained with it",
 )
 DRAFT_DTYPE_LOSSY = _code(
-    "DRAFT_DTYPE_LOSSY", "dtype", ("error", "warning"),
-    "error (bfloat16 run in float16: overflow; warning for float32 → float16 and float16 → bfloat16)",
-    "the drafter runs in a dtype it was not trained in (config.json's dtype, else its checkpoint's), lossily; "
+    "DRAFT_DTYPE_LOSSY", "dtype", ("error", "warning", "info"),
+    "from the checkpoint's tensors: error (bfloat16 run in float16: overflow; warning for float32 → float16 and "
+    "float16 → bfloat16); info when only config.json's dtype says so (often stale: the safetensors headers settle it)",
+    "the drafter runs in a dtype it was not trained in (its checkpoint's tensors, else config.json's dtype), lossily; "
     "vLLM builds the draft config with the target's dtype",
     "run the target in the drafter's training dtype (--dtype), so the drafter gets it too",
 )

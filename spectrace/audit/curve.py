@@ -224,7 +224,32 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
 # present is its ``caused_by``): those that make every draft wrong first, then those whose cost depends on the
 # drafter and the context (a dropped window costs nothing below it, a RoPE base more the longer the context)
 COLLAPSE_SUSPECTS = (codes.DRAFT_VOCAB_MAP_MISSING, codes.DRAFT_VOCAB_MAP_INVALID, codes.DRAFT_WEIGHTS_UNLOADED,
-                     codes.DRAFT_DTYPE_LOSSY, codes.SWA_DROPPED, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS)
+                     codes.DRAFT_DTYPE_LOSSY, codes.SWA_DROPPED, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS,
+                     codes.TAP_DEFAULTED, codes.CAUSAL_INFERRED)
+# static findings that are info because the configs cannot tell "trained so" from "misdeclared" (their evidence says
+# what would settle it): a collapse in the run is that evidence, and raises them to a warning of their own
+RAISED_BY_COLLAPSE = (codes.ROPE_DIFFERS, codes.TAP_DEFAULTED, codes.CAUSAL_INFERRED)
+
+
+def raised_findings(collapse: Finding) -> list[Finding]:
+    """The info suspects a collapse names, each raised to a warning (``evidence.raised_by``), the collapse's
+    rates in its message: what the configs could not say, the run now does."""
+    if collapse.code != codes.ACCEPTANCE_COLLAPSE:
+        return []
+    ev = collapse.evidence
+    return [
+        codes.finding(
+            code,
+            severity="warning",
+            model_role="draft",
+            message=f"{code}, info before the first request (the configs could not tell), is now a likely cause: "
+            f"acceptance collapsed in this run (position 0 {ev['position_0_rate']:.1%}, overall {ev['overall_rate']:.1%}), "
+            "the shape it predicts",
+            evidence={"raised_by": codes.ACCEPTANCE_COLLAPSE, "static_severity": "info",
+                      "position_0_rate": ev["position_0_rate"], "overall_rate": ev["overall_rate"]},
+        )
+        for code in ev.get("likely_causes", ()) if code in RAISED_BY_COLLAPSE
+    ]
 
 
 def collapse_finding(event: Any, suspects: Iterable[str] = ()) -> Finding:

@@ -59,13 +59,22 @@ def audit_dtype(
     """``DRAFT_DTYPE_LOSSY`` when the drafter runs in a dtype it was not trained in, lossily.
 
     ``declared``: config.json's dtype; ``checkpoint``: the dtype most of its safetensors tensors
-    hold (the truth when the config says nothing); ``runs_in``: what vLLM built it with.
+    hold (the truth, read first: a config's dtype is often stale; from the config alone the finding is info);
+    ``runs_in``: what vLLM built it with.
     """
-    trained = dtype_name(declared) or dtype_name(checkpoint)
+    # the checkpoint's tensors are what training wrote; a config's torch_dtype is often stale (the EAGLE-3 reference's
+    # and SpecForge's configs say float16 for drafters trained and saved in bfloat16), so from the config alone the
+    # finding is only info, settled by the safetensors headers
+    trained = dtype_name(checkpoint) or dtype_name(declared)
     runs = dtype_name(runs_in)
     if role != "draft" or trained is None or runs is None or (trained, runs) not in LOSSY:
         return []
     severity, why = LOSSY[(trained, runs)]
+    from_config = dtype_name(checkpoint) is None
+    if from_config:
+        severity = "info"
+        why += ("; only config.json says the drafter was trained so, and trainers leave it stale: the checkpoint's "
+                "tensor dtypes (safetensors headers) settle it")
     follows_target = target_runs_in is not None and dtype_name(target_runs_in) == runs
     return [
         codes.finding(
@@ -80,6 +89,8 @@ def audit_dtype(
                 "checkpoint_dtype": dtype_name(checkpoint),
                 "runs_in": runs,
                 "target_runs_in": dtype_name(target_runs_in),
+                "trained_from": "config" if from_config else "checkpoint",
+                **({"settled_by": "the checkpoint's tensor dtypes"} if from_config else {}),
             },
             fix=f"run the target in {trained} (--dtype {trained}) so the drafter gets it too"
             if follows_target

@@ -70,6 +70,18 @@ _COMPUTE = frozenset({
 })
 _SWA = frozenset({"sliding_window", "use_sliding_window", "layer_types", "max_window_layers", "swa_window_size", "use_swa"})
 _TAPS = frozenset({"eagle_aux_hidden_state_layer_ids", "target_layer_ids", "layer_ids"})
+# Fields a method's vLLM model never reads, wherever they are declared: neither lost nor to be moved. DFlash drafts
+# num_speculative_tokens per step; block_size is read only for DSpark (vllm/config/speculative.py: the DSpark
+# branch of SpeculativeConfig.__post_init__ and _get_qwen3_dspark_value; speculators/algos.py: update_dspark keeps
+# it, update_dflash does not). The trainer writes it to say how many positions the drafter learnt (speculators
+# DFlashDraftModel._build_base_config_kwargs: speculative_tokens = block_size - 1 without sample_from_anchor).
+NOT_READ = {
+    "dflash": {
+        "block_size": "vLLM's DFlash does not read it (only DSpark's does): it drafts num_speculative_tokens per "
+        "step; it is the block the drafter was trained with, so a k above block_size - 1 drafts positions it never "
+        "learnt",
+    },
+}
 # vLLM raises an EAGLE drafter's max_position_embeddings to the target's context on purpose (#48894)
 _INTENDED = frozenset({"max_position_embeddings"})
 
@@ -81,6 +93,10 @@ class Stage:
     rule: str
     config: dict[str, Any] | None
     error: str | None = None
+    # where this step put each declared top-level field its output does not hold by name: the output keys that
+    # change with that field's value (``vllm_objects.configs._moves`` probes vLLM's own updater); [] where none
+    # does (the step does not read it); a field it moved is not lost
+    moves: dict[str, list[str] | None] | None = None
 
 
 @dataclass
@@ -89,7 +105,7 @@ class DrafterField:
     key: str  # where vLLM's config holds it (``norm_before_fc``)
     declared: Any
     resolved: Any
-    status: str  # ok | dropped | changed | overridden | default_differs
+    status: str  # ok | moved | dropped | changed | overridden | default_differs
     rule: str | None  # the vLLM function that made the change
 
     def as_row(self, role: str = "draft") -> dict[str, Any]:
@@ -101,6 +117,18 @@ class DrafterField:
             "resolved": json.dumps(self.resolved, default=str),
             "status": self.status,
         }
+
+
+def _method(declared: dict[str, Any] | None) -> str | None:
+    """The drafter's method as its config names it: the speculators type, else the architecture's."""
+    if not isinstance(declared, dict):
+        return None
+    kind = declared.get("speculators_model_type")
+    if isinstance(kind, str):
+        return kind
+    from spectrace.audit.pair import architecture_method
+
+    return architecture_method(declared)
 
 
 def is_speculators(declared: dict[str, Any] | None) -> bool:
@@ -170,6 +198,10 @@ def drafter_fields(declared: dict[str, Any] | None, stages: list[Stage]) -> list
     fields: list[DrafterField] = []
     top = declared
     for path, key, value in _leaves(declared):
+        moved = _moved(path, value, stages)
+        if moved is not None:
+            fields.append(moved)
+            continue
         resolved = _lookup(final, key)
         rule = None
         for stage in stages:
@@ -200,6 +232,29 @@ def drafter_fields(declared: dict[str, Any] | None, stages: list[Stage]) -> list
         rule = next((s.rule for s in stages if s.config is not None and _lookup(s.config, key) is not _MISSING), None)
         fields.append(DrafterField(key, key, None, resolved, "default_differs", rule))
     return fields
+
+
+def _moved(path: str, declared: Any, stages: list[Stage]) -> DrafterField | None:
+    """A top-level field the first stage (vLLM's speculators updater) moved to other keys, followed from there:
+    ``moved`` while every key it went to keeps the updater's value to the end, else ``dropped`` / ``changed`` by
+    the later stage that lost or changed it; None for a field no stage moved."""
+    first = stages[0]
+    targets = (first.moves or {}).get(path)
+    if not targets or first.config is None:
+        return None
+    placed = {target: _lookup(first.config, target) for target in targets}
+    for stage in stages[1:]:
+        if stage.config is None:
+            break
+        now = {target: _lookup(stage.config, target) for target in targets}
+        lost = [t for t in targets if now[t] is _MISSING and placed[t] is not _MISSING]
+        changed = [t for t in targets if t not in lost and _norm(now[t]) != _norm(placed[t])]
+        if lost or changed:
+            status = "dropped" if lost and len(lost) == len(targets) else "changed"
+            resolved = {t: (None if now[t] is _MISSING else now[t]) for t in targets}
+            return DrafterField(path, ", ".join(targets), declared, resolved, status, stage.rule)
+    final = {target: (None if placed[target] is _MISSING else placed[target]) for target in targets}
+    return DrafterField(path, ", ".join(targets), declared, final, "moved", first.rule)
 
 
 # the fields vLLM's EAGLE-3 updater reads from the top level of a speculators-format config, and only there
@@ -244,7 +299,7 @@ def field_findings(
                 if c in present), None)
     findings = []
     for field in fields:
-        if field.status == "ok" or any(field.path == c or field.path.startswith(f"{c}.") for c in covered):
+        if field.status in ("ok", "moved") or any(field.path == c or field.path.startswith(f"{c}.") for c in covered):
             continue
         name = _leaf_name(field.key)
         code = {
@@ -261,7 +316,8 @@ def field_findings(
         elif name in _TAPS and tap:
             caused = tap
         intended = name in _INTENDED and field.rule is not None and "SpeculativeConfig" in field.rule
-        if caused or intended:
+        unread = NOT_READ.get(_method(declared), {}).get(name) if field.status == "dropped" else None
+        if caused or intended or unread:
             severity = "info"
         elif name in _COMPUTE or field.key.startswith(("rope_", "eagle_config.", "dflash_config.")):
             severity = "error"
@@ -280,6 +336,8 @@ def field_findings(
         else:
             message = (f"{role} {field.path}: declared {json.dumps(field.declared, default=str)}, vLLM builds the drafter "
                        f"with {json.dumps(field.resolved, default=str)} (changed by {field.rule})")
+        if unread:
+            message = f"{role} {field.path} = {json.dumps(field.declared, default=str)}: {unread}"
         if intended:
             message += "; vLLM raises it to the target's context on purpose (EAGLE drafts share the target's positions)"
         findings.append(
@@ -298,7 +356,7 @@ def field_findings(
                     **({"trainer_default": _trainer_default(field), "trainer": TRAINER_SOURCE}
                        if field.status == "default_differs" else {}),
                 },
-                fix="" if caused or intended else _fix(field, speculators),
+                fix="" if caused or intended or unread else _fix(field, speculators),
                 caused_by=caused,
             )
         )

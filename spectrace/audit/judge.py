@@ -133,7 +133,10 @@ def judge(facts: RunFacts) -> Judgement:
         draft_resolved=built_from.get("draft", draft.get("transformers_resolved")),
         max_model_len=facts.max_model_len,
     )
-    return Judgement(findings, root_causes(findings), boundaries, diffs, plans, statuses)
+    # roots: the causes a run's acceptance is explained by, the uncertain info findings among them (their evidence
+    # says what would settle them: a collapse does, curve.raised_findings)
+    suspects = {f.code for f in findings if f.caused_by is None and f.severity == "info" and f.evidence.get("settled_by")}
+    return Judgement(findings, root_causes(findings) | suspects, boundaries, diffs, plans, statuses)
 
 
 def _resolved(model: dict[str, Any], built_from: dict[str, dict[str, Any] | None] | None, role: str) -> dict[str, Any] | None:
@@ -183,9 +186,13 @@ def _audit_drafter(
     # purpose (num_hidden_layers 0, n_predict, model_type), so a field-by-field audit would only repeat that
     if facts.drafter_stages and facts.method != "mtp":
         fields = drafter_fields(declared, facts.drafter_stages)
+        moved = {f.path: f for f in fields if f.status == "moved"}
+        for d in diffs:  # the generic top-level comparison saw a field vLLM's updater moved as dropped: it is not
+            if d.model_role == "draft" and d.field in moved and d.status == "dropped":
+                d.status, d.resolved = "moved", moved[d.field].resolved
         listed = {d.field for d in diffs if d.model_role == "draft"}
         rows = [FieldDiff("draft", f.path, f.declared, f.resolved, f.status) for f in fields
-                if f.status != "ok" and f.path not in listed]
+                if f.status not in ("ok", "moved") and f.path not in listed]
         covered = set() if is_speculators(declared) else {
             f.evidence.get("field") for f in findings
             if f.model_role == "draft" and f.code in (codes.FIELD_DROPPED, codes.FIELD_CHANGED)}

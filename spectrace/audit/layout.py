@@ -7,6 +7,7 @@ from typing import Any
 
 from spectrace.audit import codes
 from spectrace.audit.causality import audit_causality
+from spectrace.audit.pair import RAISED_CONTEXT_METHODS
 from spectrace.audit.config_dicts import FULL, SLIDING, UNSPECIFIED, LayerPlan, _is_window, layer_plans
 from spectrace.audit.findings import Finding
 from spectrace.audit.resolution import FieldDiff, audit_config, draft_root_causes
@@ -27,6 +28,14 @@ def config_findings(
             # vLLM re-reads the target checkpoint for MTP and rewrites its fields through
             # SpeculativeConfig.hf_config_override by design: not a finding.
             findings = [f for f in findings if f.code not in (codes.FIELD_CHANGED, codes.FIELD_DROPPED)]
+        if role == "draft" and method in RAISED_CONTEXT_METHODS:
+            # SpeculativeConfig._maybe_override_draft_max_position_embeddings raises an EAGLE drafter's
+            # max_position_embeddings to the target's context on purpose (vllm#48894), on the config object
+            # transformers returned (so it reads as transformers' change): DRAFT_CONTEXT_SHORT says what it means
+            findings = [f for f in findings if not (
+                f.code == codes.FIELD_CHANGED and f.evidence.get("field") == "max_position_embeddings"
+                and isinstance(f.evidence.get("declared"), int) and isinstance(f.evidence.get("resolved"), int)
+                and f.evidence["resolved"] > f.evidence["declared"])]
         diffs.extend(model_diffs)
         by_role.setdefault(role, []).extend(findings)
     target = next((m for m in models if m["model_role"] == "target"), None)

@@ -115,6 +115,10 @@ def _audit_vocab(method: str | None, target: dict[str, Any] | None, draft: dict[
     ]
 
 
+# methods whose drafter vLLM runs up to the target's context whatever its config says (see _audit_context)
+RAISED_CONTEXT_METHODS = ("eagle", "eagle3")
+
+
 def _audit_context(method, target, draft, target_max_model_len) -> list[Finding]:
     if method not in ("eagle", "eagle3", "dflash", "draft_model", "mtp"):
         return []
@@ -122,14 +126,26 @@ def _audit_context(method, target, draft, target_max_model_len) -> list[Finding]
     target_ctx = target_max_model_len or effective_context(target)
     if draft_ctx is None or target_ctx is None or draft_ctx >= target_ctx:
         return []
+    # vLLM raises an EAGLE / EAGLE-3 drafter's max_position_embeddings to the target's context on purpose
+    # (SpeculativeConfig._maybe_override_draft_max_position_embeddings, vllm#48894: the drafter shares the target's
+    # positions): the drafter is run past the context its config names, as its trainers' published drafters are
+    # (the EAGLE-3 reference's names 2048). Whether it holds up there is for acceptance by context range to say.
+    raised = method in RAISED_CONTEXT_METHODS
     return [
         codes.finding(
             codes.DRAFT_CONTEXT_SHORT,
-            severity="warning",
+            severity="info" if raised else "warning",
             model_role="draft",
             message=f"the drafter's effective context ({draft_ctx}) is shorter than the target's ({target_ctx}); "
-            "drafts beyond it come from positions the drafter never saw",
+            + ("vLLM raises its max_position_embeddings to the target's on purpose (SpeculativeConfig."
+               "_maybe_override_draft_max_position_embeddings), so it drafts there from positions its config does not "
+               "name; fine if it was trained or generalises so, which the configs cannot tell: acceptance by context "
+               "range (spectrace report) settles it" if raised else
+               "drafts beyond it come from positions the drafter never saw"),
+            fix="" if raised else None,
             evidence={
+                **({"vllm_rule": "vllm.config.speculative.SpeculativeConfig._maybe_override_draft_max_position_embeddings",
+                    "settled_by": "acceptance by context range in a run"} if raised else {}),
                 "draft_max_position_embeddings": _get(draft, "max_position_embeddings", None),
                 "draft_rope_scaling": _get(draft, "rope_scaling", None),
                 "target_context": target_ctx,

@@ -30,7 +30,7 @@ class FieldDiff:
     field: str
     declared: Any
     resolved: Any
-    status: str  # ok | dropped | changed | defaulted
+    status: str  # ok | moved (by vLLM's speculators updater, to evidence.resolved's keys) | dropped | changed | defaulted
 
     def as_row(self) -> dict[str, Any]:
         return {

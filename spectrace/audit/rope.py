@@ -25,6 +25,21 @@ from spectrace.audit.findings import Finding
 
 # Methods whose drafter reads the target's positions (and so must rotate them as the target does).
 SHARED_POSITION_METHODS = ("eagle", "eagle3", "dflash", "mtp")
+# Methods whose trainers build the drafter's RoPE from the target's config, so that a drafter declaring another one
+# misstates its training (ROPE_MISMATCH, an error): speculators' DFlashDraftModel.from_training_args passes the
+# verifier's config as transformer_layer_config (src/speculators/models/dflash/core.py, and the rotary embedding is
+# built from it); SpecForge's DFlash configs copy the target's rope_theta (configs/qwen3-8b-dflash.json); an MTP
+# drafter is the target's own layers. EAGLE and EAGLE-3 drafters get a base of their own: the EAGLE-3 reference
+# builds the drafter's LlamaRotaryEmbedding with its default base 10000 whatever the target's
+# (SafeAILab/EAGLE eagle/traineagle3/cnets.py, LlamaAttention._init_rope), SpecForge's llama3-8B-eagle3.json
+# names no rope_theta; vLLM builds the drafter's rotary embedding from the drafter's config. A differing RoPE there is
+# what training did as often as a misdeclaration: ROPE_DIFFERS (info), until acceptance says otherwise.
+TARGET_ROPE_METHODS = ("dflash", "mtp")
+OWN_ROPE_TRAINERS = {
+    "eagle3": "the EAGLE-3 reference trains the drafter with a RoPE base of its own (SafeAILab/EAGLE "
+              "eagle/traineagle3/cnets.py: LlamaRotaryEmbedding's default base 10000, whatever the target's)",
+    "eagle": "EAGLE trains the drafter with the RoPE of its own config (SafeAILab/EAGLE eagle/model/cnets.py)",
+}
 DEFAULT_THETA = 10000.0  # vLLM's get_rope default when a config names no base
 _LAYER_KEYS = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
 _TYPE_ALIASES = {"su": "longrope", "mrope": "default", None: "default"}
@@ -196,14 +211,28 @@ def audit_rope(method: str | None, target: Rope | None, draft: Rope | None, *, w
         return []
     evidence = {"target": target.as_dict(), "draft": draft.as_dict(), "differs": differs, "read_from": where, "method": method}
     shown = "; ".join(f"{k}: target {target.compared()[k]!r}, drafter {draft.compared()[k]!r}" for k in differs)
-    if method in SHARED_POSITION_METHODS:
+    if method in OWN_ROPE_TRAINERS:
+        return [
+            codes.finding(
+                codes.ROPE_DIFFERS,
+                severity="info",
+                model_role="draft",
+                message=f"the {method} drafter's RoPE differs from the target's ({shown}; read from the {where}); "
+                f"vLLM builds it from the drafter's own config, and {OWN_ROPE_TRAINERS[method]}, so the configs cannot "
+                "tell a drafter trained so from a misdeclared one: acceptance that collapses or falls with context "
+                "(spectrace report, by context range) settles it",
+                evidence={**evidence, "settled_by": "acceptance by context range in a run"},
+                fix="only if acceptance collapses or falls with context: " + _fix(target, differs),
+            )
+        ]
+    if method in TARGET_ROPE_METHODS:
         return [
             codes.finding(
                 codes.ROPE_MISMATCH,
                 severity="error",
                 model_role="draft",
                 message=f"the {method} drafter rotates the target's positions differently from the target ({shown}; "
-                f"read from the {where}); what that costs depends on the drafter and the context length and cannot "
+                f"read from the {where}), where its trainers build the drafter's RoPE from the target's; what that costs depends on the drafter and the context length and cannot "
                 "be read from the configs: compare the acceptance by context range (spectrace report)",
                 evidence=evidence,
                 fix=_fix(target, differs),

@@ -20,6 +20,7 @@ from spectrace import acceptance, slices
 from spectrace.audit import codes
 from spectrace.audit.curve import (
     collapse_finding,
+    raised_findings,
     context_cliff_finding,
     dummy_drafts_finding,
     not_paying_finding,
@@ -84,7 +85,8 @@ class RunJudge:
         event = records.collapse.observe(drafted_at, accepted_at, marks)
         if event is None:
             return []
-        return [collapse_finding(event, records.curve.roots if records.curve is not None else ())]
+        collapse = collapse_finding(event, records.curve.roots if records.curve is not None else ())
+        return [collapse, *raised_findings(collapse)]
 
     def curve_findings(self, run_id: str) -> list[Finding]:
         """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS over the curve so far."""

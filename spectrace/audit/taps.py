@@ -14,6 +14,21 @@ from spectrace.console import bounded, listed
 
 
 # -- hidden-state taps -----------------------------------------------------------------
+
+# The layer ids the common EAGLE-3 trainers tap when none are given, in vLLM's convention: speculators
+# (src/speculators/models/utils.py resolve_target_layer_ids: [2, N // 2, N - 3]), SpecForge
+# (specforge/algorithms/model_providers.py: capture layers [1, N // 2 - 1, N - 4] in SGLang's convention, the
+# output of layer i, which is vLLM's id i + 1) and the EAGLE-3 reference (SafeAILab/EAGLE eagle/model/modeling_llama_kv.py:
+# the input of layers 2, N // 2 and N - 3); vLLM's own fallback heuristic is the same.
+TRAINERS_DEFAULT_SOURCE = ("that is what speculators, SpecForge (in SGLang's convention) and the EAGLE-3 reference "
+                           "train with when given no ids")
+
+
+def trainers_default(target_layers: Any) -> list[int] | None:
+    """(2, N // 2, N - 3) for a target of N layers: the taps the common trainers use by default."""
+    if not isinstance(target_layers, int) or isinstance(target_layers, bool) or target_layers < 6:
+        return None
+    return sorted({2, target_layers // 2, target_layers - 3})
 #
 # vLLM's tap id k is the hidden state after target layer k-1 (id 0: the embeddings);
 # HF's ``hidden_states[k]``. EAGLE3 checkpoints declare ids in that convention. DFlash
@@ -158,17 +173,23 @@ def audit_taps(
         )
     if expected is None:
         status = "defaulted" if status == "ok" else status
+        common = tapped is not None and tapped == trainers_default(target_layers)
         findings.append(
             codes.finding(
                 codes.TAP_DEFAULTED,
-                severity="warning",
+                severity="info" if common else "warning",
                 model_role="draft",
                 message=f"vLLM guessed the drafter's taps {listed(tapped)}: the drafter declares no hidden-state layer ids "
                 f"in any field vLLM reads ({', '.join(f for f, _ in TAP_FIELDS[:3])}, ...), so the model runner fell back to "
                 + (f"{default_rule} (the (2, N//2, N-3) heuristic for {target_layers} target layers unless the model "
                    "overrides it)" if guessed and default_rule else "the target's default ids")
-                + "; right for some checkpoints, wrong for others (vllm#50170)",
-                evidence=evidence,
+                + (f"; {TRAINERS_DEFAULT_SOURCE}, so this is right unless the drafter was trained on other layers "
+                   "(vllm#50170's was): acceptance that collapses from the first request, or the trainer's recorded "
+                   "layer ids, settles it" if common else
+                   f"; they are not the common trainers' default {listed(trainers_default(target_layers))}, so a "
+                   "drafter trained the usual way is fed other layers (vllm#50170)"),
+                evidence={**evidence, "trainers_default": trainers_default(target_layers),
+                          **({"settled_by": "the trainer's layer ids, or acceptance in a run"} if common else {})},
             )
         )
     elif tapped is not None and tapped != expected and status not in ("out_of_range",):

@@ -216,7 +216,8 @@ def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[
             return [Stage("vllm.transformers_utils.configs.speculators", None, f"ImportError: {exc}")]
         try:
             built = extract(copy.deepcopy(declared))
-            stages.append(Stage(rule, json.loads(json.dumps(built, default=str)) if isinstance(built, dict) else None))
+            config = json.loads(json.dumps(built, default=str)) if isinstance(built, dict) else None
+            stages.append(Stage(rule, config, moves=_moves(extract, declared, config)))
         except Exception as exc:
             stages.append(Stage(rule, None, f"{type(exc).__name__}: {exc}"[:300]))
             return stages
@@ -226,6 +227,65 @@ def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[
         stages.append(Stage(rule, transformers_resolved))
     stages.append(Stage(RULE_SPECULATIVE, final))
     return stages
+
+
+def _other(value: Any) -> Any:
+    """Another value of the same kind (a probe's input), or None where there is no obvious one."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 + 1
+    if isinstance(value, str):
+        return value + "_"
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [v + 1 for v in value]
+    return None
+
+
+def _dotted(config: dict[str, Any]) -> dict[str, str]:
+    """A config's values by dotted key, one level into nested dicts, as JSON text (for comparing two builds)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update({f"{key}.{sub}": json.dumps(v, sort_keys=True, default=str) for sub, v in value.items()})
+        else:
+            flat[key] = json.dumps(value, sort_keys=True, default=str)
+    return flat
+
+
+def _moves(extract: Any, declared: dict[str, Any], built: dict[str, Any] | None) -> dict[str, list[str] | None]:
+    """Where vLLM's speculators updater puts each top-level field that its output does not hold by name.
+
+    Read by running the installed updater again on a copy with only that field's value changed: the keys of
+    its output that change with it are where it went (``update_dflash``: ``mask_token_id`` ->
+    ``dflash_config.mask_token_id``, ``aux_hidden_state_layer_ids`` -> ``eagle_aux_hidden_state_layer_ids`` and
+    ``dflash_config.target_layer_ids``, ``sliding_window_non_causal`` -> ``dflash_config.causal``); ``[]``: no key
+    changes, the updater does not read it; ``None``: not probed (no other value to try, or the probe raised)."""
+    import copy
+
+    if not isinstance(built, dict):
+        return {}
+    base = _dotted(built)
+    moves: dict[str, list[str] | None] = {}
+    for key, value in declared.items():
+        if key in built or key == "transformer_layer_config" or isinstance(value, dict):
+            continue
+        other = _other(value)
+        if other is None:
+            moves[key] = None
+            continue
+        probe = copy.deepcopy(declared)
+        probe[key] = other
+        try:
+            changed = extract(probe)
+            flat = _dotted(json.loads(json.dumps(changed, default=str)))
+        except Exception:
+            moves[key] = None
+            continue
+        moves[key] = sorted(k for k in set(base) | set(flat) if base.get(k) != flat.get(k))
+    return moves
 
 
 def _flat(overrides: dict[str, Any]) -> dict[str, Any]:
