@@ -91,8 +91,8 @@ def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list,
                            # the d2t map (small, bounded): a missing one is the root of a collapse and of wrong-id drafts
                            vocab_maps=read_vocab_maps(configs["draft"].model) if "draft" in configs else None)
     judged = audit.judge(facts)
-    # an independent drafter's own RoPE is info, not a root cause, but the likely one of a cliff or collapse
-    roots = judged.roots | {f.code for f in judged.findings if f.code == audit.codes.ROPE_DIFFERS}
-    return judged.boundaries, roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
+    # judged.roots holds the uncertain info suspects too (an EAGLE drafter's own RoPE: ROPE_DIFFERS), a collapse's
+    # likely causes
+    return judged.boundaries, judged.roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
 
 
