@@ -204,13 +204,23 @@ def test_ngram_on_v2_fails_in_the_interpreter_the_same_way_traced_and_untraced(z
     assert (traced.ok, traced.error) == (untraced.ok, untraced.error)
 
 
-def test_v2_with_multiprocessing_and_the_pipeline_process(zoo, scratch, cache_root, traced_methods):
+@pytest.mark.server  # the OTLP receiver
+def test_v2_with_multiprocessing_the_pipeline_process_and_otlp(zoo, scratch, cache_root, traced_methods):
     """vLLM's production shape on V2: frontend, engine core and worker processes (the harness reaches each through
-    PYTHONPATH), each shipping to a pipeline process; one run, counts equal vLLM's and V1's."""
+    PYTHONPATH), each shipping to a pipeline process, exporting to the store and to a real OTLP receiver; one run,
+    counts equal vLLM's, V1's and the receiver's."""
+    from spectrace.testing.otlp import OtlpReceiver
+
     store = scratch / "v2-mp-store"
     spec = [s for s in method_specs(zoo) if s.name == "self"][0]
-    result = run_engines([spec], store=store, multiprocessing=True, cache_root=cache_root, runner="v2",
-                         env={"SPECTRACE_PIPELINE": "process"}, log_file=scratch / "v2-mp.log")["self"]
+    with OtlpReceiver() as receiver:
+        result = run_engines([spec], store=store, multiprocessing=True, cache_root=cache_root, runner="v2",
+                             env={"SPECTRACE_PIPELINE": "process", "SPECTRACE_EXPORTER": "duckdb,otlp",
+                                  "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+                                  "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_METRIC_EXPORT_INTERVAL": "500"},
+                             log_file=scratch / "v2-mp.log")["self"]
+        sent = receiver.latest("spectrace.verify.accepted_tokens", ("position", "run_id"))
+        spans = receiver.spans()
     assert result.ok, result.error
     con = spectrace.store.open(store)
     assert con.execute("select model_runner from runs").fetchall() == [("v2",)]
@@ -222,6 +232,8 @@ def test_v2_with_multiprocessing_and_the_pipeline_process(zoo, scratch, cache_ro
     v1_store, v1 = traced_methods
     assert result.tokens == v1["self"].tokens
     assert (drafted, accepted) == _by_position(spectrace.store.open(v1_store), v1["self"].run_id)
+    assert [sent[(str(p), result.run_id)] for p in range(K)] == accepted  # the receiver got the same counts
+    assert {"spectrace.run", "spectrace.worker.load_model"} <= {s["name"] for s in spans}
     # the start-up line once in each traced vLLM process (frontend, engine core, worker); pipeline processes hook nothing
     starts = [line for line in result.log.splitlines() if "spectrace: tracing on in pid" in line]
     assert len({line.split("tracing on in pid ")[1].split()[0] for line in starts}) == len(starts) == 3, starts

@@ -257,6 +257,9 @@ class Runtime:
         if self._owner != os.getpid() or self._shut_down:
             return  # a forked child's inherited atexit (the parent's buffers), or stop() then atexit
         self._shut_down = True
+        pending, self.pending_start_line = self.pending_start_line, None
+        if pending is not None:  # a process that never began a run still says what ran
+            log.log(pending[0], "%s", pending[1])
         try:
             # a pipeline process checks at its EOF, unless its engine ended without its last message
             if self.verify is not None and not self.shipping and self.agreement_at_exit:
