@@ -10,7 +10,7 @@ import json
 import sys
 from typing import NoReturn
 
-from spectrace.console import UsageError
+from spectrace.console import UsageError, safe
 from spectrace.doctor.diagnose import DEFAULT_K, DEFAULT_RUNNER, diagnose
 from spectrace.doctor.inputs import DoctorInputError
 from spectrace.doctor.render import render_text
@@ -43,7 +43,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _one_line_error(message: str) -> NoReturn:
-    print(f"spectrace: error: doctor: {message}", file=sys.stderr)
+    """argparse's error for doctor's arguments: it quotes what was typed (an ambiguous ``--max=VALUE`` whole), so
+    through the one boundary before a terminal (``console.safe``), secrets redacted, as ``cli.main``'s line."""
+    from spectrace.redact import redact
+
+    print(f"spectrace: error: doctor: {safe(redact(message))}", file=sys.stderr)
     sys.exit(2)
 
 

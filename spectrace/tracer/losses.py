@@ -192,3 +192,34 @@ def claim(settings, host: str) -> list[tuple[Path, dict[str, Any]]]:
             continue
         out.append((claimed, doc))
     return out
+
+
+def write_claimed(rt, host: str) -> int:
+    """The ledgers :func:`claim` takes, each one row of ``rt``'s ``internal_errors`` (hook :data:`HOOK`, ``count``
+    the records, under the lost process's pid, host and run), flushed, then removed; how many records. Whichever
+    process writes the store calls it at its start: a pipeline process (``spectrace.tracer.pipeline_process``), or
+    with ``SPECTRACE_PIPELINE=thread`` the traced process itself. Never raises (a failure is one counted error)."""
+    import logging
+
+    try:
+        claimed = claim(rt.settings, host)
+    except Exception as exc:
+        rt.count_error("pipeline.losses", exc)
+        return 0
+    for _, doc in claimed:
+        reasons = "; ".join(str(r) for r in doc.get("reasons") or [])[:400]
+        rt.pipeline.append("internal_errors", {
+            **rt.common("process"), "run_id": doc.get("run_id"), "pid": doc.get("pid"), "host": doc.get("host"),
+            "ts": time.time_ns(), "hook": HOOK, "count": int(doc["records"]),
+            "error": f"lost by the shipper of pid {doc.get('pid')}, which exited: {reasons}"[:500]})
+        logging.getLogger("vllm.spectrace").warning(
+            "spectrace: pid %s on this host exited with %d records its pipeline processes never wrote; written into "
+            "the store (internal_errors, hook %s)", doc.get("pid"), doc["records"], HOOK)
+    if claimed:
+        rt.flush()
+        for path, _ in claimed:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return sum(doc["records"] for _, doc in claimed)

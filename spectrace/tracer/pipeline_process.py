@@ -154,24 +154,7 @@ def _write_losses(rt, init: dict) -> None:
         rt.pipeline.count_dropped(init["lost"])  # what an earlier pipeline process of this engine never took
         row(init["pid"], init["host"], init.get("run"), init["lost"], "an earlier pipeline process of this engine "
             "ended before writing them")
-    try:
-        claimed = losses.claim(rt.settings, init["host"])
-    except Exception as exc:
-        rt.count_error("pipeline.losses", exc)
-        return
-    for _, doc in claimed:
-        reasons = "; ".join(str(r) for r in doc.get("reasons") or [])[:400]
-        row(doc.get("pid"), doc.get("host"), doc.get("run_id"), doc["records"],
-            f"lost by the shipper of pid {doc.get('pid')}, which exited: {reasons}")
-        log.warning("spectrace: pid %s on this host exited with %d records its pipeline processes never wrote; "
-                    "written into the store (internal_errors, hook %s)", doc.get("pid"), doc["records"], losses.HOOK)
-    if claimed:
-        rt.flush()
-        for path, _ in claimed:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+    losses.write_claimed(rt, init["host"])
 
 
 class Acks:

@@ -34,7 +34,7 @@ ledger in the store that the next pipeline process on this host writes into the 
 taking (and counting) what the hooks buffer, and says once, as an error, that tracing stopped for this process
 and why. (It does not fall back to the in-process flush: docs/architecture.md says why.) The engine's exit
 ends the pipeline process by EOF after a last flush and waits for it a bounded time (:data:`EXIT_WAIT_S`;
-one that is stopped is killed then, its unwritten records counted); a killed engine's pipeline process sees
+one seen stopped for :data:`STOPPED_GRACE_S` is killed then, its unwritten records counted); a killed engine's pipeline process sees
 EOF as well and flushes what it has.
 """
 
@@ -62,6 +62,11 @@ MAX_RESTARTS = 3  # pipeline processes started again after one died; then record
 EXIT_WAIT_S = 30.0  # the engine's exit waits this long for its pipeline process's last flush
 PIPE_FULL_S = 30.0  # a pipeline process that takes no byte of a message this long (stopped, hung) is killed
 FLUSH_WAIT_S = 60.0  # flush() waits this long for the pipeline process to have written everything
+# A pipeline process seen stopped (SIGSTOP, state T in /proc) this long without a break writes nothing while it stays
+# so: flush() stops waiting for it (its messages stay unacknowledged: counted as lost if it never writes them), and the
+# engine's exit kills it rather than waiting EXIT_WAIT_S. On real vLLM each run's end and each model load flushes on
+# vLLM's thread: waiting FLUSH_WAIT_S for a stopped process there stalled vLLM a minute a flush.
+STOPPED_GRACE_S = 5.0
 MAX_PENDING_REQUESTS = 10_000  # requests whose prefill is not known yet (the oldest are shipped as they are)
 STALE_REQUEST_S = 60.0  # a request not scheduled after this long is shipped without its prefill
 # An idle process (nothing recorded, its state unchanged) sends no message, and the shipper's wait doubles from
@@ -171,7 +176,8 @@ class Shipper:
         self.lost_records = 0  # records in messages that never reached a pipeline process
         self.ship_cpu_ns = 0  # thread CPU the shipper spent collecting and pickling
         self.bytes_shipped = 0
-        self._lost_unreported = 0
+        self._lost_unreported = 0  # lost records no pipeline process has written yet (the ledger's count)
+        self._handed = 0  # of them, those the running pipeline process was told, until it acknowledges a flush
         self._seq = 0
         self._acked = 0
         self._cond = threading.Condition()
@@ -237,9 +243,9 @@ class Shipper:
                       type(exc).__name__, exc)
             self.proc = None
             return False
-        if self._lost_unreported:
-            self._lost_unreported = 0  # the new pipeline process counts them
-            self._publish(force=True)
+        # the new pipeline process writes the count at its first flush: it is that process's once it acknowledged one
+        # (a process killed before that wrote nothing: the count goes to the next one, or to the ledger)
+        self._handed = self._lost_unreported
         return True
 
     def _alive(self) -> bool:
@@ -540,6 +546,7 @@ class Shipper:
     def _read_acks(self, seq: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         proc = self.proc
+        stopped = _StoppedFor(proc.pid) if proc is not None else None
         while self._acked < seq and proc is not None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -551,6 +558,10 @@ class Shipper:
                 return False
             if not ready:
                 if proc.poll() is not None:
+                    return False
+                if stopped.seconds() >= STOPPED_GRACE_S:
+                    log.warning("spectrace: the pipeline process (pid %d) is stopped (SIGSTOP?); not waiting for its "
+                                "flush (%d records not confirmed written)", proc.pid, self.unconfirmed())
                     return False
                 continue
             frame = read_frame(proc.stdout.raw)  # unbuffered: select sees every byte not read yet
@@ -565,6 +576,10 @@ class Shipper:
         except Exception:
             return
         self._acked = max(self._acked, seq)
+        if self._handed:  # its first flush is done: the count it was told at its start is in the store
+            self._lost_unreported = max(0, self._lost_unreported - self._handed)
+            self._handed = 0
+            self._publish(force=True)
         while self._unacked and self._unacked[0][0] <= seq:
             self._unacked.popleft()
         if isinstance(stats, dict):
@@ -614,7 +629,8 @@ class Shipper:
 
         Bounded: a pipeline process that stops reading (hung) would block the last write, so a watchdog kills it
         after :data:`EXIT_WAIT_S` (the write then fails, its records counted as lost); once EOF is delivered the
-        engine waits for its last flush at most :data:`EXIT_WAIT_S` more, and leaves it to finish on its own."""
+        engine waits for its last flush at most :data:`EXIT_WAIT_S` more, and leaves it to finish on its own; one seen
+        stopped (SIGSTOP) for :data:`STOPPED_GRACE_S` is killed at once, its unwritten records counted."""
         if self._closed:
             return
         self._closed = True
@@ -637,7 +653,7 @@ class Shipper:
                 pass
             watchdog.cancel()  # EOF is delivered: from here it only writes what it has, on its own
             try:
-                proc.wait(timeout=EXIT_WAIT_S)
+                _wait_unless_stopped(proc, EXIT_WAIT_S)
             except subprocess.TimeoutExpired:
                 if not _stopped(proc.pid):
                     log.warning("spectrace: the pipeline process (pid %d) is still writing after %.0f s; it finishes "
@@ -676,6 +692,10 @@ class Shipper:
                         "unwritten records counted as lost", proc.pid, EXIT_WAIT_S)
             proc.kill()
 
+    def unconfirmed(self) -> int:
+        """Records shipped that the pipeline process has not acknowledged written yet."""
+        return sum(n for _, n in list(self._unacked))
+
     def stats(self) -> dict[str, Any]:
         return {
             "pid": self.proc.pid if self.proc is not None else None,
@@ -685,6 +705,7 @@ class Shipper:
             "bytes": self.bytes_shipped,
             "lost_messages": self.lost_messages,
             "lost_records": self.lost_records,
+            "unconfirmed_records": self.unconfirmed(),  # shipped, not acknowledged written yet
             "lost_unreported": self._lost_unreported,  # of them, what no pipeline process took (the ledger's count)
             "stopped": self.stopped,
             "ship_cpu_ms": self.ship_cpu_ns / 1e6,
@@ -698,3 +719,34 @@ def _stopped(pid: int) -> bool:
             return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
     except (OSError, IndexError):
         return False
+
+
+class _StoppedFor:
+    """How long ``pid`` has been seen stopped without a break (0 while it runs), read from /proc at each call."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.since = pid, None
+
+    def seconds(self) -> float:
+        if not _stopped(self.pid):
+            self.since = None
+            return 0.0
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        return now - self.since
+
+
+def _wait_unless_stopped(proc, timeout: float) -> None:
+    """``proc.wait(timeout)``, cut short once ``proc`` was seen stopped :data:`STOPPED_GRACE_S` without a break.
+    Raises subprocess.TimeoutExpired when it has not exited."""
+    deadline = time.monotonic() + timeout
+    stopped = _StoppedFor(proc.pid)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(timeout=max(0.0, min(left, 0.5)))
+            return
+        except subprocess.TimeoutExpired:
+            if left <= 0.5 or stopped.seconds() >= STOPPED_GRACE_S:
+                raise
