@@ -193,3 +193,23 @@ def test_a_pipe_that_stays_full_is_a_hung_pipeline_process_killed_counted_and_re
     assert {r[0] for r in con.execute("select distinct step from verify_steps").fetchall()} == {0, 1, 10, 11}
     rows = _lost_rows(tmp_path / "store")
     assert sum(count for _, _, count, _ in rows) == sent and {pid for pid, *_ in rows} == {os.getpid()}
+
+
+def test_a_flush_thread_process_writes_the_ledgers_of_exited_shippers_at_its_start(tmp_path):
+    """SPECTRACE_PIPELINE=thread: the traced process writes the store itself, so it takes the host's ledgers of
+    shippers that exited (as a pipeline process does at its start), once."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(gone.stdout)
+    settings = Settings(enabled=True, dir=tmp_path / "store", exporters=("duckdb",), pipeline="thread")
+    ledger = losses.Ledger(settings, pid, settings.host)
+    ledger.write(17, 17, 3, ["pipeline process stopped at exit"], "run-gone")
+    assert ledger.path.is_file()
+    rt = runtime.start(settings, hooks=[], make_capture=VerifyCapture)
+    try:
+        rt.flush()
+    finally:
+        runtime.stop()
+    rows = spectrace.store.open(tmp_path / "store").execute(
+        "select pid, run_id, count from internal_errors where hook = ?", [losses.HOOK]).fetchall()
+    assert rows == [(pid, "run-gone", 17)]
+    assert not ledger.path.exists() and list((tmp_path / "store" / losses.FOLDER).iterdir()) == []

@@ -514,6 +514,11 @@ def start(settings: Settings | None = None, *, hooks: list[Hook] | None = None, 
                 _log_start(rt)
         _runtime, _parent = rt, None
         rt.pipeline.start()
+        if not rt.shipping and previous is None:  # SPECTRACE_PIPELINE=thread: this process writes the store, so it
+            from spectrace.tracer import losses  # takes this host's exited shippers' loss ledgers, as a pipeline
+            #                                      process does at its start
+
+            losses.write_claimed(rt, rt.host)
         atexit.register(rt.shutdown)
         return rt
 
