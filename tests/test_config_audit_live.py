@@ -62,9 +62,10 @@ def test_correct_sliding_drafter_slides(audit_runs, name):
     con, results, _ = audit_runs
     result = results[name]
     assert result.ok, result.error
-    # the drafter declares no causality: vLLM made its sliding layer causal, and says so
+    # the drafter declares no causality: vLLM made its sliding layer causal, and says so -- as info (the severity
+    # policy: from configs alone "trained so" cannot be told from "misdeclared"; a collapse after position 0 raises it)
     [(code, severity, role, caused_by, message, _)] = _findings(con, result.run_id)
-    assert (code, severity, role, caused_by) == ("CAUSAL_INFERRED", "warning", "draft", None)
+    assert (code, severity, role, caused_by) == ("CAUSAL_INFERRED", "info", "draft", None)
     assert "every layer causal" in message
     [(declared, declared_w, resolved, resolved_w, runtime, runtime_w, spec, causal)] = _layout(con, result.run_id)
     assert (declared, declared_w, runtime, runtime_w) == ("sliding", WINDOW, "sliding", WINDOW)

@@ -45,7 +45,8 @@ def model_runs(zoo, scratch, cache_root):
     other_rope = {**target_rope, "rope_theta": 500000.0}  # the zoo target rotates with 10000
     missing = derive_model(root / "eagle3-missing", zoo["eagle3"], drop_tensors=[MISSING])
     rope = derive_model(root / "eagle3-rope", zoo["eagle3"], config={"rope_parameters": other_rope})
-    bf16 = derive_model(root / "draft-bf16", target, config={"dtype": "bfloat16", "rope_parameters": other_rope})
+    bf16 = derive_model(root / "draft-bf16", target, config={"dtype": "bfloat16", "rope_parameters": other_rope},
+                        tensor_dtype="bfloat16")  # saved in bf16: the checkpoint settles how it was trained
     fields = build_speculators_eagle3(
         root / "speculators-eagle3", target_dir=target, aux_layer_ids=None, layer={"norm_before_fc": True},
         top={"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, draft_vocab_size=200, d2t="missing",
@@ -138,6 +139,7 @@ def test_a_bf16_drafter_next_to_an_fp16_target_runs_in_fp16(model_runs):
     assert set(found) == {"DRAFT_DTYPE_LOSSY", "ROPE_DIFFERS"}
     severity, evidence, message, fix = found["DRAFT_DTYPE_LOSSY"]
     assert severity == "error" and evidence["declared_dtype"] == "bfloat16" and evidence["runs_in"] == "float16"
+    assert (evidence["checkpoint_dtype"], evidence["trained_from"]) == ("bfloat16", "checkpoint")
     assert "the target's dtype" in message and "--dtype bfloat16" in fix
     assert found["ROPE_DIFFERS"][0] == "info" and "first suspect" in found["ROPE_DIFFERS"][2]
     facts = _weights(con, result.run_id)
@@ -184,7 +186,7 @@ def test_each_drafter_field_case_is_named_while_vllm_serves_a_speculators_drafte
         ("DRAFT_TENSORS_UNUSED", "warning", None, "worker", None),
         # no DRAFT_WEIGHTS_UNLOADED for draft_id_to_target_id: vLLM zero-fills it, the map finding says what that does
         ("DRAFT_VOCAB_MAP_MISSING", "error", None, "frontend", None),
-        ("TAP_DEFAULTED", "warning", None, "worker", None),
+        ("TAP_DEFAULTED", "info", None, "worker", None),  # vLLM's default is the trainers': info until acceptance says
     ]
     evidence = {code: json.loads(e) for code, _, _, _, e in rows}
     assert evidence["DRAFT_FIELD_OVERRIDDEN"]["vllm_rule"].endswith("algos.update_eagle3")

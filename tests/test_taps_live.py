@@ -47,7 +47,8 @@ def test_eagle3_without_ids_is_tap_defaulted(tap_runs):
     assert (field, declared, expected, status) == (None, None, None, "defaulted")
     assert tapped == [2, 4, 5]  # vLLM's default (2, n // 2, n - 3) for the 8-layer target
     codes = _codes(con, result.run_id)
-    assert set(codes) == {"TAP_DEFAULTED"} and codes["TAP_DEFAULTED"][0] == "warning"
+    # info: vLLM's default is the one the common trainers train with (the severity policy); a collapse raises it
+    assert set(codes) == {"TAP_DEFAULTED"} and codes["TAP_DEFAULTED"][0] == "info"
     assert "[2, 4, 5]" in codes["TAP_DEFAULTED"][2]
 
 

@@ -15,6 +15,7 @@ V2's probabilistic rejection kernel under the interpreter, so the lane decodes g
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.vllm
 WINDOW = 32  # the seed-shaped drafters' sliding window (their prompts run past it)
 SEED_LAYERS = ["sliding_attention"] * 4 + ["full_attention"]  # the seed's drafter: 4 sliding-window layers, 1 full
 V2_METHODS = ("self", "seeded", "eagle3", "dflash", "mtp")  # what V2 decodes on this CPU (ngram: module docstring)
+V2_HOOKS = ("worker.execute_model_v2", "worker.verify_v2.sample", "worker.verify_v2")  # the V2 runner's own hooks
 LONG_PROMPT = "once upon a time there was a b c d e f g the quick brown fox hello world speculative decoding"
 
 
@@ -57,7 +59,9 @@ def _seed_specs(zoo, root):
 def v2_runs(zoo, scratch, cache_root):
     """Every V2 method and the seed's drafters, traced, in one child; the methods again untraced."""
     store = scratch / "v2-store"
-    specs = _v2_specs(zoo) + _seed_specs(zoo, scratch / "v2-models")
+    faulted = [dataclasses.replace(s, name="self_faulted", inject_fault=",".join(V2_HOOKS))
+               for s in _v2_specs(zoo) if s.name == "self"]
+    specs = _v2_specs(zoo) + faulted + _seed_specs(zoo, scratch / "v2-models")
     traced = run_engines(specs, store=store, cache_root=cache_root, log_file=scratch / "v2.log", runner="v2")
     untraced = run_engines(_v2_specs(zoo), store=None, traced=False, cache_root=cache_root, scratch=scratch, runner="v2")
     return spectrace.store.open(store), traced, untraced
@@ -114,6 +118,21 @@ def test_tracing_never_changes_what_v2_generates(v2_runs, name):
     _, traced, untraced = v2_runs
     assert untraced[name].ok, untraced[name].error
     assert traced[name].tokens == untraced[name].tokens
+
+
+def test_a_raising_v2_hook_leaves_vllm_unchanged_and_is_counted(v2_runs):
+    """Every V2 hook made to raise (SPECTRACE_INJECT_FAULT) in one engine: vLLM generates what it does untraced,
+    and each hook's errors are counted under its name."""
+    con, traced, untraced = v2_runs
+    result = traced["self_faulted"]
+    assert result.ok, result.error
+    assert result.tokens == untraced["self"].tokens
+    counted = dict(con.execute("select hook, sum(count) from internal_errors where run_id = ? group by hook",
+                               [result.run_id]).fetchall())
+    assert set(counted) == set(V2_HOOKS) and all(n >= 1 for n in counted.values())
+    assert all(f"hook {hook} raised InjectedFault" in result.log for hook in V2_HOOKS)
+    others = con.execute("select count(*) from internal_errors where run_id != ?", [result.run_id]).fetchone()[0]
+    assert others == 0  # nothing else raised in any V2 run
 
 
 def test_per_request_numbers_equal_vllms_own_on_v2(v2_runs):

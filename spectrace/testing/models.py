@@ -371,10 +371,12 @@ def derive_model(
     drop: Iterable[str] = (),
     zero: Iterable[str] = (),
     drop_tensors: Iterable[str] = (),
+    tensor_dtype: str | None = None,
 ) -> Path:
     """A copy of the model in ``source_dir`` with ``config.json`` keys set (``config``) or
     removed (``drop``) and the named tensors zeroed (``zero``); the weights are otherwise
-    the source's, less the tensors named in ``drop_tensors``. For drafters that are the target
+    the source's, less the tensors named in ``drop_tensors``, and stored in ``tensor_dtype`` (a torch dtype name:
+    a checkpoint really saved in it) where given. For drafters that are the target
     itself but for one planted fault (a shorter ``max_position_embeddings``, a zero final norm,
     a parallel-drafting token, a tensor missing from the checkpoint)."""
     from safetensors.torch import load_file
@@ -389,12 +391,17 @@ def derive_model(
     declared.update(config or {})
     (out / "config.json").write_text(json.dumps(declared, indent=2, sort_keys=True) + "\n")
     zero, drop_tensors = list(zero), list(drop_tensors)
-    if zero or drop_tensors:
+    if zero or drop_tensors or tensor_dtype:
         tensors = load_file(str(out / "model.safetensors"))
         for name in zero:
             tensors[name].zero_()
         for name in drop_tensors:
             del tensors[name]
+        if tensor_dtype:
+            import torch
+
+            dtype = getattr(torch, tensor_dtype)
+            tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 

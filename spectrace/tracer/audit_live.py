@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from spectrace import audit
-from spectrace.audit.dtype import declared_dtype, dtype_name
+from spectrace.audit.dtype import dtype_name
 from spectrace.vllm_objects.configs import drafter_stages, hf_override_facts, model_configs, scheduler_facts
 from spectrace.vllm_objects.weights import read_manifest, read_vocab_maps
 
@@ -82,11 +82,12 @@ def runs_in(vllm_config: Any) -> dict[str, str | None] | None:
 
 
 def checkpoint_dtypes(models: list[dict[str, Any]]) -> dict[str, str | None]:
-    """The dtype most of each checkpoint's tensors hold, from its safetensors headers, where its
-    config.json names none (headers only: no tensor data is read)."""
+    """The dtype most of each checkpoint's tensors hold, from its safetensors headers (headers only: no tensor data
+    is read). What training wrote, and so what the dtype audit reads before a config's often stale dtype, as doctor
+    does."""
     found: dict[str, str | None] = {}
     for model in models:
-        if model.get("model") and declared_dtype(model.get("declared")) is None:
+        if model.get("model"):
             found[model["model_role"]] = dtype_name(read_manifest(model["model"]).main_dtype())
     return found
 
