@@ -78,7 +78,11 @@ def readable(value: Any, column: str = "") -> Any:
     """A query cell for a person to read (``query``'s table; ``--format csv/json`` keep the raw value): a float in a
     column named for a rate or share (``rate``, ``acceptance_rate``, ``chunk_share``) between 0 and 1 as a percentage
     (``14.0%``), any other float to 4 significant digits (whole numbers from 1000 up, one decimal from 100);
-    anything else as it is."""
+    anything else as it is (a DECIMAL with a fraction is a float here)."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal) and value.is_finite() and value != value.to_integral_value():
+        value = float(value)
     if not isinstance(value, float) or not math.isfinite(value):
         return value
     if PERCENT_COLUMNS.search(column or "") and 0.0 <= value <= 1.0:

@@ -86,3 +86,21 @@ def test_permission_error_is_one_line_and_debug_shows_the_traceback(tmp_path, ca
     assert err == f"spectrace: error: Permission denied: {tmp_path / 'runs'}\n"
     with pytest.raises(PermissionError):
         main(["store", "stats", "--dir", str(tmp_path), "--debug"])
+
+
+def test_query_table_rounds_for_reading_and_csv_json_keep_the_raw_values(capsys, monkeypatch):
+    import duckdb
+
+    from spectrace.cli import query as query_cli
+
+    monkeypatch.setattr(query_cli, "open_source", lambda args: duckdb.connect())
+    sql = ("select 25/178 as draft_acceptance_rate, 25/178 as ratio, 1234567.891 as step_ns, 2.21348 as length, "
+           "42 as steps, 'a' as name")
+    assert main(["query", sql]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split() == ["14.0%", "0.1404", "1234568", "2.213", "42", "a"], out
+    assert main(["query", sql, "--format", "json"]) == 0
+    raw = __import__("json").loads(capsys.readouterr().out)[0]
+    assert raw["draft_acceptance_rate"] == 25 / 178 and raw["step_ns"] == 1234567.891
+    assert main(["query", sql, "--format", "csv"]) == 0
+    assert str(25 / 178) in capsys.readouterr().out
