@@ -94,7 +94,7 @@ def test_query_table_rounds_for_reading_and_csv_json_keep_the_raw_values(capsys,
     from spectrace.cli import query as query_cli
 
     monkeypatch.setattr(query_cli, "open_source", lambda args: duckdb.connect())
-    sql = ("select 25/178 as draft_acceptance_rate, 25/178 as ratio, 1234567.891 as step_ns, 2.21348 as length, "
+    sql = ("select 25/178 as draft_acceptance_rate, 25/178 as ratio, 1234567.891::DOUBLE as step_ns, 2.21348 as length, "
            "42 as steps, 'a' as name")
     assert main(["query", sql]) == 0
     out = capsys.readouterr().out.splitlines()
