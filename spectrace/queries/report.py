@@ -59,6 +59,12 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("")
         out.append("Hooks not installed (that part of the audit is unavailable):")
         out += [f"  {hook} ({status}): {detail}" for hook, status, detail in missing]
+    if method and _never_stepped(con, rid):
+        out.append("")
+        out.append("The engine never reached a step: no worker step, no verification and no attention layout were recorded "
+                   "for this run. vLLM most likely failed while starting (out of memory, a bad flag, a model it cannot "
+                   "load): its log has the error, after spectrace's start-up line for this run (\"spectrace: tracing on "
+                   f"in pid N ...; run {rid}\").")
     out.append("")
     verdicts = judge_store(con, rid)  # every verdict here is the audit's: this module renders
     out += _findings(verdicts, run_speedup(con, rid))
@@ -88,6 +94,22 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("")
         out += shapes
     return "\n".join(out) + "\n"
+
+
+STEP_TABLES = ("speculation_steps", "decode_steps", "chunk_steps", "host_steps", "verify_counts", "attention_layout")
+
+
+def _never_stepped(con, run_id: str) -> bool:
+    """No table a running engine writes holds a row of ``run_id`` (a table not in the store holds none)."""
+    import duckdb
+
+    for table in STEP_TABLES:
+        try:
+            if con.execute(f"select 1 from {table} where run_id = ? limit 1", [run_id]).fetchone():
+                return False
+        except duckdb.Error:  # not in this store (or lake) yet
+            continue
+    return True
 
 
 def _requests(con, run_id: str) -> list[str]:
