@@ -160,7 +160,7 @@ def test_one_speed_up_on_report_top_and_metrics(quickstart):
     assert steps >= 10
     assert quickstart["gauge"] is not None and round(quickstart["gauge"], 2) == value
     top = quickstart["look"][1][1].stdout
-    match = re.search(r"speed-up (\d+\.\d\d)x \(the run so far; estimate: step time without drafts fitted", top)
+    match = re.search(r"speed-up (\d+\.\d\d)x \(the run so far; estimate", top)
     assert match and float(match[1]) == value, (top, value)
     store_top = _run(f"{next(l for l in _lines(blocks()['serve']) if l.startswith('export '))}; spectrace top --once",
                      quickstart["dir"], quickstart["env"])
