@@ -2,6 +2,7 @@
 #   make test   create .venv, install spectrace with the CPU build of vLLM, run the whole suite (two workers)
 #   make unit   same venv, only the tests that need neither vLLM/torch nor a server (under a minute)
 #   make demo   same venv, then the config-audit demo (real vLLM on CPU, a few minutes)
+#   make serve  same venv, then the zoo's target and DFlash drafter served traced on 127.0.0.1:$(SERVE_PORT) (Ctrl-C stops it)
 #   make docs   same venv, then the docs site with `mkdocs build --strict` (seconds; `make test` runs it too)
 #   make zoo    its own venv (.venv-zoo, with speculators), then retrain the trained zoo the demo and tests load
 #               (spectrace/testing/zoo; about 25 minutes on 2 busy cores)
@@ -11,7 +12,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test unit demo docs venv clean prometheus postgres tmux
+.PHONY: test unit demo serve docs venv clean prometheus postgres tmux
 
 venv: $(STAMP)
 
@@ -58,6 +59,17 @@ unit: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m spectrace.demo
+
+# The quickstart's server (docs/getting-started.md): the zoo, traced, on the CPU build, store in ./spectrace-data;
+# it runs until Ctrl-C. Then: .venv/bin/spectrace report, top http://127.0.0.1:$(SERVE_PORT), query.
+SERVE_PORT ?= 8000
+SERVE_DIR  ?= spectrace-data
+serve: $(STAMP)
+	SPECTRACE=1 SPECTRACE_DIR=$(SERVE_DIR) HF_HUB_OFFLINE=1 $(BIN)/python -m vllm.entrypoints.openai.api_server \
+	  --model spectrace/testing/zoo/target \
+	  --speculative-config '{"method": "dflash", "model": "spectrace/testing/zoo/dflash", "num_speculative_tokens": 3}' \
+	  --dtype float32 --enforce-eager --max-model-len 2048 --kv-cache-memory-bytes 268435456 \
+	  --host 127.0.0.1 --port $(SERVE_PORT)
 
 # The docs site (mkdocs.yml, docs/): mkdocs-material comes from the `docs` extra, which the venv's install
 # above includes (a venv made before pyproject.toml named it is reinstalled, as for any change to it).

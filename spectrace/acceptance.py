@@ -356,8 +356,11 @@ def no_draft_step_ns(n: int, sum_t: float, sum_t2: float, sum_tv: float, sum_v: 
     return max(n * a + b * sum_r, 0.0)
 
 
+from spectrace.speedup_figure import SPEEDUP_BASIS, SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED, SPEEDUP_WINDOW  # noqa: E402,F401
+
+
 def speedup_estimate(mean_acceptance_length: float, no_draft_ns: float, step_ns: float) -> float | None:
-    """Speed-up over decoding without drafts: ``L * no_draft / step``.
+    """Speed-up over decoding without drafts: ``L * no_draft / step`` (:data:`SPEEDUP_DEFINITION`).
 
     The steps took ``step_ns`` and yielded ``L`` (``mean_acceptance_length``) tokens per
     request each; the same steps without drafts (:func:`no_draft_step_ns`) would take
@@ -370,13 +373,16 @@ def speedup_estimate(mean_acceptance_length: float, no_draft_ns: float, step_ns:
 
 @dataclass
 class PayingDetector:
-    """``SPECULATION_NOT_PAYING`` once the speed-up estimate over the last ``window_steps``
-    verification steps stays below 1 (with at least ``min_steps`` of them)."""
+    """The speed-up (:data:`SPEEDUP_DEFINITION`) over the run so far (:data:`SPEEDUP_WINDOW`: every step of one worker
+    rank that verified drafts, the sums ``spectrace report`` reads from ``speculation_cost``), and
+    ``SPECULATION_NOT_PAYING`` once it is below 1 with at least ``min_steps`` steps in it.
 
-    window_steps: int = 200
+    One window for every surface (issue #57): the report's whole run, the finding's, ``top``'s and the gauge's are the
+    same sums, so on a finished run they print the same number; the finding says how many steps it had seen."""
+
     min_steps: int = 50
     flagged: bool = False
-    _chunks: deque = field(default_factory=deque)
+    _sums: dict = field(default_factory=dict)
 
     def observe(self, totals: dict[str, float]) -> dict[str, Any] | None:
         """One flush's sums over worker steps with drafts: ``steps``, ``step_ns``, ``draft_ns``,
@@ -384,9 +390,8 @@ class PayingDetector:
         the ``request_steps`` and ``tokens`` (accepted + 1 each) they yielded."""
         if totals.get("steps", 0) <= 0:
             return None
-        self._chunks.append(dict(totals))
-        while len(self._chunks) > 1 and sum(c["steps"] for c in self._chunks) - self._chunks[0]["steps"] >= self.window_steps:
-            self._chunks.popleft()
+        for key, value in totals.items():
+            self._sums[key] = self._sums.get(key, 0) + value
         evidence = self.window()
         if evidence is None or evidence["window_steps"] < self.min_steps or evidence["speedup_estimate"] >= 1.0 or self.flagged:
             return None
@@ -394,9 +399,8 @@ class PayingDetector:
         return evidence
 
     def window(self) -> dict[str, Any] | None:
-        """The estimate over the last ``window_steps`` steps (None before any yielded a token)."""
-        keys = {key for c in self._chunks for key in c}
-        s = {key: sum(c.get(key, 0) for c in self._chunks) for key in keys}
+        """The estimate over the run so far (None before any step yielded a token)."""
+        s = self._sums
         if not s or not s.get("request_steps") or not s.get("step_ns"):
             return None
         length = s["tokens"] / s["request_steps"]
@@ -406,6 +410,8 @@ class PayingDetector:
         n = s["steps"]
         return {
             "window_steps": n,
+            "window": SPEEDUP_WINDOW,
+            "basis": SPEEDUP_BASIS,
             "mean_acceptance_length": round(length, 4),
             "draft_ms_per_step": round(s["draft_ns"] / n / 1e6, 4),
             "verify_ms_per_step": round((s["step_ns"] - s["draft_ns"]) / n / 1e6, 4),

@@ -71,6 +71,33 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, max_w
     return "\n".join([line, rule, *body])
 
 
+PERCENT_COLUMNS = re.compile(r"(^|_)(rate|share|fraction|pct)(_|$)", re.IGNORECASE)
+
+
+def readable(value: Any, column: str = "") -> Any:
+    """A query cell for a person to read (``query``'s table; ``--format csv/json`` keep the raw value): a float in a
+    column named for a rate or share (``rate``, ``acceptance_rate``, ``chunk_share``) between 0 and 1 as a percentage
+    (``14.0%``), any other float to 4 significant digits (whole numbers from 1000 up, one decimal from 100);
+    anything else as it is (a DECIMAL with a fraction is a float here)."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal) and value.is_finite() and value != value.to_integral_value():
+        value = float(value)
+    if not isinstance(value, float) or not math.isfinite(value):
+        return value
+    if PERCENT_COLUMNS.search(column or "") and 0.0 <= value <= 1.0:
+        return f"{value:.1%}"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:.0f}"
+    if magnitude >= 100:
+        return f"{value:.1f}"
+    if value == 0 or magnitude >= 1e-4:
+        text = f"{value:.4g}"
+        return text if "e" not in text else f"{value:.4f}"
+    return f"{value:.3g}"
+
+
 def number(value: Any, spec: str = "", *, missing: str = "-") -> str:
     """``value`` formatted with ``spec`` (``".1%"``, ``".2f"``) for a person to read, whatever it is: ``missing``
     for NULL (None), ``nan`` / ``inf`` / ``-inf`` for a value that is not a finite number, the value as text for

@@ -32,6 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from spectrace.acceptance import SPEEDUP_UNMEASURED, SPEEDUP_WINDOW
 from spectrace.console import UsageError, rich_text, safe, terminal
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -221,7 +222,7 @@ class Frame:
     cliff: int | None = None
     lengths: dict[int, float] = field(default_factory=dict)  # accepted + 1 -> request-steps
     mean_length: float | None = None
-    speedup: float | None = None  # worker's estimate (last 200 steps)
+    speedup: float | None = None  # the speed-up (acceptance.SPEEDUP_DEFINITION) over the run so far, mean over ranks
     speedup_by_k: dict[int, tuple[float, bool]] = field(default_factory=dict)  # k' -> (speed-up, extrapolated)
     findings: list[tuple[str, str, str, str]] = field(default_factory=list)  # severity, code, role, fix
     slices: list[tuple[str, str, float, float, float | None]] = field(default_factory=list)  # dim, value, drafted, accepted, rest rate
@@ -235,6 +236,14 @@ class Frame:
         if self.mean_length and self.speedup:
             return self.mean_length / self.speedup
         return None
+
+
+def _rank_order(rank: str | None) -> tuple[int, int]:
+    """No rank first, then ranks by number (``spectrace report``'s ``order by rank nulls first``)."""
+    try:
+        return (1, int(rank)) if rank not in (None, "") else (0, 0)
+    except ValueError:
+        return (2, 0)
 
 
 def _sum(values: dict[Key, float], name: str, by: str | None = None) -> dict[str, float]:
@@ -291,8 +300,10 @@ def frame_from_metrics(values: dict[Key, float], sources: list[str], scope: str)
     elif vllm_drafts:
         frame.mean_length = 1 + _sum(values, "vllm:spec_decode_num_accepted_tokens_total").get("", 0.0) / vllm_drafts
 
-    estimates = [v for (_, n, _), v in values.items() if n == "spectrace_speculation_speedup_estimate" and v > 0]
-    frame.speedup = sum(estimates) / len(estimates) if estimates else None
+    # the lowest worker rank's (as spectrace report and SPECULATION_NOT_PAYING: every rank times the same steps)
+    estimates = sorted((_rank_order(dict(labels).get("rank")), v) for (_, n, labels), v in values.items()
+                       if n == "spectrace_speculation_speedup_estimate" and v > 0)
+    frame.speedup = estimates[0][1] if estimates else None
     by_k: dict[int, list[tuple[float, bool]]] = {}
     for (_, n, labels), v in values.items():
         if n == "spectrace_speculation_speedup_by_k":
@@ -411,8 +422,10 @@ class StoreSource:
         steps = sum(frame.lengths.values())
         if steps:
             frame.mean_length = sum(k * n for k, n in frame.lengths.items()) / steps
-        cost = con.execute("select avg(speedup_estimate) from speculation_cost where run_id = ?", [run]).fetchone()
-        frame.speedup = float(cost[0]) if cost and cost[0] is not None else None
+        from spectrace.queries.report import run_speedup  # the report's figure: the lowest worker rank's, whole run
+
+        whole = run_speedup(con, run)
+        frame.speedup = whole[0] if whole else None
         found = con.execute("select distinct severity, code, coalesce(model_role, ''), coalesce(fix, '') from findings "
                             "where run_id = ?", [run]).fetchall()
         frame.findings = sorted(found, key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
@@ -506,22 +519,31 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
         parts.append(t)
 
     line = Text()
+    pieces = []  # joined with " · ": nothing dangles when one is missing (an idle view has no mean length)
     if frame.mean_length is not None:
-        line.append(f"tokens per request-step {frame.mean_length:.2f}")
+        pieces.append((f"tokens per request-step {frame.mean_length:.2f}", ""))
     if frame.speedup is not None:
-        line.append(f"  ·  speed-up estimate {frame.speedup:.2f}x (worker, last 200 steps)")
+        # the one speed-up figure (spectrace.acceptance.SPEEDUP_DEFINITION), its window and basis beside it
+        pieces.append((f"speed-up {frame.speedup:.2f}x ({SPEEDUP_WINDOW}; {SPEEDUP_UNMEASURED})", ""))
         if frame.break_even is not None:
             verdict = ("pays" if frame.speedup >= 1 else "does not pay")
-            line.append(f"  ·  break-even ≈ {frame.break_even:.2f} tokens per step: speculation {verdict}",
-                        style="green" if frame.speedup >= 1 else "red")
+            pieces.append((f"break-even ≈ {frame.break_even:.2f} tokens per step: speculation {verdict}",
+                           "green" if frame.speedup >= 1 else "red"))
+    for i, (text, colour) in enumerate(pieces):
+        line.append(("  ·  " if i else "") + text, style=colour)
     if line:
         parts.append(line)
     if frame.speedup_by_k:
+        # relative to the k in force (the highest k' not extrapolated): a prediction to compare k', never a second
+        # speed-up beside the one above (its step time without drafts is fitted from the run too, not measured)
         best = max(frame.speedup_by_k.items(), key=lambda kv: kv[1][0])
-        text = "What k pays: " + "  ".join(
-            f"k'={k} {v:.2f}x{'*' if ext else ''}" for k, (v, ext) in frame.speedup_by_k.items())
-        parts.append(Text(text + f"  (highest k'={best[0]}; * extrapolated; priced by the run alone: not advice, "
-                                 "see spectrace report)"))
+        in_force = max((k for k, (_, ext) in frame.speedup_by_k.items() if not ext), default=None)
+        base = frame.speedup_by_k[in_force][0] if in_force is not None else 0.0
+        if base > 0:
+            text = f"What k pays, relative to k={in_force} in force: " + "  ".join(
+                f"k'={k} {v / base:.2f}{'*' if ext else ''}" for k, (v, ext) in frame.speedup_by_k.items())
+            parts.append(Text(text + f"  (highest k'={best[0]}; * extrapolated; fitted from the run alone, not measured: "
+                                     "not advice, see spectrace report)"))
 
     if frame.findings:
         t = Table(title="Findings", title_justify="left", box=style, pad_edge=False)

@@ -59,7 +59,7 @@ def test_healthy_eagle_profile_never_fires():
 
 # -- the shapes of a failing drafter (pure) ------------------------------------------------
 
-from spectrace import acceptance  # noqa: E402
+from spectrace import acceptance, audit  # noqa: E402
 
 
 def test_run_boundaries_split_the_fixed_buckets():
@@ -122,7 +122,7 @@ def test_no_draft_step_time_is_fitted_affine_in_scheduled_tokens():
 def test_speedup_estimate_and_not_paying_detector():
     assert acceptance.speedup_estimate(4.0, 5.0, 20.0) == pytest.approx(1.0)
     assert acceptance.speedup_estimate(1.0, 5.0, 10.0) == pytest.approx(0.5)
-    detector = acceptance.PayingDetector(window_steps=100, min_steps=50)
+    detector = acceptance.PayingDetector(min_steps=50)
     flush = {"steps": 40, "step_ns": 40 * 10_000_000, "draft_ns": 40 * 5_000_000, "scheduled_tokens": 40 * 16,
              "scheduled_tokens_sq": 40 * 256, "tokens_x_verify_ns": 40 * 16 * 5_000_000, "requests": 160,
              "request_steps": 160, "tokens": 160}  # fmt: skip
@@ -131,6 +131,18 @@ def test_speedup_estimate_and_not_paying_detector():
     assert evidence["speedup_estimate"] == 0.5 and evidence["window_steps"] == 80
     assert evidence["no_draft_ms_per_step"] == 5.0
     assert detector.observe(flush) is None  # once per run
+    # the window is the run so far (what report's speculation_cost sums): every step, not the last N
+    later = {**flush, "steps": 400, "step_ns": 400 * 10_000_000, "draft_ns": 400 * 5_000_000, "scheduled_tokens": 400 * 16,
+             "scheduled_tokens_sq": 400 * 256, "tokens_x_verify_ns": 400 * 16 * 5_000_000, "requests": 1600,
+             "request_steps": 1600, "tokens": 6400}  # fmt: skip
+    detector.observe(later)
+    whole = detector.window()
+    assert whole["window_steps"] == 520 and whole["window"] == "the run so far" and whole["basis"] == "fit"
+    length = (3 * 160 + 6400) / (3 * 160 + 1600)
+    assert whole["speedup_estimate"] == pytest.approx(length * 5.0 / 10.0, abs=1e-4)
+    finding = audit.not_paying_finding(evidence)
+    assert "over the run's first 80 steps that verified drafts" in finding.message
+    assert "fitted from this run, not measured" in finding.message
 
 
 def test_collapse_names_its_onset_and_recovery():

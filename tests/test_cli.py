@@ -46,6 +46,28 @@ def test_bad_input_is_one_line(capsys, argv, needle):
     assert needle in _one_line(capsys, argv)
 
 
+@pytest.mark.parametrize("name, value, argv, needle", [
+    ("SPECTRACE_PIPELINE", "proces", ["query", "select 1"], "SPECTRACE_PIPELINE='proces' is not one of auto, thread, process"),
+    ("SPECTRACE_RETENTION", "-5d", ["report"], "SPECTRACE_RETENTION='-5d' is out of range"),
+    ("SPECTRACE_FLUSH_INTERVAL", "soon", ["store", "stats"], "SPECTRACE_FLUSH_INTERVAL='soon' is not a duration"),
+    ("SPECTRACE_MAX_MB", "-1", ["top", "--once"], "SPECTRACE_MAX_MB='-1' is out of range"),
+    ("SPECTRACE_HOST", "..", ["diff", "a", "b"], "SPECTRACE_HOST='..'"),
+    ("SPECTRACE_EXPORTER", "duckdb,parquet", ["dashboards", "export", "x"], "unknown sink(s) parquet"),
+    ("SPECTRACE_SHIP_INTERVAL", "0", ["lake", "maintain"], "SPECTRACE_SHIP_INTERVAL='0' is out of range"),
+    ("SPECTRACE_STEP_SAMPLE", "2", ["doctor", "--target", "t", "--draft", "d"], "SPECTRACE_STEP_SAMPLE='2' is out of range"),
+])
+def test_every_command_checks_the_environment_it_reads(tmp_path, capsys, monkeypatch, name, value, argv, needle):
+    """Every subcommand reads the settings the same way (``check_environment``): one line, exit 2, before its work
+    (an empty store, a missing file, a URL that does not answer are never reached)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, value)
+    err = _one_line(capsys, argv + (["--dir", str(tmp_path)] if argv[0] in ("query", "report", "store") else []))
+    assert err.startswith("spectrace: error: environment: ") and needle in err, err
+    monkeypatch.delenv(name)
+    main(argv + (["--dir", str(tmp_path)] if argv[0] in ("query", "report", "store") else []))  # its own work, whatever it says
+    assert "environment:" not in capsys.readouterr().err
+
+
 def test_bad_setting_in_the_cli_is_one_line(tmp_path, capsys, monkeypatch):
     tmp_path.joinpath("x").mkdir()
     monkeypatch.setenv("SPECTRACE_HOST", "a/b")
@@ -64,3 +86,21 @@ def test_permission_error_is_one_line_and_debug_shows_the_traceback(tmp_path, ca
     assert err == f"spectrace: error: Permission denied: {tmp_path / 'runs'}\n"
     with pytest.raises(PermissionError):
         main(["store", "stats", "--dir", str(tmp_path), "--debug"])
+
+
+def test_query_table_rounds_for_reading_and_csv_json_keep_the_raw_values(capsys, monkeypatch):
+    import duckdb
+
+    from spectrace.cli import query as query_cli
+
+    monkeypatch.setattr(query_cli, "open_source", lambda args: duckdb.connect())
+    sql = ("select 25/178 as draft_acceptance_rate, 25/178 as ratio, 1234567.891::DOUBLE as step_ns, 2.21348 as length, "
+           "42 as steps, 'a' as name")
+    assert main(["query", sql]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].split() == ["14.0%", "0.1404", "1234568", "2.213", "42", "a"], out
+    assert main(["query", sql, "--format", "json"]) == 0
+    raw = __import__("json").loads(capsys.readouterr().out)[0]
+    assert raw["draft_acceptance_rate"] == 25 / 178 and raw["step_ns"] == 1234567.891
+    assert main(["query", sql, "--format", "csv"]) == 0
+    assert str(25 / 178) in capsys.readouterr().out

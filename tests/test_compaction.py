@@ -303,10 +303,19 @@ def test_since_reads_only_the_files_of_the_time_asked(tmp_path, capsys):
     assert main(["query", "--dir", str(tmp_path), "--since", "90m", "--format", "json",
                  "select sum(drafted) as d from verify_counts"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"d": 55}]
-    for bad in ("yesterday", "-1h", "0", "1y"):
+    for bad in ("yesterday", "-1h", "1y"):
         assert main(["query", "--dir", str(tmp_path), f"--since={bad}", "select 1"]) == 2
         err = capsys.readouterr().err
         assert "--since" in err and "e.g. 30m, 1h, 7d" in err and "Traceback" not in err, err
+    # 0 is no limit (as SPECTRACE_RETENTION=0), a bare number is seconds, a negative one (its own argument) one line
+    for since, drafted in (("0", 55), ("5400", 55), ("3600", 5)):
+        assert main(["query", "--dir", str(tmp_path), "--since", since, "--format", "json",
+                     "select sum(drafted) as d from verify_counts"]) == 0, since
+        assert json.loads(capsys.readouterr().out) == [{"d": drafted}], since
+    for argv in (["query", "--since", "-5m", "select 1"], ["report", "--since", "-5m"], ["query", "--since", "-30", "select 1"]):
+        assert main([*argv, "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is negative" in err and "expected one argument" not in err, err
 
 
 def test_visible_is_covers_asked_of_every_pair():

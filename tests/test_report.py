@@ -102,3 +102,20 @@ def test_report_names_every_hook_that_did_not_install_but_not_the_retired(tmp_pa
     section = text.split("Hooks not installed (that part of the audit is unavailable):\n")[1].split("\n\n")[0]
     assert section.splitlines() == ["  engine_core.verify (unsupported): vllm 0.35.0: ModelRunnerOutput has no req_ids",
                                     "  worker.load_model (missing): vllm.v1.worker.gpu_worker has no Worker"]
+
+
+def test_report_on_an_engine_that_never_reached_a_step_says_so_and_points_to_vllms_log(tmp_path):
+    """A run whose engine died while starting (its runs row and hooks written, no step, no layout): the report says
+    so, not only "not recorded"; a run that stepped never gets the line."""
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    writer.append("runs", {"run_id": "dead", "process_role": "frontend", "started_at": 1, "target_model": "t",
+                           "method": "dflash", "num_speculative_tokens": 3})
+    writer.flush()
+    text = report.render(spectrace.store.open(tmp_path), run_id="dead")
+    assert "The engine never reached a step" in text and "its log has the error" in text and "run dead" in text
+    writer.append("runs", {"run_id": "alive", "process_role": "frontend", "started_at": 2, "target_model": "t",
+                           "method": "dflash", "num_speculative_tokens": 3})
+    writer.extend("attention_layout", [{"run_id": "alive", "model_role": "target", **plan.as_row()}
+                                       for plan in audit.layer_plans(GEMMA3, {})])
+    writer.flush()
+    assert "never reached a step" not in report.render(spectrace.store.open(tmp_path), run_id="alive")

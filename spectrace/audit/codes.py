@@ -244,7 +244,9 @@ DUMMY_DRAFTS = _code(
 SPECULATION_NOT_PAYING = _code(
     "SPECULATION_NOT_PAYING", "verification", ("warning",),
     "warning",
-    "the speed-up estimate (below) stays under 1 over the last 200 worker steps (≥ 50)",
+    "the speed-up (the time a token takes without drafts over the time it takes at the k in force, with the step time "
+    "without drafts fitted from the run: an estimate, not measured) is under 1 over the run's steps so far that verified drafts "
+    "(≥ 50 worker steps; the window `spectrace report`, `top` and the gauge use)",
     "turn speculative decoding off for this traffic, lower num_speculative_tokens, or use a better drafter",
 )
 SPECULATION_K_BETTER = _code(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from spectrace.audit import codes
+from spectrace.speedup_figure import SPEEDUP_UNMEASURED
 from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
 from spectrace.audit.findings import Finding
 from spectrace.audit.window import target_window
@@ -153,14 +154,16 @@ def dummy_drafts_finding(
 
 
 def not_paying_finding(evidence: dict[str, Any]) -> Finding:
+    """SPECULATION_NOT_PAYING: the speed-up (``spectrace.acceptance.SPEEDUP_DEFINITION``) with its window (the run's
+    steps so far: how many) and its basis (fitted, not measured) beside it, as ``report`` and ``top`` print it."""
     return codes.finding(
         codes.SPECULATION_NOT_PAYING,
         severity="warning",
         model_role="draft",
-        message=f"speculation costs more than it saves: estimated speed-up {evidence['speedup_estimate']:.2f}x over "
-        f"{evidence['window_steps']} steps (mean acceptance length {evidence['mean_acceptance_length']:.2f}, "
-        f"drafting {evidence['draft_ms_per_step']:.2f} ms and verifying {evidence['verify_ms_per_step']:.2f} ms per step, "
-        f"{evidence.get('no_draft_ms_per_step', 0):.2f} ms without drafts)",
+        message=f"speculation costs more than it saves: speed-up {evidence['speedup_estimate']:.2f}x over the run's "
+        f"first {evidence['window_steps']} steps that verified drafts ({SPEEDUP_UNMEASURED}; mean acceptance length "
+        f"{evidence['mean_acceptance_length']:.2f}, drafting {evidence['draft_ms_per_step']:.2f} ms and verifying "
+        f"{evidence['verify_ms_per_step']:.2f} ms per step, {evidence.get('no_draft_ms_per_step', 0):.2f} ms without drafts)",
         evidence=evidence,
     )
 

@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from spectrace.cli.args import Parser
+from spectrace.cli.args import Parser, check_environment, join_negative_durations
 from spectrace.console import EXIT_USAGE, UsageError, safe
 from spectrace.redact import install_logging_filter, redact, remember, remember_token
 
@@ -66,9 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_args(join_negative_durations(argv))
         except SystemExit as exc:  # --help, or doctor's own one-line error
             return int(exc.code or 0) and EXIT_USAGE
+        check_environment()  # every subcommand: a SPECTRACE_* value out of its range is one line, exit 2
         return args.func(args)
     except BrokenPipeError:
         return 0

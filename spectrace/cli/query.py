@@ -8,8 +8,8 @@ import json
 import sys
 from typing import Any
 
-from spectrace.cli.args import CATALOG, LAKE_HELP, default_dir, open_source
-from spectrace.console import UsageError, format_table, json_number
+from spectrace.cli.args import CATALOG, LAKE_HELP, SINCE_HELP, default_dir, open_source
+from spectrace.console import UsageError, format_table, json_number, readable
 
 
 def _jsonable(value: Any) -> Any:
@@ -67,7 +67,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         writer.writerow(columns)
         writer.writerows(rows)
     else:
-        out.write(format_table(columns, rows) + "\n")  # every cell console.safe
+        # rounded for reading (rates and shares as percentages); --format csv/json keep the raw values
+        shown = [[readable(value, column) for value, column in zip(row, columns)] for row in rows]
+        out.write(format_table(columns, shown) + "\n")  # every cell console.safe
         out.write(f"({len(rows)} row{'s' if len(rows) != 1 else ''})\n")
     return 0
 
@@ -78,10 +80,7 @@ def add_parser(sub) -> None:
     query.add_argument("--named", help="run one of spectrace's named queries instead of SQL")
     query.add_argument("--dir", default=default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
     query.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    query.add_argument(
-        "--since", metavar="DURATION",
-        help="only rows recorded in the last DURATION (30m, 1h, 7d): tables with a ts column; older files are not read",
-    )
+    query.add_argument("--since", metavar="DURATION", help=SINCE_HELP)
     query.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=LAKE_HELP)
     query.add_argument(
         "--locked", action="store_true",

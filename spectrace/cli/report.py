@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spectrace.cli.args import LAKE_HELP, default_dir, open_source
+from spectrace.cli.args import LAKE_HELP, SINCE_HELP, default_dir, open_source
 from spectrace.console import UsageError, terminal
 
 
@@ -23,7 +23,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     report = sub.add_parser("report", help="readable summary of a run")
-    report.add_argument("--dir", default=default_dir())
+    report.add_argument("--dir", default=default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
+    report.add_argument("--since", metavar="DURATION", help=SINCE_HELP)
     report.add_argument("--run", help="run id (default: the latest run)")
     report.add_argument("--plot", help="write acceptance per position as a PNG to this file")
     report.add_argument("--lake", nargs="?", const="", metavar="CATALOG", help=LAKE_HELP)

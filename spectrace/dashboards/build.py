@@ -175,7 +175,7 @@ def acceptance_dashboard() -> Any:
     d = d.with_panel(
         k.timeseries_panel("Speed-up estimate", "Estimated speed-up over decoding without drafts: mean acceptance "
                            "length × the steps' time without drafts (verification fitted against scheduled tokens) / their "
-                           "time, from the worker's host clock over the last 200 steps that verified drafts (model: spectrace docs, \"Does speculation pay?\"). Below 1 speculation costs more than it saves "
+                           "time, from the worker's host clock over every step of the run so far that verified drafts; an estimate: the time without drafts is fitted, not measured (model: spectrace docs, \"Does speculation pay?\"). Below 1 speculation costs more than it saves "
                            f"({codes.SPECULATION_NOT_PAYING}).", "suffix: ×", span=24)
         .min(0).decimals(2)
         .thresholds(k.steps((None, "red"), (1, "green")))

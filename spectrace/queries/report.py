@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from spectrace import audit
-from spectrace.acceptance import band_order
+from spectrace.acceptance import SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED, band_order
 from spectrace.audit import codes
 from spectrace.audit.curve import K_BETTER_MARGIN, best_k
 from spectrace.audit.store_judge import TIE, StoreVerdicts, judge_store
@@ -59,9 +59,15 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("")
         out.append("Hooks not installed (that part of the audit is unavailable):")
         out += [f"  {hook} ({status}): {detail}" for hook, status, detail in missing]
+    if method and _never_stepped(con, rid):
+        out.append("")
+        out.append("The engine never reached a step: no worker step, no verification and no attention layout were recorded "
+                   "for this run. vLLM most likely failed while starting (out of memory, a bad flag, a model it cannot "
+                   "load): its log has the error, after spectrace's start-up line for this run (\"spectrace: tracing on "
+                   f"in pid N ...; run {rid}\").")
     out.append("")
     verdicts = judge_store(con, rid)  # every verdict here is the audit's: this module renders
-    out += _findings(verdicts)
+    out += _findings(verdicts, run_speedup(con, rid))
     for role in ("target", "draft"):
         out.append("")
         out += _layout(con, rid, role)
@@ -88,6 +94,22 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
         out.append("")
         out += shapes
     return "\n".join(out) + "\n"
+
+
+STEP_TABLES = ("speculation_steps", "decode_steps", "chunk_steps", "host_steps", "verify_counts", "attention_layout")
+
+
+def _never_stepped(con, run_id: str) -> bool:
+    """No table a running engine writes holds a row of ``run_id`` (a table not in the store holds none)."""
+    import duckdb
+
+    for table in STEP_TABLES:
+        try:
+            if con.execute(f"select 1 from {table} where run_id = ? limit 1", [run_id]).fetchone():
+                return False
+        except duckdb.Error:  # not in this store (or lake) yet
+            continue
+    return True
 
 
 def _requests(con, run_id: str) -> list[str]:
@@ -162,9 +184,15 @@ def _slice_text(value, dimensions: set[str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in labels.items() if k in dimensions) or "-"
 
 
-def _findings(verdicts: StoreVerdicts) -> list[str]:
-    # the store's own verdicts (rank disagreements have their own section) marked as such
-    rows = [(f.code, f.severity, f.model_role, f.message, f.fix, f.caused_by, None) for f in verdicts.recorded]
+def _findings(verdicts: StoreVerdicts, whole: tuple | None = None) -> list[str]:
+    # the store's own verdicts (rank disagreements have their own section) marked as such; SPECULATION_NOT_PAYING
+    # (said while serving, over the steps it had seen) beside the same figure over the whole run
+    def said(f) -> str:
+        if f.code == codes.SPECULATION_NOT_PAYING and whole is not None:
+            return f"{f.message}; over the whole run: {whole[0]:.2f}x ({whole[1]} steps)"
+        return f.message
+
+    rows = [(f.code, f.severity, f.model_role, said(f), f.fix, f.caused_by, None) for f in verdicts.recorded]
     rows += [(f.code, f.severity, f.model_role, f.message + " (from the store)", f.fix, f.caused_by, None)
              for f in verdicts.derived if f.component != "ranks"]
     if not rows:
@@ -329,7 +357,7 @@ def _acceptance(con, run_id: str, plot: str | None, verdicts: StoreVerdicts) -> 
         headers = ["", "context", "drafted", "accepted", "rate", *[f"pos {p}" for p in positions], "boundary"]
         lines.append(_indent(format_table(headers, table)))
     lines += _shapes(con, run_id)
-    lines += _cost(con, run_id)
+    lines += _cost(con, run_id, verdicts)
     lines += _by_k(verdicts)
     agreement = con.execute(
         "select source, rank, sum(drafted), sum(accepted) from verify_counts where run_id = ? group by all order by source, rank",
@@ -392,7 +420,21 @@ def _shapes(con, run_id: str) -> list[str]:
             + (f", {accepted} of their {drafted} tokens accepted" if repeated else "")]
 
 
-def _cost(con, run_id: str) -> list[str]:
+def run_speedup(con, run_id: str) -> tuple[float, int, Any] | None:
+    """The run's speed-up (``spectrace.acceptance.SPEEDUP_DEFINITION``) over the run's steps that verified drafts
+    (:data:`~spectrace.acceptance.SPEEDUP_WINDOW`), from the lowest worker rank's sums (``speculation_cost``: the sums
+    SPECULATION_NOT_PAYING, ``top`` and the gauge read): ``(speed-up, steps, rank)``, or None before any."""
+    row = con.execute("select speedup_estimate, steps, rank from speculation_cost where run_id = ? and speedup_estimate "
+                      "is not null order by rank nulls first limit 1", [run_id]).fetchone()
+    return (float(row[0]), int(row[1]), row[2]) if row else None
+
+
+def speedup_text(value: float, steps: int) -> str:
+    """The speed-up as every surface prints it: the figure, its window and its basis."""
+    return f"{value:.2f}x over the run's {steps} steps that verified drafts ({SPEEDUP_UNMEASURED})"
+
+
+def _cost(con, run_id: str, verdicts: StoreVerdicts) -> list[str]:
     rows = con.execute(
         "select rank, steps, step_ms, draft_ms, verify_ms, no_draft_ms, mean_acceptance_length, speedup_estimate "
         "from speculation_cost where run_id = ? order by rank nulls first",
@@ -400,53 +442,85 @@ def _cost(con, run_id: str) -> list[str]:
     ).fetchall()
     if not rows:
         return []
-    lines = ["Does speculation pay? (worker host clock, steps that verified drafts; model: README)"]
+    lines = ["Does speculation pay? (worker host clock, every step of the run that verified drafts, per rank)",
+             f"  speed-up: {SPEEDUP_DEFINITION}"]
     table = [
         ("" if rank is None else rank, steps, number(step, ".2f"), number(draft, ".2f"), number(verify, ".2f"),
          number(no_draft, ".2f"), number(length, ".2f"), "-" if est is None else number(est, ".2f") + "x")
         for rank, steps, step, draft, verify, no_draft, length, est in rows
     ]  # fmt: skip
-    headers = ["rank", "steps", "step ms", "draft ms", "verify ms", "no-draft ms", "mean length", "speed-up"]
+    headers = ["rank", "steps", "step ms", "draft ms", "verify ms", "no-draft ms (fit)", "mean length", "speed-up (fit)"]
     lines.append(_indent(format_table(headers, table)))
+    whole = run_speedup(con, run_id)
+    if whole is not None:
+        lines.append(f"  speed-up {speedup_text(*whole[:2])}"
+                     + ("" if whole[0] >= 1 else ": speculation costs more than it saves here"))
+    in_force = next((r for r in verdicts.by_k if r.get("in_force")), None)
+    if in_force is not None and in_force["step_source"] == "baseline" and in_force["speedup"] is not None:
+        lines.append(f"  measured: {number(in_force['speedup'], '.2f')}x at k = {in_force['k']} in force, priced from steps "
+                     "without drafts measured on this target (What k pays, below: host time and what stops cut included)")
+    else:
+        lines.append("  not measured: trace one run of this target without speculation (same host) to price a step "
+                     "without drafts; until then every speed-up here is the fit's estimate")
     return lines
 
 
+def _relative(rows: list[dict]) -> dict[int, float | None]:
+    """Each k' row's speed-up over the in-force row's (the fit's figures, compared, never printed as speed-ups)."""
+    base = next((r["speedup"] for r in rows if r.get("in_force")), None)
+    return {r["k"]: (r["speedup"] / base if base and r["speedup"] is not None else None) for r in rows}
+
+
 def _by_k(verdicts: StoreVerdicts) -> list[str]:
-    """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size."""
+    """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size.
+    Priced from measured steps without drafts: speed-ups; fitted from the run alone: each k' against the k in force
+    (a figure not priced against a measured baseline is not printed as a speed-up)."""
     rows, bands, pick, close = verdicts.by_k, verdicts.by_k_bands, verdicts.best, verdicts.ties
     if not rows:
         return []
-    priced = ("step times measured without drafts on this target (decode_steps)" if rows[0]["step_source"] == "baseline"
-              else "step times fitted from this run alone: no run of this target without drafts in the store")
-    lines = [f"What k pays (this run's per-position counts; {priced}; model and limits: README)"]
+    measured = rows[0]["step_source"] == "baseline"
+    priced = ("step times measured without drafts on this target (decode_steps)" if measured
+              else "step times fitted from this run alone, not measured: each k' against the k in force, not a speed-up")
+    lines = [f"What k pays (this run's per-position counts; {priced}; model and limits: docs, What k pays)"]
     if rows[0].get("chunk_share"):
         lines.append(f"  prefill chunks: {number(rows[0]['chunk_share'], '.0%')} of the run's worker time, held fixed at every k")
+    relative = _relative(rows)
+
+    def shown(r) -> str:
+        if measured:
+            return "-" if r["speedup"] is None else number(r["speedup"], ".2f") + "x"
+        return number(relative.get(r["k"]), ".2f")
+
     table = [(f"{r['k']}{' (in force)' if r['in_force'] else ''}{' (extrapolated)' if r['extrapolated'] else ''}",
               number(r["expected_length"], ".2f"), number(r.get("emitted_length") or r["expected_length"], ".2f"),
-              number(r["step_ms"], ".2f"), number(r.get("host_ms") or 0.0, ".2f"),
-              "-" if r["speedup"] is None else number(r["speedup"], ".2f") + "x")
+              number(r["step_ms"], ".2f"), number(r.get("host_ms") or 0.0, ".2f"), shown(r))
              for r in rows]  # fmt: skip
-    lines.append(_indent(format_table(["k", "expected length", "emitted", "worker step ms", "host ms", "speed-up"], table)))
+    last = "speed-up (measured)" if measured else "vs k in force (fit)"
+    lines.append(_indent(format_table(["k", "expected length", "emitted", "worker step ms", "host ms", last], table)))
     if pick is not None:
-        said = ("no speculation" if pick["k"] == 0 else f"k = {pick['k']}") + f" ({number(pick['speedup'], '.2f')}x)"
-        if rows[0]["step_source"] == "baseline":
+        name = "no speculation" if pick["k"] == 0 else f"k = {pick['k']}"
+        if measured:
+            said = name + f" ({number(pick['speedup'], '.2f')}x)"
             lines.append("  best: " + said + (f"; k' = {', '.join(map(str, close))} within {TIE * 100:.0f} % of it: a tie, "
                                               "not advice" if close else ""))
             if verdicts.pays_unresolved:
                 lines.append(f"  no speculation is within the model's error of it ({K_BETTER_MARGIN * 100:.0f} %): "
                              "speculating is not shown to pay here")
         else:  # the fit prices step(0) high where a step's cost is not affine in its tokens (docs: "What k pays")
-            lines.append(f"  highest by the fit: {said}; not advice: trace one run of this target without speculation "
-                         "to price a step without drafts")
+            lines.append(f"  highest by the fit: {name} ({number(relative.get(pick['k']), '.2f')} of the k in force); not "
+                         "advice: trace one run of this target without speculation to price a step without drafts")
     if len(bands) > 1:
         ks = sorted({r["k"] for band_rows in bands.values() for r in band_rows})
-        lines.append("  by batch size (each band's own acceptance and measured step times; the fit, where it prices, is the run's)")
+        lines.append("  by batch size (each band's own acceptance and measured step times; a fitted band: each k' against "
+                     "its k in force)")
         table = []
         for band, band_rows in bands.items():
-            speedups = {r["k"]: r["speedup"] for r in band_rows}
+            band_measured = band_rows[0]["step_source"] == "baseline"
+            speedups = ({r["k"]: r["speedup"] for r in band_rows} if band_measured else _relative(band_rows))
             top = best_k(band_rows)
-            table.append((band, band_rows[0]["step_source"],
-                          *["-" if speedups.get(k) is None else number(speedups[k], ".2f") + "x" for k in ks],
+            table.append((band, "measured" if band_measured else "fit",
+                          *["-" if speedups.get(k) is None else number(speedups[k], ".2f") + ("x" if band_measured else "")
+                            for k in ks],
                           "-" if top is None else ("none" if top["k"] == 0 else top["k"])))
         lines.append(_indent(_indent(format_table(["batch", "priced", *[f"k={k}" for k in ks], "best"], table))))
     return lines

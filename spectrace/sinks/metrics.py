@@ -81,8 +81,8 @@ class Metrics:
         self._boundaries: dict[tuple, dict[str, str]] = {}
         self._speedups: dict[tuple, tuple[float, dict[str, str]]] = {}
         self._speedups_by_k: dict[tuple, tuple[float, dict[str, str]]] = {}
-        meter.create_observable_gauge("spectrace.speculation.speedup_by_k", [self._observe_values(self._speedups_by_k)], unit="", description="What k pays: the speed-up at each k' from the run's counts and step times (README)")
-        meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_values(self._speedups)], unit="", description="Estimated speed-up over decoding without drafts, last 200 worker steps (README)")
+        meter.create_observable_gauge("spectrace.speculation.speedup_by_k", [self._observe_values(self._speedups_by_k)], unit="", description="What k pays: the speed-up predicted at each k' (label k; extrapolated past the k in force) from the run's counts and step times so far, per worker rank; an estimate: the step time without drafts is fitted from the run, not measured (spectrace report prices it from a run without drafts)")
+        meter.create_observable_gauge("spectrace.speculation.speedup_estimate", [self._observe_values(self._speedups)], unit="", description="Speed-up of speculative decoding: the time a token takes without drafts over the time it takes at the k in force (mean acceptance length x step time without drafts / step time), over every worker step of the run so far that verified drafts, per rank; an estimate: the step time without drafts is fitted from the run, not measured. Below 1 speculation costs more than it saves")
         self.slice_drafted = meter.create_counter("spectrace.slice.drafted_tokens", unit="", description="Draft tokens verified, per request slice (dimension, value)")
         self.slice_accepted = meter.create_counter("spectrace.slice.accepted_tokens", unit="", description="Draft tokens accepted, per request slice (dimension, value)")
         self._slice_values: dict[str, set[str]] = {}

@@ -1,0 +1,172 @@
+"""The quickstart of docs/getting-started.md, run as written: its serve command (the zoo's target and DFlash drafter,
+traced, through ``python -m vllm.entrypoints.openai.api_server`` on the CPU build), its requests with the real
+``openai`` client, then its ``report``, ``top`` and ``query`` lines; and on that one run the speed-up is the same
+figure in the report, in ``top`` and on ``/metrics`` (issue #57: one number per question).
+
+The commands come from the page's marked blocks (``<!-- quickstart: NAME -->``); only the port changes (a free one
+for 8000). They run in a scratch directory holding a link to the repository's ``spectrace`` folder, so that the
+zoo's relative paths and ``./spectrace-data`` resolve there as in a clone's root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from spectrace.testing import wait_until
+from spectrace.testing.engine import base_env
+from spectrace.testing.prometheus import free_port
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "getting-started.md"
+
+
+def blocks() -> dict[str, str]:
+    """The page's quickstart blocks by name: the fenced block after each ``<!-- quickstart: NAME -->``."""
+    text = PAGE.read_text()
+    found = re.findall(r"<!-- quickstart: (\w+) -->\n```\w*\n(.*?)```", text, re.S)
+    return {name: body for name, body in found}
+
+
+def test_the_page_marks_every_step():
+    assert set(blocks()) == {"serve", "requests", "look"}
+    assert "python -m vllm.entrypoints.openai.api_server" in blocks()["serve"]
+    assert "--kv-cache-memory-bytes" in blocks()["serve"] and "export SPECTRACE=1" in blocks()["serve"]
+
+
+def _lines(block: str) -> list[str]:
+    """The commands of a sh block: continuation lines joined, comments cut."""
+    joined = block.replace("\\\n", " ")
+    return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def quickstart(zoo, cache_root, tmp_path_factory):
+    """The served quickstart: the server up, the requests' output, then each ``look`` command's output."""
+    steps = blocks()
+    port = free_port()
+    here = tmp_path_factory.mktemp("quickstart")
+    (here / "spectrace").symlink_to(ROOT / "spectrace")
+    env = base_env(None, traced=False, multiprocessing=True, cache_root=cache_root)
+    env.pop("SPECTRACE", None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    serve = steps["serve"].replace("--port 8000", f"--host 127.0.0.1 --port {port}")
+    log = open(here / "vllm.log", "w")
+    server = subprocess.Popen(["bash", "-c", serve], cwd=here, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    seen: dict = {"dir": here, "env": env}
+    try:
+        def up():
+            if server.poll() is not None:
+                raise AssertionError(f"the quickstart's server exited:\n{(here / 'vllm.log').read_text()[-3000:]}")
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_until(up, 600, "the quickstart's server", interval_s=1.0)
+        requests = steps["requests"].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        seen["requests"] = subprocess.run([sys.executable, "-c", requests], cwd=here, env=env, capture_output=True,
+                                          text=True, timeout=300)
+        export = next(line for line in _lines(steps["serve"]) if line.startswith("export "))
+
+        def page() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                return response.read().decode()
+
+        def settled():  # the store's figure and the gauge's agree once the last flush reached both
+            report = _run(f"{export}; spectrace report", here, env)
+            figure = _report_speedup(report.stdout)
+            gauge = _gauge(page())
+            return (report, gauge) if figure is not None and gauge is not None and round(gauge, 2) == figure[0] else None
+
+        try:
+            seen["report"], seen["gauge"] = wait_until(settled, 90, "the report's speed-up and the gauge's to agree",
+                                                       interval_s=3.0)
+        except AssertionError:
+            seen["report"], seen["gauge"] = _run(f"{export}; spectrace report", here, env), _gauge(page())
+        seen["look"] = [(line, _run(f"{export}; {line.replace('127.0.0.1:8000', f'127.0.0.1:{port}')}", here, env))
+                        for line in _lines(steps["look"])]
+        seen["log"] = (here / "vllm.log").read_text()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGINT)
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=30)
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    return seen
+
+
+def _run(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+
+
+def _report_speedup(text: str) -> tuple[float, int] | None:
+    match = re.search(r"^  speed-up (\d+\.\d\d)x over the run's (\d+) steps that verified drafts \(estimate", text, re.M)
+    return (float(match[1]), int(match[2])) if match else None
+
+
+def _gauge(text: str) -> float | None:
+    """The lowest worker rank's ``spectrace_speculation_speedup_estimate`` on the page."""
+    values = []
+    for labels, value in re.findall(r"^spectrace_speculation_speedup_estimate\{([^}]*)\} (\S+)$", text, re.M):
+        rank = re.search(r'rank="(\d+)"', labels)
+        values.append((int(rank[1]) if rank else -1, float(value)))
+    return sorted(values)[0][1] if values else None
+
+
+def test_the_requests_with_the_openai_client_answer(quickstart):
+    done = quickstart["requests"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = done.stdout.splitlines()
+    assert len(answers) == 3 and all(line.startswith("cmpl-") for line in answers), done.stdout
+    assert "spectrace: tracing on in pid" in quickstart["log"]
+
+
+def test_report_top_and_query_as_written(quickstart):
+    for line, done in quickstart["look"]:
+        assert done.returncode == 0, (line, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr, line
+    report, top, query = (done.stdout for _, done in quickstart["look"])
+    assert "Acceptance by position" in report and "method    dflash" in report, report
+    assert "speed-up" in top and "the run so far" in top, top
+    rows = [line for line in query.splitlines()[2:] if line.strip() and not line.startswith("(")]
+    assert rows and all("%" in line for line in rows), query  # rates rounded for reading
+
+
+def test_one_speed_up_on_report_top_and_metrics(quickstart):
+    """The same figure, its window and its basis, on the three surfaces of one finished run."""
+    figure = _report_speedup(quickstart["report"].stdout)
+    assert figure is not None, quickstart["report"].stdout
+    value, steps = figure
+    assert steps >= 10
+    assert quickstart["gauge"] is not None and round(quickstart["gauge"], 2) == value
+    top = quickstart["look"][1][1].stdout
+    match = re.search(r"speed-up (\d+\.\d\d)x \(the run so far; estimate", top)
+    assert match and float(match[1]) == value, (top, value)
+    store_top = _run(f"{next(l for l in _lines(blocks()['serve']) if l.startswith('export '))}; spectrace top --once",
+                     quickstart["dir"], quickstart["env"])
+    match = re.search(r"speed-up (\d+\.\d\d)x \(the run so far", store_top.stdout)
+    assert match and float(match[1]) == value, store_top.stdout + store_top.stderr
+    report = quickstart["report"].stdout
+    if "SPECULATION_NOT_PAYING" in report:  # said while serving: beside the whole run's figure
+        assert f"over the whole run: {value:.2f}x ({steps} steps)" in report
+    assert "not measured" in report and "vs k in force (fit)" in report
