@@ -413,8 +413,8 @@ DRAFT_SETTING_IGNORED = _code(
 PROBE_BETTER_READING = _code(
     "PROBE_BETTER_READING", "probe", ("warning",),
     "warning: measured on the pair itself (the same prompts served under each reading, greedy), never guessed; the "
-    "info finding whose doubt it settles (`ROPE_DIFFERS`, `TAP_DEFAULTED`, `CAUSAL_INFERRED`) is said again as a "
-    "warning beside it (`evidence.raised_by = PROBE_BETTER_READING`)",
+    "doubt it settles (`ROPE_DIFFERS`, `TAP_DEFAULTED`, `CAUSAL_INFERRED`) is said again as a warning beside it "
+    "(`evidence.raised_by = PROBE_BETTER_READING`)",
     "`spectrace probe` served the pair under another reading (a doctor fix, another set of taps, the target's RoPE "
     "base) and it accepted more than the served reading, beyond the 95 % interval of the difference (paired by "
     "prompt): the drafter was trained for that reading",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -24,25 +25,11 @@ def _say(payload: dict[str, Any]) -> None:
 
 
 def _run_id() -> str | None:
-    try:
-        from spectrace.tracer import runtime
+    """The traced run this engine started: the frontend hook writes it into the environment (``ACTIVE_RUN_ENV``)."""
+    from spectrace.settings import ACTIVE_RUN_ENV, inherited
 
-        rt = runtime.get()
-        return rt.run.run_id if rt is not None and rt.run is not None else None
-    except Exception:
-        return None
-
-
-def _flush() -> None:
-    try:
-        from spectrace.tracer import runtime
-
-        rt = runtime.get()
-        if rt is not None:
-            rt.provider.force_flush()
-            rt.flush()
-    except Exception:
-        pass
+    value = inherited(ACTIVE_RUN_ENV)
+    return value.partition(";")[0] or None if value else None
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -51,6 +38,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     result: dict[str, Any] = {"name": job["name"], "ok": False, "requests": [], "error": None}
     llm = None
+    from spectrace.settings import ACTIVE_RUN_ENV
+
+    os.environ.pop(ACTIVE_RUN_ENV, None)  # a run id read after this engine is this engine's
     try:
         kwargs = dict(job["engine"])
         kwargs["speculative_config"] = job["speculative"]
@@ -72,7 +62,6 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result["run_id"] = _run_id()
     del llm
     gc.collect()
-    _flush()
     result["seconds"] = time.time() - started
     return result
 

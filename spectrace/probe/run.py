@@ -287,7 +287,7 @@ def job_for(probe: Probe, outcome: Outcome, name: str) -> dict[str, Any]:
 
 
 def run(probes: Sequence[Probe], *, store: Path | None = None, scratch: Path | None = None, log: Path | None = None,
-        say: Callable[[str], None] = print) -> list[Result]:
+        say: Callable[[str], None] = print, env: dict[str, str] | None = None) -> list[Result]:
     """Probe each pair: one child process serves every candidate of every pair, one engine each."""
     started = time.time()
     scratch_dir = Path(scratch) if scratch is not None else Path(tempfile.mkdtemp(prefix="spectrace-probe-"))
@@ -304,7 +304,7 @@ def run(probes: Sequence[Probe], *, store: Path | None = None, scratch: Path | N
             for o in outs if o.status == "pending"]
     say(f"{len(jobs)} engines, {sum(len(p.prompts) * p.max_tokens for p, _, outs, _ in plans for o in outs if o.status == 'pending')} "
         f"tokens to generate (vLLM's log: {log})")
-    raw = serve(jobs, env=child_env(store), log=log, say=say) if jobs else {}
+    raw = serve(jobs, env={**child_env(store), **(env or {})}, log=log, say=say) if jobs else {}
     results = []
     for i, (probe, report, outcomes, missing) in enumerate(plans):
         for o in outcomes:
