@@ -139,3 +139,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
 def test_a_missing_model_directory_is_bad_input(tmp_path, capsys):
     rc = main(["probe", "--target", str(tmp_path / "nowhere"), "--draft", str(tmp_path), "--method", "eagle3", "--no-store"])
     assert rc == 2 and "no config.json there" in capsys.readouterr().err
+
+
+FAKE_CHILD = r'''
+import json, os, sys
+MARK = "@@spectrace-probe "
+for line in sys.stdin:
+    job = json.loads(line)
+    print(MARK + json.dumps({"started": job["name"]}), flush=True)
+    if job["name"] == "crash":
+        print("Fatal Python error: Segmentation fault", flush=True)
+        os._exit(139)
+    print("INFO a log line", flush=True)
+    print(MARK + json.dumps({"result": {"name": job["name"], "ok": True, "requests": [], "pid": os.getpid()}}), flush=True)
+'''
+
+
+def test_a_child_that_dies_takes_only_the_candidate_it_was_serving(tmp_path):
+    """The restart logic with a stand-in child (the real one needs vLLM): the process dies on its second job; that
+    job fails in one line, a new process serves the third."""
+    script = tmp_path / "child.py"
+    script.write_text(FAKE_CHILD)
+    lines = []
+    results = probe_run.serve([{"name": "a"}, {"name": "crash"}, {"name": "b"}], env=dict(__import__("os").environ),
+                              log=tmp_path / "log", say=lines.append, command=[__import__("sys").executable, str(script)])
+    assert results["a"]["ok"] and results["b"]["ok"] and results["a"]["pid"] != results["b"]["pid"]
+    crash = results["crash"]
+    assert not crash["ok"] and crash["crashed"]
+    assert crash["error"] == "the engine process died (exit 139) serving it: Fatal Python error: Segmentation fault"
+    assert lines == ["[1/3] serving a ...", "[2/3] serving crash ...", "[3/3] serving b ..."]
+    assert "INFO a log line" in (tmp_path / "log").read_text()

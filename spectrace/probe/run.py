@@ -220,14 +220,18 @@ def child_env(store: Path | None) -> dict[str, str]:
     return env
 
 
+CHILD = [sys.executable, "-m", "spectrace.probe.child"]
+
+
 def serve(jobs: list[dict[str, Any]], *, env: dict[str, str], log: Path, say: Callable[[str], None],
-          timeout_s: float = 1800.0) -> dict[str, dict[str, Any]]:
-    """Each job in a child process, in order; a child that dies fails the job it served and a new one takes the rest."""
+          timeout_s: float = 1800.0, command: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each job in a child process (``command``, default :data:`CHILD`), in order; a child that dies fails the job
+    it served and a new one takes the rest."""
     results: dict[str, dict[str, Any]] = {}
     left = list(jobs)
     with open(log, "a") as log_file:
         while left:
-            proc = subprocess.Popen([sys.executable, "-m", "spectrace.probe.child"], env=env, stdin=subprocess.PIPE,
+            proc = subprocess.Popen(list(command or CHILD), env=env, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
             assert proc.stdin is not None and proc.stdout is not None
             for job in left:
