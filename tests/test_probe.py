@@ -169,3 +169,32 @@ def test_a_child_that_dies_takes_only_the_candidate_it_was_serving(tmp_path):
     assert crash["error"] == "the engine process died (exit 139) serving it: Fatal Python error: Segmentation fault"
     assert lines == ["[1/3] serving a ...", "[2/3] serving crash ...", "[3/3] serving b ..."]
     assert "INFO a log line" in (tmp_path / "log").read_text()
+
+
+def _outcome(name, kind, rates, source=None, taps=None):
+    requests = _requests([(a, 30) for a in rates])
+    c = cands.Candidate(name, kind, f"reading {name}", patch={"rope_theta": 10000.0} if kind == "rope" else {},
+                        source=source, taps=taps)
+    return probe_run.Outcome(c, "/x", status="ok", requests=requests, summary=stats.summarize(requests, 3))
+
+
+def test_a_better_reading_is_a_finding_and_raises_the_info_doubt_it_settles():
+    rope_differs = {"code": codes.ROPE_DIFFERS, "severity": "info", "model_role": "draft", "message": "bases differ",
+                    "evidence": {"settled_by": "acceptance"}, "fix": "f"}
+    report = _report([rope_differs], None, draft_theta=1e6)
+    probe = probe_run.Probe("/t", "/d", "eagle3", ["a", "b", "c", "d"])
+    outcomes = [_outcome("served", "served", [3, 6, 9, 3]), _outcome("rope 10000", "rope", [12, 15, 18, 12], codes.ROPE_DIFFERS)]
+    result = probe_run._conclude(probe, report, outcomes, [])
+    assert [(f.code, f.severity) for f in result.findings] == [(codes.PROBE_BETTER_READING, "warning"),
+                                                               (codes.ROPE_DIFFERS, "warning")]
+    better, raised = result.findings
+    assert better.evidence["delta"] == pytest.approx(0.3) and better.evidence["source"] == codes.ROPE_DIFFERS
+    assert better.fix == "set in the drafter's config.json: rope_theta = 10000.0"
+    assert raised.evidence["raised_by"] == codes.PROBE_BETTER_READING and raised.evidence["settled_by"] == "acceptance"
+    run_id, rows = probe_run.rows(result)
+    assert run_id == result.probe_id  # untraced: the probe's own id
+    assert [(r["candidate"], r["best"], r["delta"]) for r in rows] == [("served", False, None),
+                                                                      ("rope 10000", True, pytest.approx(0.3))]
+    # the same readings, the other way round: nothing better, no finding
+    outcomes = [_outcome("served", "served", [12, 15, 18, 12]), _outcome("rope 10000", "rope", [3, 6, 9, 3], codes.ROPE_DIFFERS)]
+    assert probe_run._conclude(probe, report, outcomes, []).findings == []

@@ -128,8 +128,8 @@ def test_a_pair_vllm_cannot_load_is_one_line_and_the_rest_still_run(probed):
     assert served.status == "failed" and "\n" not in served.error and served.summary is None, served.error
     assert r.verdict.best is None and r.findings == []
     # it was the first engine of the child, and every later probe's candidates ran after it
-    assert probed["lines"].index(next(x for x in probed["lines"] if "serving 0:served" in x)) < \
-        probed["lines"].index(next(x for x in probed["lines"] if "serving 1:served" in x))
+    assert probed["lines"].index(next(x for x in probed["lines"] if "eagle3-broken: served ..." in x)) < \
+        probed["lines"].index(next(x for x in probed["lines"] if "eagle3-shallow: served ..." in x))
     assert probed["results"]["shifted"].outcome("served").status == "ok"
 
 

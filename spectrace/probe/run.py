@@ -251,7 +251,8 @@ def serve(jobs: list[dict[str, Any]], *, env: dict[str, str], log: Path, say: Ca
                 if "started" in message:
                     current = message["started"]
                     n = len(results) + 1
-                    say(f"[{n}/{len(jobs)}] serving {current} ...")
+                    label = next((j.get("label") for j in jobs if j["name"] == current), None) or current
+                    say(f"[{n}/{len(jobs)}] serving {label} ...")
                     tail = []
                 else:
                     result = message["result"]
@@ -304,8 +305,9 @@ def run(probes: Sequence[Probe], *, store: Path | None = None, scratch: Path | N
             + "".join(f"\n  {o.candidate.name:24} {o.candidate.note}" + (f" (skipped: {o.error})" if o.error else "")
                       for o in outcomes))
         plans.append((probe, report, outcomes, missing))
-    jobs = [job_for(p, o, f"{i}:{o.candidate.name}") for i, (p, _, outs, _) in enumerate(plans)
-            for o in outs if o.status == "pending"]
+    jobs = [{**job_for(p, o, f"{i}:{o.candidate.name}"),
+             "label": o.candidate.name if len(plans) == 1 else f"{p.label or p.draft}: {o.candidate.name}"}
+            for i, (p, _, outs, _) in enumerate(plans) for o in outs if o.status == "pending"]
     say(f"{len(jobs)} engines, {sum(len(p.prompts) * p.max_tokens for p, _, outs, _ in plans for o in outs if o.status == 'pending')} "
         f"tokens to generate (vLLM's log: {log})")
     raw = serve(jobs, env={**child_env(store), **(env or {})}, log=log, say=say) if jobs else {}
