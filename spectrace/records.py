@@ -329,6 +329,41 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("declared_rope", "JSON"),
         ("runtime_rope", "JSON"),
     ],
+    # One row per reading a `spectrace probe` served (or skipped): the same prompts, greedy, a fixed token budget,
+    # under the served reading and each candidate (a doctor fix, a tap set, the target's RoPE base), with vLLM's
+    # per-request counters summed and a 95 % interval from the per-request spread (issue #59). run_id: the served
+    # reading's traced run (else the probe's id); candidate_run_id: the candidate's own.
+    "probes": [
+        ("ts", "TIMESTAMP_NS"),
+        ("probe_id", "VARCHAR"),  # the rows of one probe
+        ("candidate", "VARCHAR"),  # served | fix CODE | taps [..] | rope BASE | causal true|false
+        ("kind", "VARCHAR"),  # served | fix | taps | rope | causal
+        ("source", "VARCHAR"),  # the finding code whose fix or doubt proposed it
+        ("reading", "VARCHAR"),  # what the verdict says when it wins: "trained on taps [1, 2, 3]"
+        ("patch", "JSON"),  # the change to the drafter's config.json (a scratch copy)
+        ("taps", "JSON"),  # the vLLM tap ids it serves (served and taps candidates)
+        ("status", "VARCHAR"),  # ok | failed | crashed | skipped
+        ("error", "VARCHAR"),
+        ("candidate_run_id", "VARCHAR"),
+        ("target_model", "VARCHAR"),
+        ("draft_model", "VARCHAR"),
+        ("method", "VARCHAR"),
+        ("num_speculative_tokens", "INTEGER"),
+        ("prompts", "INTEGER"),
+        ("max_tokens", "INTEGER"),
+        ("drafted", "BIGINT"),
+        ("accepted", "BIGINT"),
+        ("acceptance", "DOUBLE"),  # accepted / drafted over every request
+        ("acceptance_low", "DOUBLE"),  # its 95 % interval (ratio estimator over requests, Student t)
+        ("acceptance_high", "DOUBLE"),
+        ("per_position", "JSON"),  # share of steps whose i-th draft was accepted
+        ("mean_acceptance_length", "DOUBLE"),  # tokens per verification step, the bonus token included
+        ("tokens_per_s", "DOUBLE"),  # output tokens / generate wall time (eager engine: not production speed)
+        ("delta", "DOUBLE"),  # acceptance minus the served reading's
+        ("delta_half_width", "DOUBLE"),  # of delta's 95 % interval, paired by prompt
+        ("best", "BOOLEAN"),  # the reading that accepts best
+        ("verdict", "VARCHAR"),  # the probe's verdict, on every row
+    ],
 }
 
 JSON_COLUMNS = {

@@ -115,7 +115,8 @@ LAYOUT_MISMATCH = _code(
 CAUSAL_INFERRED = _code(
     "CAUSAL_INFERRED", "layout", ("warning", "info"),
     "info: vLLM's fallback is the published drafters' convention, the config cannot say it is wrong; "
-    "warning when acceptance collapses in the run (raised by `ACCEPTANCE_COLLAPSE`)",
+    "warning when acceptance collapses in the run (raised by `ACCEPTANCE_COLLAPSE`) or a probe measures a better "
+    "reading (raised by `PROBE_BETTER_READING`)",
     "a DFlash drafter declares no causality (`is_causal`, `dflash_config.causal`) and vLLM's updater set none; vLLM "
     "chose per layer from `layer_types` (sliding causal, full not): live and in `doctor`",
     'declare how the drafter was trained: "dflash_config": {"causal": true|false} (or "is_causal")',
@@ -174,7 +175,7 @@ TAP_DEFAULTED = _code(
     "TAP_DEFAULTED", "taps", ("warning", "info"),
     "info when vLLM's fallback is the common trainers' default (2, N//2, N-3): right unless the drafter was trained "
     "otherwise; warning when the fallback is another (the target model overrides it), or when acceptance collapses "
-    "in the run (raised by `ACCEPTANCE_COLLAPSE`)",
+    "in the run (raised by `ACCEPTANCE_COLLAPSE`), or a probe measures other taps better (raised by `PROBE_BETTER_READING`)",
     "the drafter declares no hidden-state layer ids; vLLM uses its default taps",
     "declare the ids the drafter was trained on (eagle_aux_hidden_state_layer_ids, or "
     "dflash_config.target_layer_ids for DFlash)",
@@ -334,7 +335,7 @@ ROPE_MISMATCH = _code(
 ROPE_DIFFERS = _code(
     "ROPE_DIFFERS", "rope", ("warning", "info"),
     "info: legitimate if trained so, which the configs cannot tell; warning when acceptance collapses in the run "
-    "(raised by `ACCEPTANCE_COLLAPSE`)",
+    "(raised by `ACCEPTANCE_COLLAPSE`) or a probe measures the target's base better (raised by `PROBE_BETTER_READING`)",
     "a `draft_model` drafter's RoPE, or an eagle / eagle3 drafter's (the EAGLE-3 reference trains it with a base of "
     "its own), differs from the target's: the first suspect when its acceptance collapses or falls with context",
     "if acceptance collapses or falls with context, give the drafter the target's RoPE or use one trained with it",
@@ -409,6 +410,17 @@ DRAFT_SETTING_IGNORED = _code(
     "`speculative_config.max_model_len` (the proposer uses the run's), `draft_tensor_parallel_size` (the "
     "drafter's layers are sharded with the run's), an `--hf-overrides` key (applied to the target only)",
     "set it where this vLLM applies it (the drafter's config.json for a model field); vLLM ignores it otherwise",
+)
+# -- measured: `spectrace probe` (#59)
+PROBE_BETTER_READING = _code(
+    "PROBE_BETTER_READING", "probe", ("warning",),
+    "warning: measured on the pair itself (the same prompts served under each reading, greedy), never guessed; the "
+    "doubt it settles (`ROPE_DIFFERS`, `TAP_DEFAULTED`, `CAUSAL_INFERRED`) is said again as a warning beside it "
+    "(`evidence.raised_by = PROBE_BETTER_READING`)",
+    "`spectrace probe` served the pair under another reading (a doctor fix, another set of taps, the target's RoPE "
+    "base) and it accepted more than the served reading, beyond the 95 % interval of the difference (paired by "
+    "prompt): the drafter was trained for that reading",
+    "declare the winning reading in the drafter's config.json (the finding's fix names the fields and values)",
 )
 
 # -- causes seen in the field ---------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 - ``query``, ``report``: SQL and the summary over the store or the lake;
 - ``doctor``: the config audit before deployment;
+- ``probe``: the pair served under each reading a finding doubts, measured;
 - ``store``, ``lake``: housekeeping (``stats``, ``compact``; ``maintain``);
 - ``dashboards``: export and push the Grafana dashboards and alert rules;
 - ``top``: a live terminal view from ``/metrics`` URLs or the store;
@@ -29,11 +30,11 @@ TOKEN_VARIABLES = ("GRAFANA_TOKEN", "PGPASSWORD")  # a secret whole
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``spectrace`` parser: every subcommand registered the same way, by its module's ``add_parser``."""
-    from spectrace.cli import dashboards, diff, doctor, lake, query, report, store, top
+    from spectrace.cli import dashboards, diff, doctor, lake, probe, query, report, store, top
 
     parser = Parser(prog="spectrace", description="Observability for speculative decoding in vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (query, report, diff, doctor, dashboards, lake, store, top):
+    for command in (query, report, diff, doctor, probe, dashboards, lake, store, top):
         command.add_parser(sub)
     return parser
 
