@@ -313,7 +313,7 @@ def frame_from_metrics(values: dict[Key, float], sources: list[str], scope: str)
 
     seen = set()
     for (_, n, labels), v in values.items():
-        if n == "spectrace_config_finding" and v:
+        if n in ("spectrace_config_finding", "spectrace_runtime_finding") and v:
             lab = dict(labels)
             seen.add((lab.get("severity", ""), lab.get("code", ""), lab.get("model_role", "")))
     frame.findings = sorted(((s, c, r, _fix(c)) for s, c, r in seen), key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))

@@ -100,6 +100,7 @@ def quickstart(zoo, cache_root, tmp_path_factory):
             seen["report"], seen["gauge"] = _run(f"{export}; spectrace report", here, env), _gauge(page())
         seen["look"] = [(line, _run(f"{export}; {line.replace('127.0.0.1:8000', f'127.0.0.1:{port}')}", here, env))
                         for line in _lines(steps["look"])]
+        seen["metrics"] = page()
         seen["log"] = (here / "vllm.log").read_text()
     finally:
         if server.poll() is None:
@@ -201,3 +202,18 @@ def test_the_store_and_the_report_keep_the_response_id_and_its_two_choices(quick
     report = quickstart["report"].stdout
     listed = [line.split()[:2] for line in report.splitlines() if line.strip().startswith(response_id)]
     assert sorted(listed) == [[response_id, "0"], [response_id, "1"]], report
+
+
+def test_metrics_page_series_carry_no_scope_labels_and_findings_are_named_by_kind(quickstart):
+    """The server's /metrics: spectrace's series without OpenTelemetry's empty scope labels, help texts that stand
+    alone, and each finding under the name of its kind (a runtime finding is not a configuration finding)."""
+    from spectrace.sinks.metrics import RUNTIME_CODES
+
+    page = quickstart["metrics"]
+    ours = [line for line in page.splitlines() if line.startswith("spectrace_")]
+    assert len(ours) > 20 and not any("otel_scope" in line for line in ours), page[:2000]
+    helps = re.findall(r"^# HELP (spectrace_\S+) (.*)$", page, re.M)
+    assert helps and not [h for h in helps if "README" in h[1]]
+    for name, kind in (("spectrace_config_finding", False), ("spectrace_runtime_finding", True)):
+        found = re.findall(rf'^{name}\{{[^}}]*code="(\w+)"', page, re.M)
+        assert all((code in RUNTIME_CODES) == kind for code in found), (name, found)

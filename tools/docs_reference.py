@@ -141,6 +141,7 @@ def _exercise(m) -> None:
     m.draft_budget(4, 4, labels)
     m.step_shapes([{"batch_band": "1", "k": 2, "steps": 1, "k_switches": 0}], labels)
     m.finding("SWA_DROPPED", "error", "draft", labels)
+    m.finding("ACCEPTANCE_COLLAPSE", "error", "draft", labels)
     m.layout([{"model_role": "draft", "layer_index": 0, "declared_type": "sliding", "runtime_type": "full",
                "runtime_window": None, "status": "MISMATCH"}], labels)
     m.taps([{"expected_id": 1, "tapped_id": 2}], labels)
