@@ -511,8 +511,8 @@ def fit(parts: list[tuple[str, Any]], width: int, height: int):
                 lines.extend(chunk)
                 room -= len(chunk)
                 continue
-            # a table is cut below its title and a row or more; a few lines of text are hidden whole
-            shown = chunk[:room] if len(chunk) > 4 and room > 2 else []
+            # a table is cut below its head and a row or more (never a title or a head alone); text is hidden whole
+            shown = chunk[:room] if len(chunk) > 5 and room >= 5 else []  # title, its blank, head, rule, a row
             lines.extend(shown)
             hidden.append(f"rest of {name}" if shown else name)
             room = 0

@@ -4,6 +4,7 @@ exit 0; a 20x5 terminal is one line and exit 2. Needs tmux (`make test` installs
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -20,11 +21,15 @@ pytestmark = pytest.mark.server
 REPO = Path(__file__).resolve().parents[1]
 
 
+_SOCKETS = itertools.count()
+
+
 @pytest.fixture
 def tmux():
     if shutil.which("tmux") is None:
         pytest.fail("tmux missing: run `make tmux` (Debian's tmux)")
-    socket = f"spectrace-test-{os.getpid()}"
+    # a server of its own per test: the last test's server may still be exiting under the same name
+    socket = f"spectrace-test-{os.getpid()}-{next(_SOCKETS)}"
 
     def run(*args, check=True):
         return subprocess.run(["tmux", "-L", socket, "-f", "/dev/null", *args], capture_output=True, text=True,
