@@ -12,7 +12,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.spectrace-installed
 
-.PHONY: test unit demo serve docs venv clean prometheus postgres tmux
+.PHONY: test unit demo serve docs venv clean prometheus postgres tmux chromium
 
 venv: $(STAMP)
 
@@ -46,11 +46,17 @@ tmux:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null; \
 	  else echo "tmux missing: sudo apt-get install tmux"; exit 1; fi; }
 
+# Chromium (Debian's `chromium`) for the docs site's screenshot check in a headless browser (tests/test_docs_site.py).
+chromium:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing: sudo apt-get install chromium"; exit 1; fi; }
+
 # Two workers (pytest-xdist): live tests wait on engines, servers and flushes much of the time, so two
 # share the two cores; each module runs whole in one worker (--dist loadfile; tests/conftest.py orders them).
 TEST_WORKERS ?= 2
 
-test: $(STAMP) prometheus postgres tmux docs
+test: $(STAMP) prometheus postgres tmux chromium docs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The fast lane (tests/conftest.py): fails if anything it ran imported torch or vllm.

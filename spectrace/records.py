@@ -234,7 +234,8 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     "request_outputs": [
         ("ts", "TIMESTAMP_NS"),
         ("request_id", "VARCHAR"),  # the engine's: vLLM's internal id (the user's and a random suffix)
-        ("external_request_id", "VARCHAR"),  # the user's: RequestOutput.request_id, the OpenAI response's id
+        ("external_request_id", "VARCHAR"),  # the client's: the OpenAI response's id (cmpl-…, no per-prompt suffix)
+        ("choice_index", "INTEGER"),  # the client's choice index in that response (n>1, several prompts)
         ("output_tokens", "BIGINT"),  # tokens the user got (after stop strings)
         ("finish_reason", "VARCHAR"),
         ("vllm_spec_decode", "JSON"),  # vLLM's RequestSpecDecodeMetrics.to_dict(), where it kept them

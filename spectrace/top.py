@@ -313,7 +313,7 @@ def frame_from_metrics(values: dict[Key, float], sources: list[str], scope: str)
 
     seen = set()
     for (_, n, labels), v in values.items():
-        if n == "spectrace_config_finding" and v:
+        if n in ("spectrace_config_finding", "spectrace_runtime_finding") and v:
             lab = dict(labels)
             seen.add((lab.get("severity", ""), lab.get("code", ""), lab.get("model_role", "")))
     frame.findings = sorted(((s, c, r, _fix(c)) for s, c, r in seen), key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
@@ -467,16 +467,85 @@ def plain(frame: Frame, *, error: str | None = None, width: int = 120) -> str:
     return terminal("\n".join(line.rstrip() for line in out.getvalue().splitlines()).strip("\n") + "\n")
 
 
-def render(frame: Frame, *, error: str | None = None, live: bool = False):
+def render(frame: Frame, *, error: str | None = None, live: bool = False, size: tuple[int, int] | None = None):
     """The frame as rich renderables (one Group). Every string from a page or a store is a ``rich_text`` (escaped
-    controls, never markup); the rest is spectrace's own."""
-    from rich import box
+    controls, never markup); the rest is spectrace's own. With ``size`` (the terminal's width and height: the live
+    view) the sections that fit, then one line that says what is hidden below."""
     from rich.console import Group
+
+    parts = _sections(frame, error=error, live=live)
+    if size is not None:
+        return fit(parts, *size)
+    return Group(*(part for _, part in parts))
+
+
+def _titled(title: str, table):
+    """A table under its title on a line of its own: the title wraps at the terminal's width, never the table's."""
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(Text(title, style="bold"), table)
+
+
+def fit(parts: list[tuple[str, Any]], width: int, height: int):
+    """The named sections ``parts`` that fit ``height`` lines at ``width``; the first that does not is cut, and the
+    last line says how many lines are hidden and which sections they hold."""
+    import io
+
+    from rich.console import Console
+    from rich.segment import Segment, Segments
+    from rich.text import Text
+
+    console = Console(file=io.StringIO(), width=width, height=height, color_system="truecolor", force_terminal=True,
+                      legacy_windows=False)
+    rendered = [(name, console.render_lines(part, console.options.update(width=width), pad=False, new_lines=False))
+                for name, part in parts]
+    total = sum(len(lines) for _, lines in rendered)
+    if total <= height:
+        lines = [line for _, chunk in rendered for line in chunk]
+        marker = None
+    else:
+        room, lines, hidden = height - 1, [], []
+        for name, chunk in rendered:
+            if room > 0 and len(chunk) <= room:
+                lines.extend(chunk)
+                room -= len(chunk)
+                continue
+            # a table is cut below its head and a row or more (never a title or a head alone); text is hidden whole
+            shown = chunk[:room] if len(chunk) > 5 and room >= 5 else []  # title, its blank, head, rule, a row
+            lines.extend(shown)
+            hidden.append(f"rest of {name}" if shown else name)
+            room = 0
+        more = total - len(lines)
+        text = f"▼ {more} line{'s' if more != 1 else ''} hidden: "
+        names, cut = list(hidden), False  # at the pane's width: the first names, then "…"
+        while len(text + ", ".join(names + ["…"] * cut)) > width - 1 and len(names) > 1:
+            names.pop()
+            cut = True
+        text += ", ".join(names + ["…"] * cut)
+        hint = "  (a taller terminal shows them; --once prints all)"
+        marker = Text(text + (hint if len(text + hint) < width else ""), style="reverse", no_wrap=True,
+                      overflow="ellipsis")
+    segments: list[Any] = []
+    for line in lines:
+        segments.extend(line)
+        segments.append(Segment.line())
+    out = [Segments(segments)]
+    if marker is not None:
+        out.append(marker)
+    from rich.console import Group
+
+    return Group(*out)
+
+
+def _sections(frame: Frame, *, error: str | None = None, live: bool = False) -> list[tuple[str, Any]]:
+    """The frame's sections, top to bottom, each with the name the truncation marker gives it."""
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
     style = box.SIMPLE_HEAD if live else box.SIMPLE
-    parts: list[Any] = []
+    parts: list[tuple[str, Any]] = []
     head = Text()
     head.append("spectrace top", style="bold")
     head.append(f"  {safe(', '.join(frame.sources))}  ·  {safe(frame.scope)}")
@@ -484,12 +553,12 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
         head.append("  ·  vLLM's counters only (no spectrace series: SPECTRACE unset?)", style="yellow")
     if live:
         head.append("  ·  q quits", style="dim")
-    parts.append(head)
+    parts.append(("header", head))
     if error:
-        parts.append(rich_text(f"last scrape failed: {error}", style="red"))
+        parts.append(("scrape error", rich_text(f"last scrape failed: {error}", style="red")))
 
     if frame.positions:
-        t = Table(title="Acceptance by draft position", title_justify="left", box=style, pad_edge=False)
+        t = Table(box=style, pad_edge=False)
         with_vllm = any(p.vllm_rate is not None for p in frame.positions)
         for col, just in (("pos", "right"), ("drafted", "right"), ("accepted", "right"), ("rate", "right"),
                           ("", "left"), ("of prev", "right"), *((("vLLM", "right"),) if with_vllm else ()), ("", "left")):
@@ -501,22 +570,22 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
             t.add_row(str(p.position), _n(p.drafted), _n(p.accepted), _pct(p.rate), _bar(p.rate), _pct(then),
                       *((_pct(p.vllm_rate),) if with_vllm else ()), mark)
             prev = p
-        parts.append(t)
+        parts.append(("acceptance", _titled("Acceptance by draft position", t)))
         if frame.cliff is not None:
-            parts.append(Text(f"cliff: position {frame.cliff + 1} accepts under 5 % of what position {frame.cliff} accepted "
-                              "(the rule of POSITION_CLIFF): check the drafter's taps and drafting mode", style="red"))
+            parts.append(("cliff", Text(f"cliff: position {frame.cliff + 1} accepts under 5 % of what position {frame.cliff} accepted "
+                              "(the rule of POSITION_CLIFF): check the drafter's taps and drafting mode", style="red")))
     else:
-        parts.append(Text("no drafts verified yet (no speculative decoding series on the page, or none in the window)",
-                          style="yellow"))
+        parts.append(("acceptance", Text("no drafts verified yet (no speculative decoding series on the page, or "
+                                             "none in the window)", style="yellow")))
 
     if frame.lengths:
         total = sum(frame.lengths.values()) or 1.0
-        t = Table(title="Accepted length per request-step (accepted + 1)", title_justify="left", box=style, pad_edge=False)
+        t = Table(box=style, pad_edge=False)
         for col, just in (("length", "right"), ("steps", "right"), ("share", "right"), ("", "left")):
             t.add_column(col, justify=just)
         for length, n in sorted(frame.lengths.items()):
             t.add_row(str(length), _n(n), _pct(n / total), _bar(n / total))
-        parts.append(t)
+        parts.append(("lengths", _titled("Accepted length per request-step (accepted + 1)", t)))
 
     line = Text()
     pieces = []  # joined with " · ": nothing dangles when one is missing (an idle view has no mean length)
@@ -532,7 +601,7 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
     for i, (text, colour) in enumerate(pieces):
         line.append(("  ·  " if i else "") + text, style=colour)
     if line:
-        parts.append(line)
+        parts.append(("speed-up", line))
     if frame.speedup_by_k:
         # relative to the k in force (the highest k' not extrapolated): a prediction to compare k', never a second
         # speed-up beside the one above (its step time without drafts is fitted from the run too, not measured)
@@ -542,34 +611,36 @@ def render(frame: Frame, *, error: str | None = None, live: bool = False):
         if base > 0:
             text = f"What k pays, relative to k={in_force} in force: " + "  ".join(
                 f"k'={k} {v / base:.2f}{'*' if ext else ''}" for k, (v, ext) in frame.speedup_by_k.items())
-            parts.append(Text(text + f"  (highest k'={best[0]}; * extrapolated; fitted from the run alone, not measured: "
-                                     "not advice, see spectrace report)"))
+            parts.append(("what k pays", Text(text + f"  (highest k'={best[0]}; * extrapolated; fitted from the run "
+                                                     "alone, not measured: not advice, see spectrace report)")))
 
     if frame.findings:
-        t = Table(title="Findings", title_justify="left", box=style, pad_edge=False)
+        t = Table(box=style, pad_edge=False)
         for col in ("severity", "code", "model", "fix"):
             t.add_column(col, overflow="fold")
         for severity, code, role, fix in frame.findings:
             t.add_row(rich_text(severity, style={"error": "bold red", "warning": "yellow"}.get(severity, "")),
                       rich_text(code), rich_text(role), rich_text(fix or "—"))
-        parts.append(t)
+        parts.append((f"{len(frame.findings)} finding{'s' if len(frame.findings) != 1 else ''}", _titled("Findings", t)))
     slices = sorted((s for s in frame.slices if s[4] is not None and s[2]), key=lambda s: (s[3] / s[2] - s[4], -s[2]))
     if slices:
-        t = Table(title="Request slices, worst first", title_justify="left", box=style, pad_edge=False)
+        t = Table(box=style, pad_edge=False)
         for col, just in (("dimension", "left"), ("value", "left"), ("drafted", "right"), ("accepted", "right"),
                           ("rate", "right"), ("the rest", "right")):
             t.add_column(col, justify=just)
         for dimension, value, drafted, accepted, rest in slices[:8]:
             t.add_row(rich_text(dimension), rich_text(value), _n(drafted), _n(accepted),
                       _pct(accepted / drafted if drafted else None), _pct(rest))
-        parts.append(t)
+        shown = min(len(slices), 8)
+        parts.append((f"{shown} slice{'s' if shown != 1 else ''}", _titled("Request slices, worst first", t)))
     if frame.ranks:
-        t = Table(title="Per rank / source", title_justify="left", box=style, pad_edge=False)
+        t = Table(box=style, pad_edge=False)
         for col, just in (("who", "left"), ("drafted", "right"), ("accepted", "right"), ("rate", "right")):
             t.add_column(col, justify=just)
         for who, drafted, accepted in frame.ranks:
             t.add_row(rich_text(who), _n(drafted), _n(accepted), _pct(accepted / drafted if drafted else None))
-        parts.append(t)
+        parts.append((f"{len(frame.ranks)} rank{'s' if len(frame.ranks) != 1 else ''}",
+                      _titled("Per rank / source", t)))
     if frame.note:
-        parts.append(rich_text(frame.note, style="dim"))
-    return Group(*parts)
+        parts.append(("note", rich_text(frame.note, style="dim")))
+    return parts

@@ -24,6 +24,18 @@ def test_named_takes_only_shipped_names(tmp_path, capsys):
     assert "no named query '../../x'" in err
 
 
+def test_query_help_lists_every_named_query_with_what_it_answers(capsys):
+    from spectrace.queries import named
+
+    assert main(["query", "--help"]) == 0
+    out = capsys.readouterr().out
+    listed = out.split("named queries (--named NAME):\n", 1)[1].splitlines()
+    rows = {line.split()[0]: line for line in listed if not line.startswith(" " * 3)}
+    assert sorted(rows) == named.names() and len(rows) == 7
+    assert "Runs whose acceptance collapsed: position-0" in rows["acceptance_collapse"]
+    assert max(map(len, listed)) <= 100
+
+
 def test_empty_query_names_the_named_queries(tmp_path, capsys):
     err = _one_line(capsys, ["query", "--dir", str(tmp_path)])
     assert "--list" not in err and "acceptance_by_position" in err

@@ -63,11 +63,12 @@ def test_settings_table_covers_every_variable_with_the_codes_defaults():
 
 def test_metrics_page_lists_every_instrument_with_its_series():
     rows = {r["instrument"]: r for r in _tool().metric_rows()}
-    assert len(rows) == 25
+    assert len(rows) == 26
     assert rows["spectrace.verify.drafted_tokens"]["series"] == ["spectrace_verify_drafted_tokens_total"]
     assert rows["spectrace.verify.drafted_tokens"]["labels"] == ["context_bucket", "position"]
     assert rows["spectrace.verify.acceptance_length"]["kind"] == "histogram"
     assert rows["spectrace.config.finding"]["labels"] == ["code", "model_role", "severity"]
+    assert rows["spectrace.runtime.finding"]["labels"] == ["code", "model_role", "severity"]
     assert rows["spectrace.internal.errors"] == {
         "instrument": "spectrace.internal.errors", "kind": "counter",
         "description": "Exceptions inside spectrace hooks (vLLM unaffected)",

@@ -398,6 +398,23 @@ def test_readable_output(capsys, models):
     assert "1 error(s)" in out
 
 
+@pytest.mark.parametrize("runner, said", [
+    ("v2", "judged by the V2 model runner's rules (--runner v1 for V1's); this CPU build of vLLM serves V1 by "
+           "default: pass --runner v1"),
+    ("v1", "judged by the V1 model runner's rules (--runner v2 for V2's); this CPU build of vLLM serves V1 by default"),
+])
+def test_the_header_says_whose_rules_it_applied_and_what_this_build_serves(capsys, models, runner, said):
+    """The CPU build serves V1; the default rules are V2's (CUDA's default): the header says both (issue #57)."""
+    from vllm.platforms import current_platform
+
+    assert current_platform.device_type == "cpu"  # the project's vLLM is the CPU build
+    rc, out, err = run(capsys, "--target", models["qwen3-8b"], "--draft", models["qwen3-8b-dflash-window_only"],
+                       "--method", "dflash", "--runner", runner)
+    head = out.splitlines()
+    assert head[0].startswith("spectrace doctor (vLLM 0.32") and said in head[1], out
+    assert ("--runner v1 to judge" in head[1]) == (runner == "v2")
+
+
 def test_doctor_leaves_the_process_as_it_found_it(capsys, models):
     from vllm.config import VllmConfig
     from vllm.distributed import parallel_state

@@ -79,6 +79,8 @@ def quickstart(zoo, cache_root, tmp_path_factory):
         requests = steps["requests"].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
         seen["requests"] = subprocess.run([sys.executable, "-c", requests], cwd=here, env=env, capture_output=True,
                                           text=True, timeout=300)
+        seen["choices"] = subprocess.run([sys.executable, "-c", N_CHOICES.replace("PORT", str(port))], cwd=here,
+                                         env=env, capture_output=True, text=True, timeout=300)
         export = next(line for line in _lines(steps["serve"]) if line.startswith("export "))
 
         def page() -> str:
@@ -98,6 +100,7 @@ def quickstart(zoo, cache_root, tmp_path_factory):
             seen["report"], seen["gauge"] = _run(f"{export}; spectrace report", here, env), _gauge(page())
         seen["look"] = [(line, _run(f"{export}; {line.replace('127.0.0.1:8000', f'127.0.0.1:{port}')}", here, env))
                         for line in _lines(steps["look"])]
+        seen["metrics"] = page()
         seen["log"] = (here / "vllm.log").read_text()
     finally:
         if server.poll() is None:
@@ -113,6 +116,15 @@ def quickstart(zoo, cache_root, tmp_path_factory):
             pass
         log.close()
     return seen
+
+
+# one completion with two choices (issue #57: the id the client saw, its choices told apart)
+N_CHOICES = """
+from openai import OpenAI
+out = OpenAI(base_url="http://127.0.0.1:PORT/v1", api_key="unused").completions.create(
+    model="spectrace/testing/zoo/target", prompt="abc abc abc", max_tokens=24, temperature=1.0, seed=7, n=2)
+print(out.id, *sorted(c.index for c in out.choices))
+"""
 
 
 def _run(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
@@ -170,3 +182,38 @@ def test_one_speed_up_on_report_top_and_metrics(quickstart):
     if "SPECULATION_NOT_PAYING" in report:  # said while serving: beside the whole run's figure
         assert f"over the whole run: {value:.2f}x ({steps} steps)" in report
     assert "not measured" in report and "vs k in force (fit)" in report
+
+
+def test_the_store_and_the_report_keep_the_response_id_and_its_two_choices(quickstart):
+    """An ``n=2`` completion: ``request_spec_decode`` has the response id the client got (not vLLM's
+    ``cmpl-…-0``) once per choice, with the choice indexes the client got; the report lists both that way."""
+    done = quickstart["choices"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    response_id, *indexes = done.stdout.split()
+    assert indexes == ["0", "1"] and response_id.startswith("cmpl-"), done.stdout
+    export = next(line for line in _lines(blocks()["serve"]) if line.startswith("export "))
+    rows = _run(f"{export}; spectrace query --format csv \"select external_request_id, choice_index, request_id "
+                f"from request_spec_decode where external_request_id = '{response_id}' order by choice_index\"",
+                quickstart["dir"], quickstart["env"])
+    assert rows.returncode == 0, rows.stderr
+    found = [line.split(",") for line in rows.stdout.splitlines()[1:] if line]
+    assert [(r[0], r[1]) for r in found] == [(response_id, "0"), (response_id, "1")], rows.stdout
+    assert len({r[2] for r in found}) == 2  # two engine requests behind the one id
+    report = quickstart["report"].stdout
+    listed = [line.split()[:2] for line in report.splitlines() if line.strip().startswith(response_id)]
+    assert sorted(listed) == [[response_id, "0"], [response_id, "1"]], report
+
+
+def test_metrics_page_series_carry_no_scope_labels_and_findings_are_named_by_kind(quickstart):
+    """The server's /metrics: spectrace's series without OpenTelemetry's empty scope labels, help texts that stand
+    alone, and each finding under the name of its kind (a runtime finding is not a configuration finding)."""
+    from spectrace.sinks.metrics import RUNTIME_CODES
+
+    page = quickstart["metrics"]
+    ours = [line for line in page.splitlines() if line.startswith("spectrace_")]
+    assert len(ours) > 20 and not any("otel_scope" in line for line in ours), page[:2000]
+    helps = re.findall(r"^# HELP (spectrace_\S+) (.*)$", page, re.M)
+    assert helps and not [h for h in helps if "README" in h[1]]
+    for name, kind in (("spectrace_config_finding", False), ("spectrace_runtime_finding", True)):
+        found = re.findall(rf'^{name}\{{[^}}]*code="(\w+)"', page, re.M)
+        assert all((code in RUNTIME_CODES) == kind for code in found), (name, found)

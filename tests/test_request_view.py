@@ -58,3 +58,40 @@ def test_the_report_lists_the_runs_requests_in_that_schema(tmp_path):
     line = next(x for x in text.splitlines() if "per request (2 requests" in x)
     assert "acceptance length 2.57, tokens emitted per verify step 2.29" in line  # (11 + 7) / 7, 16 / 7
     assert "stopped inside an accepted draft" in line
+
+
+def test_the_view_and_the_report_keep_the_clients_response_id_and_tell_n_choices_apart(tmp_path):
+    """Two choices of one n=2 completion (one engine request each, one response id): the view and the report's
+    lowest-acceptance table carry the response id and each one's choice index."""
+    from spectrace.queries import report
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    engine = {"run_id": "r", "process_role": "engine_core", "ts": 2}
+    writer.append("runs", {"run_id": "r", "process_role": "frontend", "started_at": 1, "method": "eagle3",
+                           "num_speculative_tokens": 2})
+    for choice, accepted in ((0, 1), (1, 3)):
+        rid = f"{choice}_cmpl-894f-0-1f2e3d4c"
+        writer.append("request_counts", {**engine, "request_id": rid, "request_steps": 4, "drafted": 8,
+                                         "accepted": accepted, "emitted": 4 + accepted, "histogram": None})
+        writer.append("request_outputs", {"run_id": "r", "process_role": "frontend", "ts": 3, "request_id": rid,
+                                          "external_request_id": "cmpl-894f", "choice_index": choice,
+                                          "output_tokens": 4 + accepted})
+    writer.flush()
+    con = spectrace.store.open(tmp_path)
+    rows = con.execute("select external_request_id, choice_index, num_accepted_draft_tokens from request_spec_decode "
+                       "order by choice_index").fetchall()
+    assert rows == [("cmpl-894f", 0, 1), ("cmpl-894f", 1, 3)]
+    lines = report.render(con, run_id="r").splitlines()
+    head = next(i for i, x in enumerate(lines) if "request (response id)" in x)
+    assert lines[head].split()[:4] == ["request", "(response", "id)", "choice"]
+    assert [x.split()[:3] for x in lines[head + 2:head + 4]] == [["cmpl-894f", "0", "4"], ["cmpl-894f", "1", "4"]]
+
+
+def test_client_ids_undo_the_completions_endpoints_per_prompt_suffix():
+    from spectrace.request_ids import client_ids
+
+    assert client_ids("cmpl-894f", 0, 1) == ("cmpl-894f", 0)
+    assert client_ids("cmpl-894f-0", 1, 2) == ("cmpl-894f", 1)  # n=2, the first prompt's second choice
+    assert client_ids("cmpl-894f-1", 1, 2) == ("cmpl-894f", 3)  # the second prompt's: serving.py's i * n + index
+    assert client_ids("cmpl-my-own-id-0", 0, None) == ("cmpl-my-own-id", 0)  # an X-Request-Id of the client's
+    assert client_ids("chatcmpl-ab12-0", 1, 2) == ("chatcmpl-ab12-0", 1)  # chat passes its id through

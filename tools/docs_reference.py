@@ -141,6 +141,7 @@ def _exercise(m) -> None:
     m.draft_budget(4, 4, labels)
     m.step_shapes([{"batch_band": "1", "k": 2, "steps": 1, "k_switches": 0}], labels)
     m.finding("SWA_DROPPED", "error", "draft", labels)
+    m.finding("ACCEPTANCE_COLLAPSE", "error", "draft", labels)
     m.layout([{"model_role": "draft", "layer_index": 0, "declared_type": "sliding", "runtime_type": "full",
                "runtime_window": None, "status": "MISMATCH"}], labels)
     m.taps([{"expected_id": 1, "tapped_id": 2}], labels)
@@ -185,6 +186,13 @@ def metric_rows() -> list[dict]:
     return rows
 
 
+def _name(name: str) -> str:
+    """A metric's name as inline code that the site may break after a dot or an underscore, never inside a word."""
+    import html
+
+    return "<code>" + html.escape(name).replace(".", ".<wbr>").replace("_", "_<wbr>") + "</code>"
+
+
 def metrics_page() -> str:
     from spectrace.sinks import metrics
 
@@ -196,7 +204,7 @@ def metrics_page() -> str:
         "`/metrics`, on the standalone endpoint of offline engines and headless nodes, and through OTLP under the "
         "instrument's name). *common* is " + ", ".join(f"`{c}`" for c in metrics.COMMON)
         + "; on `/metrics` every series also carries `pid`, and `model_name` / `engine` as vLLM's own series do "
-        "([Export](../export.md)), and the OpenTelemetry exporter adds `otel_scope_name` / `_version` / `_schema_url`. Counters are added to once per flush from aggregated counts; the engine's "
+        "([Export](../export.md)); no OpenTelemetry scope labels (`otel_scope_*`). Counters are added to once per flush from aggregated counts; the engine's "
         "thread never touches an instrument.",
         "",
         "| instrument | kind | Prometheus series | labels | description |",
@@ -205,7 +213,7 @@ def metrics_page() -> str:
     for r in metric_rows():
         labels = ", ".join(r["labels"]) + (" + common" if r["common"] else "")
         lines.append(
-            f"| `{r['instrument']}` | {r['kind']} | {'<br>'.join(f'`{n}`' for n in r['series'])} | "
+            f"| {_name(r['instrument'])} | {r['kind']} | {'<br>'.join(_name(n) for n in r['series'])} | "
             f"{_cell(labels.strip(' +') and labels or '—')} | {_cell(r['description'])} |"
         )
     lines += [

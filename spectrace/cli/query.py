@@ -6,6 +6,7 @@ import argparse
 import csv
 import json
 import sys
+import textwrap
 from typing import Any
 
 from spectrace.cli.args import CATALOG, LAKE_HELP, SINCE_HELP, default_dir, open_source
@@ -75,9 +76,16 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    query = sub.add_parser("query", help="run SQL over the store (read-only, works while vLLM writes)")
+    from spectrace.queries import named
+
+    listed = "\n".join(textwrap.fill(textwrap.shorten(named.summary(name), 170, placeholder=" …"), 100, initial_indent=f"  {name:<24} ",
+                                      subsequent_indent=" " * 27) for name in named.names())
+    query = sub.add_parser(
+        "query", help="run SQL over the store (read-only, works while vLLM writes)",
+        epilog=f"named queries (--named NAME):\n{listed}", formatter_class=argparse.RawDescriptionHelpFormatter)
     query.add_argument("sql", nargs="?", help="SQL over the views (runs, spans, findings, ...)")
-    query.add_argument("--named", help="run one of spectrace's named queries instead of SQL")
+    query.add_argument("--named", metavar="NAME",
+                       help="run one of spectrace's named queries (listed below) instead of SQL")
     query.add_argument("--dir", default=default_dir(), help="store directory (default: $SPECTRACE_DIR or ./spectrace-data)")
     query.add_argument("--format", choices=("table", "csv", "json"), default="table")
     query.add_argument("--since", metavar="DURATION", help=SINCE_HELP)

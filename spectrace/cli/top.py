@@ -100,10 +100,11 @@ def run(args: argparse.Namespace) -> int:
             frame, error = _next(source, frame)
             sys.stdout.write("\n" + top.plain(frame, error=error, width=width))
             sys.stdout.flush()
-    with _keys() as fd, Live(top.render(frame, live=True), console=console, screen=True, auto_refresh=False) as live:
+    with _keys() as fd, Live(top.render(frame, live=True, size=console.size), console=console, screen=True, auto_refresh=False) as live:
         while not _quit_pressed(fd, args.interval):
             frame, error = _next(source, frame)
-            live.update(top.render(frame, error=error, live=True), refresh=True)
+            # fitted to the terminal's size now (a resize shows at the next refresh), a marker for what is cut
+            live.update(top.render(frame, error=error, live=True, size=console.size), refresh=True)
     return 0
 
 

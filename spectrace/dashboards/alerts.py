@@ -148,7 +148,7 @@ _FINDING_LABELS = (*promql.INSTANCE, "run_id", "model_role", "code")
 
 
 def _findings(matcher: str) -> str:
-    return f"max {promql.by(_FINDING_LABELS)} ({promql.series(promql.CONFIG_FINDING, [matcher])})"
+    return f"max {promql.by(_FINDING_LABELS)} {promql.findings([matcher])}"
 
 
 def _config_error_value(p: Profile) -> str:

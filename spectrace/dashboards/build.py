@@ -277,7 +277,6 @@ def configuration_dashboard() -> Any:
     """"Speculative decoding — configuration": what vLLM actually runs versus what the checkpoints declare."""
     k = Kit()
     db, dm, cm = k.dashboard, k.dm, k.cm
-    finding = promql.CONFIG_FINDING
 
     d = (
         db.Dashboard("Speculative decoding — configuration")
@@ -301,7 +300,7 @@ def configuration_dashboard() -> Any:
                    "none", span=4)
             .thresholds(k.count_steps(color))
             .with_target(k.query(
-                f"count({promql.series(finding, [*MATCHERS, _eq('severity', severity)])} > 0) or vector(0)", instant=True))
+                f"count({promql.findings([*MATCHERS, _eq('severity', severity)])} > 0) or vector(0)", instant=True))
         )
     d = d.with_panel(
         k.stat_panel("Attention layers declared ≠ runtime", "Layers a LAYOUT_MISMATCH error names: they run another "
@@ -314,7 +313,7 @@ def configuration_dashboard() -> Any:
                "none", span=4)
         .thresholds(k.count_steps("red"))
         .with_target(k.query(
-            f"count({promql.series(finding, [*MATCHERS, _TAP_MATCHER])} > 0) or vector(0)", instant=True))
+            f"count({promql.findings([*MATCHERS, _TAP_MATCHER])} > 0) or vector(0)", instant=True))
     )
     d = d.with_panel(
         k.stat_panel("Runs", "Engine starts (runs) in view.", "none", span=4)
@@ -327,7 +326,7 @@ def configuration_dashboard() -> Any:
         k.table_panel("Current findings", "Each finding spectrace reports for the selected runs. Details, evidence "
                       "and the fix: spectrace query --named config_errors (or tap_mismatch).", height=9)
         .sort_by([k.common.TableSortByFieldState().display_name("severity")])
-        .with_target(k.query(f"max by (instance, run_id, model_role, severity, code) ({promql.series(finding, MATCHERS)}) > 0",
+        .with_target(k.query(f"max by (instance, run_id, model_role, severity, code) ({promql.findings(MATCHERS)}) > 0",
                              instant=True, table=True))
         .with_transformation(k.hide_fields("Time", "Value", order=["severity", "code", "model_role", "instance", "run_id"]))
         .override_by_name("severity", k.text_colors(SEVERITY_COLORS))
@@ -336,7 +335,7 @@ def configuration_dashboard() -> Any:
         k.timeseries_panel("Findings over time", "Findings present, by severity: when they appeared and whether they went "
                      "away after a restart.", "none", span=24, height=6)
         .min(0).decimals(0)
-        .with_target(k.query(f"count by (severity) ({promql.series(finding, MATCHERS)} > 0)", "{{severity}}"))
+        .with_target(k.query(f"count by (severity) ({promql.findings(MATCHERS)} > 0)", "{{severity}}"))
         .override_by_name("error", [k.prop("color", {"mode": "fixed", "fixedColor": "red"})])
         .override_by_name("warning", [k.prop("color", {"mode": "fixed", "fixedColor": "orange"})])
         .override_by_name("info", [k.prop("color", {"mode": "fixed", "fixedColor": "blue"})])

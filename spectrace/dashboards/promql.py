@@ -26,7 +26,8 @@ DRAFTS_PROPOSED = "spectrace_drafts_proposed_total"
 DRAFTS_VERIFIED = "spectrace_drafts_verified_total"
 SHAPE_STEPS = "spectrace_step_shapes_steps_total"  # batch_band, k: steps that verified drafts (engine core)
 SHAPE_K_SWITCHES = "spectrace_step_shapes_k_switches_total"  # of those, steps right after a step at another k
-CONFIG_FINDING = "spectrace_config_finding"
+CONFIG_FINDING = "spectrace_config_finding"  # findings about the configs and checkpoints
+RUNTIME_FINDING = "spectrace_runtime_finding"  # findings about what the run measured (metrics.RUNTIME_CODES)
 ATTENTION_LAYER = "spectrace_attention_layer"
 HIDDEN_STATES_TAP = "spectrace_hidden_states_tap"
 RUN_INFO = "spectrace_run_info"
@@ -55,6 +56,12 @@ CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+
 TAP_CODES = codes.codes(component="taps", severity="error")
 # the findings about requests and the scheduler: a slice the drafter cannot see, the token budget
 REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, *codes.codes(component="scheduler"))
+
+
+def findings(matchers: Iterable[str] = ()) -> str:
+    """Every finding present, configuration and runtime: both gauges' series (the same labels)."""
+    matchers = list(matchers)
+    return f"({series(CONFIG_FINDING, matchers)} or {series(RUNTIME_FINDING, matchers)})"
 
 
 def series(metric: str, matchers: Iterable[str] = ()) -> str:

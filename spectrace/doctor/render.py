@@ -53,9 +53,25 @@ def _scheduler_lines(scheduler: dict | None) -> list[str]:
     return [line]
 
 
+def _runner_line(runner: str) -> str:
+    """Which runner's rules this report applied, said beside the runner a server here would serve with (vLLM 0.32:
+    V2 is the CUDA default, the CPU build serves V1)."""
+    from spectrace.doctor.diagnose import _platform_name
+
+    other = "v1" if runner == "v2" else "v2"
+    line = f"  runner  judged by the {runner.upper()} model runner's rules (--runner {other} for {other.upper()}'s)"
+    platform = (_platform_name() or "").lower()
+    if platform == "cpu":
+        line += "; this CPU build of vLLM serves V1 by default"
+        if runner != "v1":
+            line += ": pass --runner v1 to judge the pair as a server here would run it"
+    return line
+
+
 def render_text(report: Report) -> str:
     lines = [
-        f"spectrace doctor (vLLM {report.vllm_version}, {report.runner.upper()} model runner rules)",
+        f"spectrace doctor (vLLM {report.vllm_version})",
+        _runner_line(report.runner),
         f"  target  {report.target}  [{report.architectures.get('target') or '?'}]",
         f"  draft   {report.draft}  [{report.architectures.get('draft') or '?'}]",
         f"  method  {report.method or '?'} ({'given' if report.method_given else 'inferred by vLLM'}), "

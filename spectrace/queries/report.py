@@ -161,15 +161,17 @@ def _worst_requests(con, run_id: str, differ: set[str]) -> list[str]:
              + (" (requests that stopped inside an accepted draft emitted less than they accepted)"
                 if emitted is not None and emitted < accepted + steps else "")]
     worst = con.execute(
-        "select coalesce(external_request_id, request_id), num_spec_steps, draft_acceptance_rate, mean_acceptance_length, "
+        "select coalesce(external_request_id, request_id), choice_index, num_spec_steps, draft_acceptance_rate, "
+        "mean_acceptance_length, "
         "emitted_per_step, \"slice\" from request_spec_decode where run_id = ? and num_spec_steps >= ? "
         "order by draft_acceptance_rate, request_id limit ?", [run_id, MIN_STEPS, WORST_REQUESTS]).fetchall()
     if len(worst) > 1:
         lines.append(f"  lowest acceptance (requests with {MIN_STEPS}+ verify steps):")
-        table = [(rid, n, number(rate, ".1%"), number(length, ".2f"), number(per_step, ".2f"), _slice_text(s, differ))
-                 for rid, n, rate, length, per_step, s in worst]
+        table = [(rid, "-" if choice is None else choice, n, number(rate, ".1%"), number(length, ".2f"),
+                  number(per_step, ".2f"), _slice_text(s, differ))
+                 for rid, choice, n, rate, length, per_step, s in worst]
         lines.append(_indent(_indent(format_table(
-            ["request", "steps", "rate", "acceptance length", "emitted/step", "slice"], table))))
+            ["request (response id)", "choice", "steps", "rate", "acceptance length", "emitted/step", "slice"], table))))
     return lines
 
 

@@ -197,7 +197,7 @@ class ProcessFile:
         self.pid = identity.pid()  # the traced process (a pipeline process writes its engine's file)
         self.owner = os.getpid()  # the process that writes (forks, atexit)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.reader = PrometheusMetricReader(registry=self.registry, disable_target_info=True)
+        self.reader = PrometheusMetricReader(registry=self.registry, disable_target_info=True, scope_info_enabled=False)
         self.path = Path(directory) / f"{self.pid}.{_start_time(self.pid) or 0}{SUFFIX}"
         self.closed = False
         self.on_error = on_error

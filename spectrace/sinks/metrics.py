@@ -7,13 +7,14 @@
 | counter spectrace.verify.steps            | spectrace_verify_steps_total                        | common |
 | histogram spectrace.verify.acceptance_length | spectrace_verify_acceptance_length_bucket/_sum/_count | common (buckets 1..k+1) |
 | counter spectrace.worker.verified_drafted_tokens / _accepted_tokens | spectrace_worker_verified_*_total | rank + common |
-| gauge spectrace.config.finding            | spectrace_config_finding                            | code, severity, model_role + common |
+| gauge spectrace.config.finding            | spectrace_config_finding                            | code, severity, model_role + common (what the configs and checkpoints say) |
+| gauge spectrace.runtime.finding           | spectrace_runtime_finding                           | code, severity, model_role + common (what the run measured: RUNTIME_CODES) |
 | gauge spectrace.attention.layer           | spectrace_attention_layer                           | model_role, layer_index, declared_type, runtime_type, runtime_window, status (the audit's verdict: MISMATCH, explained, match, undeclared) + common |
 | gauge spectrace.hidden_states.tap         | spectrace_hidden_states_tap                         | tap, expected_id, tapped_id + common |
 | gauge spectrace.run.info                  | spectrace_run_info                                  | vllm_version, spectrace_version, num_speculative_tokens, model_runner + common |
 | counters spectrace.speculation.{step_seconds,draft_seconds,request_steps,tokens} | spectrace_speculation_*_total | rank + common |
 | gauge spectrace.speculation.speedup_estimate | spectrace_speculation_speedup_estimate           | rank + common |
-| gauge spectrace.speculation.speedup_by_k  | spectrace_speculation_speedup_by_k                  | k, extrapolated, rank + common (README, "What k pays") |
+| gauge spectrace.speculation.speedup_by_k  | spectrace_speculation_speedup_by_k                  | k, extrapolated, rank + common |
 | gauge spectrace.context.boundary          | spectrace_context_boundary (value: tokens)          | model_role, field + common |
 | counters spectrace.slice.{drafted_tokens,accepted_tokens} | spectrace_slice_{drafted,accepted}_tokens_total | dimension, value (at most 8 values per dimension and process, then `other`) + common |
 | counters spectrace.drafts.{proposed,verified} | spectrace_drafts_{proposed,verified}_total     | common (synchronous scheduling) |
@@ -50,6 +51,10 @@ log = logging.getLogger("vllm.spectrace")
 
 COMMON = ("model", "draft_model", "method", "run_id")
 MAX_SLICE_VALUES = 8  # label values per slice dimension and process (bounded series)
+# Findings about what the run measured (acceptance, verification, step timing, the scheduler's drafts), not about
+# what the configs and checkpoints say: exposed as spectrace_runtime_finding, the others as spectrace_config_finding.
+RUNTIME_CODES = frozenset((*codes.codes(component="verification"), *codes.codes(component="ranks"),
+                           codes.DRAFTS_UNVERIFIED, codes.DYNAMIC_K_THRASHING, codes.PREFIX_HITS_DROPPED))
 
 
 def common_labels(info: dict[str, Any], run_id: str | None) -> dict[str, str]:
@@ -93,11 +98,13 @@ class Metrics:
         self.dropped = meter.create_counter("spectrace.export.dropped", unit="", description="Records or spans spectrace dropped instead of blocking")
         self._length_histogram: Any = None  # built at the first run (its buckets need k)
         self._findings: dict[tuple, dict[str, str]] = {}
+        self._runtime_findings: dict[tuple, dict[str, str]] = {}
         self._layers: dict[tuple, dict[str, str]] = {}
         self._taps: dict[tuple, dict[str, str]] = {}
         self._runs: dict[str, dict[str, str]] = {}
         self._errors: dict[str, int] = {}
-        meter.create_observable_gauge("spectrace.config.finding", [self._observe(self._findings)], unit="", description="1 while a finding is present")
+        meter.create_observable_gauge("spectrace.config.finding", [self._observe(self._findings)], unit="", description="1 while a configuration finding is present: what vLLM resolved, loaded or tapped for the target or drafter against what their checkpoints and settings declare (labels code, severity, model_role; spectrace report explains each)")
+        meter.create_observable_gauge("spectrace.runtime.finding", [self._observe(self._runtime_findings)], unit="", description="1 while a runtime finding is present: what the run measured went wrong, e.g. acceptance collapsed or speculation does not pay (labels code, severity, model_role; spectrace report explains each)")
         meter.create_observable_gauge("spectrace.attention.layer", [self._observe(self._layers)], unit="", description="Attention layout per layer (value 1)")
         meter.create_observable_gauge("spectrace.hidden_states.tap", [self._observe(self._taps)], unit="", description="Hidden-state taps (value 1)")
         meter.create_observable_gauge("spectrace.context.boundary", [self._observe_boundaries], unit="", description="A context length where a model of the run changes behaviour (value: tokens)")
@@ -218,11 +225,12 @@ class Metrics:
 
     def finding(self, code: str, severity: str, model_role: str | None, labels: dict[str, str], present: bool = True) -> None:
         key = (code, model_role, labels.get("run_id"))
+        table = self._runtime_findings if code in RUNTIME_CODES else self._findings
         with self._lock:
             if present:
-                self._findings[key] = {**labels, "code": code, "severity": severity, "model_role": model_role or ""}
+                table[key] = {**labels, "code": code, "severity": severity, "model_role": model_role or ""}
             else:
-                self._findings.pop(key, None)
+                table.pop(key, None)
 
     def layout(self, rows: list[dict[str, Any]], labels: dict[str, str]) -> None:
         with self._lock:

@@ -212,7 +212,8 @@ WITH counts AS (
     FROM dense d LEFT JOIN hist h USING (run_id, request_id, j)
     GROUP BY d.run_id, d.request_id
 ), outputs AS (
-    SELECT request_id, any_value(external_request_id) AS external_request_id, any_value(output_tokens) AS output_tokens,
+    SELECT request_id, any_value(external_request_id) AS external_request_id, any_value(choice_index) AS choice_index,
+           any_value(output_tokens) AS output_tokens,
            any_value(finish_reason) AS finish_reason, any_value(vllm_spec_decode) AS vllm_spec_decode
     FROM request_outputs
     GROUP BY request_id
@@ -223,7 +224,7 @@ WITH counts AS (
     FROM findings WHERE severity IN ('error', 'warning') AND caused_by IS NULL
     GROUP BY run_id
 )
-SELECT c.run_id, c.request_id, o.external_request_id,
+SELECT c.run_id, c.request_id, o.external_request_id, o.choice_index,
        k.k AS num_spec_tokens,
        h.acceptance_histogram,
        c.num_spec_steps,

@@ -24,6 +24,7 @@ from typing import Any
 
 import spectrace
 from spectrace.console import RECORDED_ITEMS, bounded
+from spectrace.request_ids import client_ids
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.tracer import api_server, audit_live, runtime
 from spectrace.tracer.around import around
@@ -96,10 +97,15 @@ def _request_finished(rt, processor, req_state, finish_reason, *args, **kwargs) 
         return
     detokenizer = getattr(req_state, "detokenizer", None)
     metrics = getattr(req_state, "spec_decode_metrics", None)
+    parent = getattr(req_state, "parent_req", None)
+    response_id, choice = client_ids(str(getattr(req_state, "external_req_id", None) or req_state.request_id),
+                                     getattr(req_state, "request_index", 0),
+                                     getattr(getattr(parent, "sampling_params", None), "n", 1))
     rt.record("request_outputs", {
         "ts": time.time_ns(),
         "request_id": str(req_state.request_id),
-        "external_request_id": str(getattr(req_state, "external_req_id", None) or req_state.request_id),
+        "external_request_id": response_id,
+        "choice_index": choice,
         "output_tokens": detokenizer.num_output_tokens() if detokenizer is not None else None,
         "finish_reason": str(finish_reason) if finish_reason is not None else None,
         "vllm_spec_decode": json.dumps(metrics.to_dict()) if metrics is not None else None,
