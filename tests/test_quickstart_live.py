@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -199,6 +200,14 @@ def test_the_store_and_the_report_keep_the_response_id_and_its_two_choices(quick
     found = [line.split(",") for line in rows.stdout.splitlines()[1:] if line]
     assert [(r[0], r[1]) for r in found] == [(response_id, "0"), (response_id, "1")], rows.stdout
     assert len({r[2] for r in found}) == 2  # two engine requests behind the one id
+    attr = "json_extract_string(attributes, '$.\"spectrace.request.{}\"')".format
+    sql = (f"select {attr('choice_index')} as choice, {attr('id')}, process_role from spans "
+           f"where name = 'spectrace.request.output' and {attr('response_id')} = '{response_id}' order by choice")
+    spans = _run(f"{export}; spectrace query --format csv {shlex.quote(sql)}", quickstart["dir"], quickstart["env"])
+    assert spans.returncode == 0, spans.stderr
+    # the frontend's span per choice: the client's id and index, and the engine request it was
+    assert [line.split(",") for line in spans.stdout.splitlines()[1:] if line] == \
+        [["0", found[0][2], "frontend"], ["1", found[1][2], "frontend"]], spans.stdout
     report = quickstart["report"].stdout
     listed = [line.split()[:2] for line in report.splitlines() if line.strip().startswith(response_id)]
     assert sorted(listed) == [[response_id, "0"], [response_id, "1"]], report
