@@ -137,16 +137,20 @@ def quickstart(zoo, cache_root, tmp_path_factory):
     finally:
         server.stop()
     seen["log"] = (here / "vllm.log").read_text()
-    again = _Server(steps["again"], port, here, env, "vllm-again.log")  # the port is free again: Ctrl-C, serve again
+    # The second server stopped right after its requests, before its pipeline processes wrote anything (a flush
+    # interval longer than the run): vLLM's Ctrl-C SIGKILLs the engine core's whole process tree at once
+    # (--shutdown-timeout 0), and what the pipeline processes took must still reach the store (tracer.detached)
+    again = _Server(steps["again"], port, here, {**env, "SPECTRACE_FLUSH_INTERVAL": "10m"}, "vllm-again.log")
     try:
         seen["again"] = _requests(steps["requests"], port, here, env)
-        # as a user who looks before stopping: vLLM's Ctrl-C kills the engine core's process tree at once
-        # (--shutdown-timeout 0), with what its pipeline process had not written yet
-        wait_until(lambda: _run("spectrace query --dir ./spectrace-data-k5 --format csv "
-                                "'select count(*) from acceptance_by_position'", here, env).stdout.split()[-1:]
-                   not in ([], ["0"]), 90, "the second run's acceptance by position in its store", interval_s=2.0)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            seen["again_vllm_drafted"] = sum(float(v) for v in re.findall(
+                r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})? (\S+)$", response.read().decode(), re.M))
+        time.sleep(2.0)  # a few ship intervals (0.25 s): everything the engine recorded has left it
     finally:
         again.stop()
+    seen["again_stored"] = _run("spectrace query --dir ./spectrace-data-k5 --format csv "
+                                "'select coalesce(sum(drafted), 0) from acceptance_by_position'", here, env)
     seen["compare"] = [(line, _run(line, here, env)) for line in _lines(steps["compare"])]
     return seen
 
@@ -221,6 +225,11 @@ def test_a_second_run_and_diff_as_written(quickstart):
     """The page's before-and-after: the same requests against k = 5 into a second store, and ``spectrace diff``
     of the two stores compares k 3 with k 5 per position, each side its own run."""
     assert quickstart["again"].returncode == 0, quickstart["again"].stderr[-2000:]
+    # nothing lost to vLLM's shutdown: the store has every draft vLLM counted before the Ctrl-C
+    stored = quickstart["again_stored"]
+    assert stored.returncode == 0, stored.stderr
+    assert quickstart["again_vllm_drafted"] > 0
+    assert float(stored.stdout.split()[-1]) == quickstart["again_vllm_drafted"], stored.stdout
     ((line, done),) = quickstart["compare"]
     assert done.returncode == 0 and "Traceback" not in done.stderr, (line, done.stderr[-2000:])
     text = done.stdout

@@ -10,7 +10,8 @@ this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.25 s; backing 
 :data:`IDLE_WAIT_S` while nothing is recorded), takes what the hooks and the low-rate code
 buffered and writes it, pickled in groups of records with short pauses between them that hand
 the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to one pipeline
-process it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the
+process it started (``subprocess``: fork-exec, never a fork of the engine; through a launcher, so that it is
+not in the engine's process tree, which vLLM's shutdown SIGKILLs whole: ``spectrace.tracer.detached``). That process runs the
 real runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and
 the exposition file are the engine's) and does everything else: the verification drain, every
 judge, Arrow, every sink, compaction, the OpenTelemetry providers and the Prometheus exposition.
@@ -52,7 +53,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from spectrace.pipeline import Pipeline
-from spectrace.tracer import losses, wire
+from spectrace.tracer import detached, losses, wire
 from spectrace.tracer.verify.capture import Cached, ReadRequest, host_tokens
 from spectrace.tracer.wire import FRAME, dumps_message, read_frame, span_values
 
@@ -168,7 +169,7 @@ class Shipper:
         self.spans: deque = deque()
         self.metric_calls: deque = deque()
         self.commands: deque = deque()
-        self.proc: subprocess.Popen | None = None
+        self.proc: detached.Detached | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
         self.idle_skips = 0  # wakes that found nothing to send
@@ -229,10 +230,8 @@ class Shipper:
         env = dict(os.environ)
         env.pop("SPECTRACE", None)  # the pipeline process traces nothing itself
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spectrace.tracer.pipeline_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env=env, close_fds=True,
-            )
+            # forked by a launcher, out of the engine's process tree: vLLM's shutdown SIGKILLs that tree (tracer.detached)
+            self.proc = detached.launch(sys.executable, "spectrace.tracer.pipeline_process", env)
             os.set_blocking(self.proc.stdin.fileno(), False)  # every write is bounded (_write)
             init = {"settings": self.settings, "pid": self.rt.pid, "host": self.rt.host, "lost": self._lost_unreported,
                     "started": self.started, "run": self.rt.run.run_id if self.rt.run is not None else None}
