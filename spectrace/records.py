@@ -133,6 +133,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("tapped_ids", "JSON"),
         ("input_taps", "INTEGER"),
         ("status", "VARCHAR"),
+        ("capture_point", "VARCHAR"),  # what tap k captures (the input of layer k, pre-norm), from the target's model code
     ],
     # One row per request-step with drafts (sampled by SPECTRACE_STEP_SAMPLE).
     "verify_steps": [

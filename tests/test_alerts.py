@@ -251,6 +251,37 @@ def test_config_error_and_tap_mismatch_alerts(tmp_path):
 
 
 @needs_promtool
+def test_acceptance_alerts_hold_off_for_synthetic_acceptance(tmp_path):
+    """An instance verifying with vLLM's synthetic sampler (its SYNTHETIC_ACCEPTANCE config finding present) does not
+    alert on its drawn acceptance; the same collapse on an instance without the finding does (#58)."""
+    p = alerts.TEST
+    interval, window, hold = 5, alerts.seconds(p.rate_window), alerts.seconds(p.collapse_for)
+    steps = 3 * (window + hold) // interval + 4
+    series = _acceptance_series("synthetic:8000", [(steps, 0.02, 0.0)])
+    series += _acceptance_series("real:8000", [(steps, 0.02, 0.0)])
+    labels = dict(DEPLOYMENT, instance="synthetic:8000", run_id="run-1", code="SYNTHETIC_ACCEPTANCE",
+                  severity="warning", model_role="draft")
+    series.append({"series": promql.CONFIG_FINDING + _labels(**labels), "values": f"1+0x{steps}"})
+    rule = alerts.rule("SpectraceAcceptanceCollapse")
+    firing = _expected_alert(rule, dict(DEPLOYMENT, instance="real:8000"), "1%")
+    _run_unit_test(tmp_path, p, f"{interval}s", series, [
+        {"eval_time": f"{window + hold + 2 * interval}s", "alertname": rule.name, "exp_alerts": [firing]},
+    ])
+    assert "SYNTHETIC_ACCEPTANCE" in alerts.rule("SpectraceAcceptanceDrop").expr(p)
+
+
+@needs_promtool
+def test_a_tap_code_said_as_info_is_no_tap_alert(tmp_path):
+    """TAP_CONVENTION info (who trained the drafter cannot be told) is said, not alerted on; its error is."""
+    series = [_finding("TAP_CONVENTION", "info", "1 1 1 1 1 1")]
+    tap = alerts.rule("SpectraceTapMismatch")
+    _run_unit_test(tmp_path, alerts.TEST, "5s", series, [{"eval_time": "15s", "alertname": tap.name, "exp_alerts": []}])
+    labels = dict(DEPLOYMENT, instance="a:8000", run_id="run-1", code="TAP_CONVENTION", model_role="draft")
+    _run_unit_test(tmp_path, alerts.TEST, "5s", [_finding("TAP_CONVENTION", "error", "1 1 1 1 1 1")], [
+        {"eval_time": "15s", "alertname": tap.name, "exp_alerts": [_expected_alert(tap, labels, "")]}])
+
+
+@needs_promtool
 def test_production_finding_alert_waits_for_its_for_duration(tmp_path):
     config = alerts.rule("SpectraceConfigError")
     labels = dict(DEPLOYMENT, instance="a:8000", run_id="run-1", code="SWA_DROPPED", model_role="target")
@@ -390,6 +421,15 @@ def store(tmp_path):
                                "message": "sliding window dropped", "fix": "set use_sliding_window"})
     writer.append("findings", {"run_id": "dropped", "code": "TAP_MISMATCH", "severity": "error", "message": "taps"})
     writer.append("findings", {"run_id": "healthy-1", "code": "METHOD_INFERRED", "severity": "info", "message": "m"})
+    # a benchmark run on vLLM's synthetic sampler: its drawn 3 % is neither a collapse nor a drop, nor a baseline
+    writer.append("runs", {"run_id": "synthetic", "process_role": "frontend", "started_at": base + 3 * hour,
+                           "target_model": "target-8b", "draft_model": "eagle3-8b", "method": "eagle3",
+                           "num_speculative_tokens": 2})
+    for position in (0, 1):
+        writer.append("verify_counts", {"run_id": "synthetic", "source": "engine_core", "position": position,
+                                        "context_bucket": "0-512", "drafted": 1000, "accepted": 30})
+    writer.append("findings", {"run_id": "synthetic", "code": "SYNTHETIC_ACCEPTANCE", "severity": "warning",
+                               "message": "synthetic"})
     writer.flush()
     return tmp_path / "store"
 
@@ -428,7 +468,7 @@ def test_named_acceptance_by_position(store):
     rows = _named(store, "acceptance_by_position")
     assert [(r["run_id"], r["position"], r["drafted"], r["rate"]) for r in rows][:4] == [
         ("healthy-1", 0, 1000, 0.7), ("healthy-1", 1, 1000, 0.5), ("healthy-2", 0, 1000, 0.7), ("healthy-2", 1, 1000, 0.5)]
-    assert len(rows) == 10
+    assert len(rows) == 12  # the synthetic run too: its numbers are shown, only the alerts leave it out
 
 
 def test_named_queries_run_from_the_cli(store, capsys):

@@ -35,7 +35,7 @@ def test_each_constant_is_its_own_code_and_well_formed():
     constants = {name: value for name, value in vars(codes).items() if name.isupper() and isinstance(value, str)}
     assert {v for k, v in constants.items() if k != "SEVERITIES"} == REGISTERED
     assert all(name == value for name, value in constants.items() if value in REGISTERED)
-    assert len(REGISTERED) == 43
+    assert len(REGISTERED) == 46
     for entry in codes.REGISTRY.values():
         assert entry.severities and set(entry.severities) <= set(codes.SEVERITIES), entry.code
         assert entry.meaning and entry.component, entry.code
@@ -98,7 +98,7 @@ def test_codes_page_is_the_registrys():
 
 
 def test_causes_name_registered_codes():
-    assert len(codes.CAUSES) == 19
+    assert len(codes.CAUSES) == 22
     for cause in codes.CAUSES:
         assert cause.codes and set(cause.codes) <= REGISTERED, cause
         # every code the docs print for it is one it lists
@@ -117,7 +117,7 @@ def test_codes_page_changes_with_a_changed_meaning(monkeypatch):
 
 def test_promql_and_sql_code_lists_come_from_the_registry():
     assert promql.TAP_CODES == codes.codes(component="taps", severity="error")
-    assert set(promql.TAP_CODES) == {"TAP_MISMATCH", "TAP_COUNT_MISMATCH", "TAP_OUT_OF_RANGE"}
+    assert set(promql.TAP_CODES) == {"TAP_MISMATCH", "TAP_CONVENTION", "TAP_COUNT_MISMATCH", "TAP_OUT_OF_RANGE"}
     # the SQL twin of the tap alert names the same codes; every code a .sql file names is registered
     sql = (ROOT / "queries" / "tap_mismatch.sql").read_text()
     in_list = re.search(r"code IN \(([^)]*)\)", sql).group(1)

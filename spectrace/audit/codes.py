@@ -129,10 +129,28 @@ METHOD_INFERRED = _code(
     'pass "method" explicitly in --speculative-config',
 )
 METHOD_MISMATCH = _code(
-    "METHOD_MISMATCH", "method", ("error",),
-    "error",
+    "METHOD_MISMATCH", "method", ("error", "info"),
+    "error (info when caused by `METHOD_DOWNGRADED`)",
     "the drafter's architecture says DFlash / EAGLE3 / MTP, the method resolved to something else",
     'pass the method the architecture implies as "method" in --speculative-config',
+)
+METHOD_DOWNGRADED = _code(
+    "METHOD_DOWNGRADED", "method", ("error",),
+    "error",
+    "vLLM builds the drafter its checkpoint declares (the algorithm in `speculators_model_type` / "
+    "`speculators_config.algorithm` or the architecture) but runs a lesser method: an EAGLE-3 drafter as `eagle` "
+    "(no hidden-state taps, its fc never runs), a DFlash2 drafter built as `DFlashDraftModel` (no candidate "
+    "selector); from the architecture and model class vLLM resolved (live and in `doctor`)",
+    "pass the method the drafter's algorithm names, or declare the architecture vLLM must build",
+)
+SYNTHETIC_ACCEPTANCE = _code(
+    "SYNTHETIC_ACCEPTANCE", "method", ("warning",),
+    "warning: meant for benchmarks, not a misconfiguration, but no acceptance number of the run says anything about "
+    "the drafter; the acceptance alerts do not fire on a run that has it",
+    "vLLM verifies with its synthetic rejection sampler (`rejection_sample_method: synthetic`, with "
+    "`synthetic_acceptance_length` or `synthetic_acceptance_rates`): drafts are accepted at a drawn rate, not "
+    "judged by the target; named before the first request (live and in `doctor`)",
+    'remove "rejection_sample_method": "synthetic" from --speculative-config to measure the drafter',
 )
 VOCAB_MISMATCH = _code(
     "VOCAB_MISMATCH", "vocab", ("error",),
@@ -197,6 +215,17 @@ TAP_OUT_OF_RANGE = _code(
     "error",
     "a declared id outside the target's layers",
     "use a drafter trained for this target, or correct the declared layer ids",
+)
+TAP_CONVENTION = _code(
+    "TAP_CONVENTION", "taps", ("error", "info"),
+    "error when the producer is told from the checkpoint and vLLM reads its ids in another convention (then "
+    "`TAP_MISMATCH` is info, caused by it); info when top-level `eagle_aux_hidden_state_layer_ids` are declared "
+    "and who trained the drafter cannot be told (right for speculators and any trainer that taps with vLLM; one "
+    "layer early for one trained through SGLang: acceptance at position 0, or `spectrace probe`, settles it)",
+    "the drafter's tap ids are in its trainer's convention, told from what the checkpoint carries (speculators' "
+    "`speculators_config`: vLLM ids; SpecForge's nested `eagle_config`: SGLang's, id L the output of layer L; the "
+    "DFlash reference's `dflash_config`), and vLLM reads them in its own (tap k: the input of layer k)",
+    "declare the ids in vLLM's convention as top-level eagle_aux_hidden_state_layer_ids (the finding's fix names them)",
 )
 # -- agreement: engine core vs workers, rank vs rank
 VERIFY_DISAGREEMENT = _code(
@@ -559,6 +588,33 @@ CAUSES: tuple[Cause, ...] = (
         (TAP_DEFAULTED,),
         "`TAP_DEFAULTED` (`hidden_state_taps.status` = defaulted)",
         "[vllm#50170](https://github.com/vllm-project/vllm/issues/50170) (#35)",
+    ),
+    Cause(
+        "a method silently downgraded: an EAGLE-3 checkpoint served as `eagle` skips its fc and accepts exactly "
+        "1.00 tokens a step; DFlash2's architecture rewritten to `DFlashDraftModel`, which skips its candidate selector",
+        (METHOD_DOWNGRADED,),
+        "`METHOD_DOWNGRADED` (evidence `declared_algorithm`, `built_architecture`, `model_class`, `method`)",
+        "[sglang#21272](https://github.com/sgl-project/sglang/issues/21272), "
+        "[vllm#52816](https://github.com/vllm-project/vllm/issues/52816) (#58)",
+    ),
+    Cause(
+        "synthetic acceptance: `rejection_sample_method: synthetic` with `synthetic_acceptance_length` makes every "
+        "acceptance number fake (SGLang's `SGLANG_SIMULATE_ACC_LEN` and TensorRT-LLM's "
+        "`TLLM_SPEC_DECODE_FORCE_NUM_ACCEPTED_TOKENS` are the same knob in those engines; vLLM reads neither)",
+        (SYNTHETIC_ACCEPTANCE,),
+        "`SYNTHETIC_ACCEPTANCE` (the acceptance alerts are held off)",
+        "[vllm#38045](https://github.com/vllm-project/vllm/issues/38045) (#58)",
+    ),
+    Cause(
+        "a SpecForge EAGLE-3 drafter declares its taps in SGLang's convention (`eagle_config."
+        "eagle_aux_hidden_state_layer_ids`, id L the output of layer L) and vLLM reads them verbatim as its own (tap k "
+        "the input of layer k): one layer early on every tap, position-0 acceptance about 10 % where 45 % is expected "
+        "(V1 reads the nested ids; V2 does not and taps its default, whose last tap is one layer early for "
+        "SpecForge's gpt-oss-20B drafter)",
+        (TAP_CONVENTION, TAP_MISMATCH),
+        "`TAP_CONVENTION` (evidence `producer`, `ids_to_declare`), `TAP_MISMATCH`",
+        "[vllm#43671](https://github.com/vllm-project/vllm/issues/43671), [SpecForge configs/gpt-oss-20B-eagle3.json]"
+        "(https://github.com/sgl-project/SpecForge/blob/a6b6b02/configs/gpt-oss-20B-eagle3.json) (#58)",
     ),
     Cause(
         "draft settings accepted and never applied: `speculative_config.max_model_len` a no-op in V1 (20–73 k-token "

@@ -295,8 +295,9 @@ def field_findings(
     speculators = is_speculators(declared)
     present = {f.code: f for f in causes if f.model_role == role and f.caused_by is None}
     rope = next((c for c in (codes.ROPE_MISMATCH, codes.ROPE_DIFFERS) if c in present), None)
-    tap = next((c for c in (codes.TAP_MISMATCH, codes.TAP_OUT_OF_RANGE, codes.TAP_COUNT_MISMATCH, codes.TAP_DEFAULTED)
-                if c in present), None)
+    tap = next((c for c in (codes.TAP_CONVENTION, codes.TAP_MISMATCH, codes.TAP_OUT_OF_RANGE, codes.TAP_COUNT_MISMATCH,
+                            codes.TAP_DEFAULTED) if c in present
+                and not (c == codes.TAP_CONVENTION and present[c].severity == "info")), None)
     findings = []
     for field in fields:
         if field.status in ("ok", "moved") or any(field.path == c or field.path.startswith(f"{c}.") for c in covered):
@@ -381,10 +382,13 @@ def relink(findings: list[Finding]) -> None:
         if names and unused and all(any(_NORM_TENSORS[name] in t for name in names) for t in unused):
             finding.caused_by, finding.severity, finding.fix = lost[names[0]], "info", ""
             finding.message += f" (vLLM built no {' / '.join(names)} norm: see {lost[names[0]]})"
-    taps = {f.code for f in findings if f.component == "taps" and f.caused_by is None and f.model_role == "draft"}
-    if not taps:
+    # a convention that cannot be told (TAP_CONVENTION info) explains no lost field
+    taps = {f.code for f in findings if f.component == "taps" and f.caused_by is None and f.model_role == "draft"
+            and not (f.code == codes.TAP_CONVENTION and f.severity == "info")}
+    tap = next((c for c in (codes.TAP_CONVENTION, codes.TAP_MISMATCH, codes.TAP_OUT_OF_RANGE, codes.TAP_COUNT_MISMATCH,
+                            codes.TAP_DEFAULTED) if c in taps), None)
+    if tap is None:
         return
-    tap = next(c for c in (codes.TAP_MISMATCH, codes.TAP_OUT_OF_RANGE, codes.TAP_COUNT_MISMATCH, codes.TAP_DEFAULTED) if c in taps)
     for finding in findings:
         if finding.code in FIELD_CODES and finding.caused_by is None and _leaf_name(finding.evidence.get("resolved_as", "")) in _TAPS:
             finding.caused_by, finding.severity, finding.fix = tap, "info", ""

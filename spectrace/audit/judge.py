@@ -1,6 +1,6 @@
 """One judge: the facts of a run in, its findings, root causes and context boundaries out.
 
-The composition: config → pair → refusal → token budget → layout → root causes → boundaries.
+The composition: config → pair → method chain and sampler → refusal → token budget → layout → root causes → boundaries.
 
 The frontend (``tracer.audit_live``), the engine core (``tracer.verify``) and
 ``spectrace doctor`` each gather what their process can know and call
@@ -24,6 +24,7 @@ from spectrace.audit.findings import Finding
 from spectrace.audit.vocab import audit_vocab_map
 from spectrace.audit.layout import audit_model_layout, config_findings, layout_status
 from spectrace.audit.load import explain_load_error
+from spectrace.audit.method import audit_method_chain, audit_rejection
 from spectrace.audit.pair import audit_pair
 from spectrace.audit.requests import token_budget_findings
 from spectrace.audit.resolution import FieldDiff, root_causes
@@ -62,6 +63,9 @@ class RunFacts:
     # settings asked for the drafter against what it resolved to (``audit.draft_settings``' keyword arguments,
     # e.g. ``hf_overrides`` from ``vllm_objects.configs.hf_override_facts``); None: not known here
     draft_settings: dict[str, Any] | None = None
+    # what vLLM builds and runs for the drafter (``vllm_objects.configs.speculation_facts``: method, the resolved
+    # architectures and model class, the rejection sampler); None: not resolved here
+    speculation: dict[str, Any] | None = None
 
 
 @dataclass
@@ -95,6 +99,12 @@ def judge(facts: RunFacts) -> Judgement:
         draft=draft.get("declared"),
         target_max_model_len=facts.max_model_len,
     )
+    findings += audit_method_chain(draft.get("declared"), facts.speculation)
+    findings += audit_rejection(facts.speculation)
+    if any(f.code == codes.METHOD_DOWNGRADED for f in findings):  # the mismatch is the downgrade's symptom
+        for f in findings:
+            if f.code == codes.METHOD_MISMATCH and f.caused_by is None:
+                f.severity, f.caused_by, f.fix = "info", codes.METHOD_DOWNGRADED, ""
     findings += _audit_model_pair(facts, target, draft)
     field_diffs, drafter_findings = _audit_drafter(facts, target, draft, findings, diffs)
     diffs += field_diffs

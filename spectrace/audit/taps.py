@@ -54,6 +54,54 @@ TAP_FIELDS: tuple[tuple[str, int], ...] = (
 )
 
 
+# -- who trained the drafter, and the convention its declared ids are in ---------------------------------------
+#
+# vLLM reads each tap field in one convention (TAP_FIELDS' offset). The trainer wrote its ids in its own, told from
+# what the checkpoint carries:
+# - speculators (``speculators_config`` / ``speculators_model_type``): it extracts the target's hidden states with
+#   vLLM itself, so its ids are vLLM tap ids by construction;
+# - SpecForge (``eagle_config.eagle_aux_hidden_state_layer_ids``: specforge/algorithms/model_providers.py
+#   resolve_eagle_capture_layers reads the ids there): it captures through SGLang, whose
+#   ``set_eagle3_layers_to_capture`` adds 1 (id L is the output of decoder layer L, HF hidden_states[L + 1]; its
+#   own capture test: "capture layer id L (sglang convention) == hidden_states[L+1]"); vLLM's tap k is the input of
+#   layer k (hidden_states[k]), and V1 reads the nested ids verbatim: one layer early on every tap (vllm#43671);
+# - the DFlash reference layout (``dflash_config.target_layer_ids``, z-lab/dflash and SpecForge's DFlash): layer
+#   ids, hidden_states[id + 1], the convention vLLM reads them in (+1).
+# Top-level ``eagle_aux_hidden_state_layer_ids`` without speculators' config: vLLM's own field, but who wrote it
+# cannot be told from the checkpoint (the probe measures it).
+SPECULATORS, SPECFORGE, DFLASH_REFERENCE = "speculators", "specforge", "dflash-reference"
+PRODUCER_SOURCES = {
+    SPECULATORS: "speculators_config: speculators extracts the target's hidden states with vLLM itself, so its ids "
+                 "are vLLM tap ids",
+    SPECFORGE: "eagle_config.eagle_aux_hidden_state_layer_ids: SpecForge's layout (specforge/algorithms/"
+               "model_providers.py resolve_eagle_capture_layers), captured through SGLang, whose "
+               "set_eagle3_layers_to_capture adds 1: id L is the output of decoder layer L",
+    DFLASH_REFERENCE: "dflash_config.target_layer_ids: the DFlash reference's layout (z-lab/dflash "
+                      "extract_context_feature, SpecForge's DFlash): hidden_states[id + 1]",
+}
+# (producer, field) -> the offset from the declared ids to the vLLM ids the drafter was trained on, where it is
+# not the offset vLLM reads the field with
+TRAINED_OFFSET = {(SPECFORGE, "eagle_config.eagle_aux_hidden_state_layer_ids"): 1}
+# what each convention calls a tap id (for the messages)
+VLLM_CONVENTION = "vLLM's convention: tap k is the input of decoder layer k, hidden_states[k]"
+SGLANG_CONVENTION = "SGLang's convention: id L is the output of decoder layer L, hidden_states[L + 1]"
+
+
+def tap_producer(draft: dict[str, Any] | None) -> str | None:
+    """Who trained the drafter, told from what its checkpoint carries (None: it cannot be told)."""
+    if not isinstance(draft, dict):
+        return None
+    # declared, or as vLLM resolved it (SpeculatorsConfig: model_type "speculators")
+    if "speculators_config" in draft or "speculators_model_type" in draft or draft.get("model_type") == "speculators":
+        return SPECULATORS
+    eagle_config = draft.get("eagle_config")
+    if isinstance(eagle_config, dict) and eagle_config.get("eagle_aux_hidden_state_layer_ids") is not None:
+        return SPECFORGE
+    if isinstance(draft.get("dflash_config"), dict):
+        return DFLASH_REFERENCE
+    return None
+
+
 @dataclass
 class TapAudit:
     declared_field: str | None
@@ -62,6 +110,7 @@ class TapAudit:
     tapped_ids: list[int] | None
     input_taps: int | None  # taps the drafter's input projection (fc) is sized for
     status: str  # ok | defaulted | mismatch | out_of_range | count_mismatch | unknown
+    capture_point: str | None = None  # what tap k captures, from the target's model code (None: not recognised)
 
     def as_row(self) -> dict[str, Any]:
         """The hidden_state_taps row; id lists as evidence is (a config's million ids cut with a count)."""
@@ -72,6 +121,7 @@ class TapAudit:
             "tapped_ids": json.dumps(bounded(self.tapped_ids)),
             "input_taps": self.input_taps,
             "status": self.status,
+            "capture_point": self.capture_point,
         }
 
 
@@ -106,6 +156,8 @@ def audit_taps(
     rule: str = "",
     default_ids: list[int] | None = None,
     default_rule: str | None = None,
+    capture_point: str | None = None,
+    capture_rule: str | None = None,
 ) -> tuple[TapAudit, list[Finding]]:
     """Which target layers the drafter was trained on vs which ones vLLM taps.
 
@@ -116,7 +168,10 @@ def audit_taps(
     (``vllm_objects.taps.default_taps``): taps equal to them with no declared ids read are guessed.
     """
     field_name, declared, offset = declared_taps(draft)
-    expected = sorted({i + offset for i in declared}) if declared else None
+    producer = tap_producer(draft)
+    trained_offset = TRAINED_OFFSET.get((producer, field_name), offset)
+    expected = sorted({i + trained_offset for i in declared}) if declared else None
+    read_as = sorted({i + offset for i in declared}) if declared else None  # what vLLM makes of them, reading them
     tapped = sorted(set(tapped_ids)) if tapped_ids is not None else None
     guessed = tapped is not None and default_ids is not None and tapped == sorted(set(default_ids))
     findings: list[Finding] = []
@@ -132,6 +187,10 @@ def audit_taps(
         "guessed": guessed,
         "default_ids": default_ids,
         "default_rule": default_rule,
+        "capture_point": capture_point,
+        "capture_rule": capture_rule,
+        "producer": producer,
+        "producer_source": PRODUCER_SOURCES.get(producer),
     }
     if field_name is not None and declared is None:  # NaN, inf, text or null among the ids: none can be tapped
         status = "out_of_range"
@@ -192,26 +251,63 @@ def audit_taps(
                           **({"settled_by": "the trainer's layer ids, or acceptance in a run"} if common else {})},
             )
         )
-    elif tapped is not None and tapped != expected and status not in ("out_of_range",):
+    convention = None
+    if expected is not None and trained_offset != offset and status != "out_of_range":
+        evidence.update(trained_convention=SGLANG_CONVENTION, read_convention=VLLM_CONVENTION, ids_to_declare=expected)
+        if tapped == read_as:  # vLLM read the ids, in its own convention
+            status = "mismatch" if status == "ok" else status
+            convention = codes.finding(
+                codes.TAP_CONVENTION,
+                severity="error",
+                model_role="draft",
+                message=f"{field_name} = {listed(declared)} is in {SGLANG_CONVENTION} ({producer}: {PRODUCER_SOURCES[producer]}), "
+                f"so the drafter was trained on vLLM taps {listed(expected)}; vLLM reads the ids verbatim in "
+                f"{VLLM_CONVENTION}, and taps {listed(tapped)}: one layer early on every tap (vllm#43671), nothing fails "
+                "and drafts are silently rejected",
+                evidence=evidence,
+                fix=f'declare "eagle_aux_hidden_state_layer_ids": {json.dumps(expected)} at the top level of config.json '
+                "(vLLM tap ids, read verbatim by both model runners)",
+            )
+            findings.append(convention)
+    elif (expected is not None and producer is None and field_name == "eagle_aux_hidden_state_layer_ids"
+          and status == "ok" and tapped == expected):
+        findings.append(codes.finding(
+            codes.TAP_CONVENTION,
+            severity="info",
+            model_role="draft",
+            message=f"{field_name} = {listed(declared)} is read as vLLM tap ids ({VLLM_CONVENTION}); who trained the "
+            "drafter cannot be told from its checkpoint (no speculators_config, no SpecForge eagle_config), so neither "
+            f"can the convention: a drafter trained through SGLang with these ids ({SGLANG_CONVENTION}) wants "
+            f"{listed([i + 1 for i in expected])}",
+            evidence={**evidence, "settled_by": "acceptance at position 0 in a run, or spectrace probe (it serves the ids "
+                      "+ 1)", "sglang_reading": [i + 1 for i in expected]},
+            fix="",
+        ))
+    if expected is not None and tapped is not None and tapped != expected and status not in ("out_of_range",):
         if status == "ok":
             status = "mismatch"
         same_count = len(tapped) == len(expected)
         caused = codes.TAP_COUNT_MISMATCH if not same_count and status == "count_mismatch" else None
+        caused = caused or (codes.TAP_CONVENTION if convention is not None else None)
         findings.append(
             codes.finding(
                 codes.TAP_MISMATCH,
                 severity="info" if caused else "error",
                 model_role="draft",
                 message=f"the drafter was trained on hidden states {listed(expected)} ({field_name} = {listed(declared)}"
-                + (f", +{offset} for the reference convention" if offset else "")
+                + (f", +{trained_offset} for {SGLANG_CONVENTION}" if trained_offset != offset else
+                   f", +{offset} for the reference convention" if offset else "")
                 + f"), but vLLM taps {listed(tapped)}"
                 + (f" — its guessed default ({default_rule}): {field_name} is not read by this model runner, so it fell "
                    "back as if nothing were declared" if guessed and default_rule else "")
                 + (": same count, so nothing fails and drafts are silently rejected" if same_count else ""),
                 evidence=evidence,
-                fix="declare the ids in a field this vLLM reads for this model runner "
-                "(eagle_aux_hidden_state_layer_ids holds vLLM ids verbatim), or upgrade vLLM",
+                fix="" if caused == codes.TAP_CONVENTION else
+                (f'declare "eagle_aux_hidden_state_layer_ids": {json.dumps(expected)} at the top level of config.json '
+                 "(vLLM tap ids, read verbatim by both model runners)" if trained_offset != offset else
+                 "declare the ids in a field this vLLM reads for this model runner "
+                 "(eagle_aux_hidden_state_layer_ids holds vLLM ids verbatim), or upgrade vLLM"),
                 caused_by=caused,
             )
         )
-    return TapAudit(field_name, declared, expected, tapped, input_taps, status), findings
+    return TapAudit(field_name, declared, expected, tapped, input_taps, status, capture_point), findings

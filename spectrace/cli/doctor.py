@@ -31,6 +31,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            speculative_config=args.speculative_config,
         )
     except DoctorInputError as exc:
         raise UsageError(str(exc)) from None
@@ -78,6 +79,9 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     parser.add_argument("--max-num-seqs", metavar="N", help="as vLLM's --max-num-seqs (default: vLLM's)")
     parser.add_argument("--max-num-batched-tokens", metavar="N",
                         help="as vLLM's --max-num-batched-tokens (default: vLLM's); checked against max-num-seqs x (1 + k)")
+    parser.add_argument("--speculative-config", metavar="JSON",
+                        help='further keys of vLLM\'s --speculative-config, e.g. \'{"rejection_sample_method": "synthetic", '
+                        '"synthetic_acceptance_length": 2.5}\' (model, method and k: the options above)')
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=cmd_doctor)
     parser.error = _one_line_error  # type: ignore[method-assign]

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from spectrace.audit import codes
 from spectrace.dashboards import promql
 
 GROUP = "spectrace"
@@ -117,10 +118,18 @@ def _volume_guard(p: Profile) -> str:
     return f"{drafted} >= {p.min_drafted_tokens}"
 
 
+def _not_synthetic() -> str:
+    """Instances whose acceptance is the drafter's: not those verifying with vLLM's synthetic rejection sampler
+    (``SYNTHETIC_ACCEPTANCE``, a config finding named before the first request), whose acceptance is drawn."""
+    on = ", ".join(promql.INSTANCE)
+    synthetic = promql.series(promql.CONFIG_FINDING, ['code="' + codes.SYNTHETIC_ACCEPTANCE + '"'])
+    return f"unless on ({on})\n{synthetic}"
+
+
 def _collapse_value(p: Profile) -> str:
     position_0 = promql.recorded_acceptance(promql.INSTANCE, ['position="0"'])
     overall = promql.recorded_acceptance(promql.INSTANCE)
-    return f"{promql.paren(promql.lower_of(position_0, overall))}\nand\n{_volume_guard(p)}"
+    return f"{promql.paren(promql.lower_of(position_0, overall))}\nand\n{_volume_guard(p)}\n{_not_synthetic()}"
 
 
 def _baseline(p: Profile) -> str:
@@ -140,15 +149,16 @@ def _drop_value(p: Profile) -> str:
     current = promql.recorded_acceptance(promql.INSTANCE)
     baseline = _baseline(p)
     on = ", ".join(promql.DEPLOYMENT)
-    return f"{promql.paren(current)}\n/ on ({on}) group_left ()\n{promql.paren(baseline)}\nand\n{_volume_guard(p)}"
+    return (f"{promql.paren(current)}\n/ on ({on}) group_left ()\n{promql.paren(baseline)}\nand\n{_volume_guard(p)}"
+            f"\n{_not_synthetic()}")
 
 
 # The finding's own severity label is left out: the alert's severity label (routing) replaces it.
 _FINDING_LABELS = (*promql.INSTANCE, "run_id", "model_role", "code")
 
 
-def _findings(matcher: str) -> str:
-    return f"max {promql.by(_FINDING_LABELS)} {promql.findings([matcher])}"
+def _findings(*matchers: str) -> str:
+    return f"max {promql.by(_FINDING_LABELS)} {promql.findings(list(matchers))}"
 
 
 def _config_error_value(p: Profile) -> str:
@@ -156,7 +166,8 @@ def _config_error_value(p: Profile) -> str:
 
 
 def _tap_mismatch_value(p: Profile) -> str:
-    return _findings('code=~"' + "|".join(promql.TAP_CODES) + '"')
+    # at severity error: a tap code said as info (caused by another, or a convention that cannot be told) is no alert
+    return _findings('code=~"' + "|".join(promql.TAP_CODES) + '"', 'severity="error"')
 
 
 def _request_finding_value(p: Profile) -> str:

@@ -25,11 +25,14 @@ from spectrace.audit.rope import rope_of
 from spectrace.audit.weights import audit_head, audit_weights, target_head_shape
 from spectrace.console import bounded
 from spectrace.doctor import sandbox
-from spectrace.doctor.inputs import DoctorInputError, _check_speculators, _positive_int, load_declared, model_methods
+from spectrace.doctor.inputs import (
+    DoctorInputError, _check_speculators, _positive_int, load_declared, model_methods, speculative_extra,
+)
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
 from spectrace.vllm_objects.configs import (
     ConfigCapture, assign_roles, config_to_dict, drafter_stages, model_configs, same_model, scheduler_facts,
+    speculation_facts,
 )
 from spectrace.vllm_objects.taps import RULE_DFLASH_FC
 from spectrace.vllm_objects.weights import Manifest, inert_parameters, read_manifest, read_vocab_maps
@@ -59,7 +62,8 @@ RULE_WEIGHTS = (
     "vllm.model_executor.models.utils.AutoWeightsLoader.load_weights (from the drafter class's load_weights), "
     "dry-run on meta tensors of the checkpoint's safetensors headers"
 )
-TAP_KEYS = ("declared_field", "declared_ids", "expected_ids", "tapped_ids", "input_taps", "status", "vllm_rule")
+TAP_KEYS = ("declared_field", "declared_ids", "expected_ids", "tapped_ids", "input_taps", "status", "vllm_rule",
+            "capture_point", "capture_rule")
 
 
 # -- the result ----------------------------------------------------------------------
@@ -211,6 +215,7 @@ def diagnose(
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    speculative_config: "str | dict[str, Any] | None" = None,
 ) -> Report:
     """Audit ``target`` + ``draft`` from their ``config.json`` files with vLLM's own rules.
 
@@ -227,6 +232,7 @@ def diagnose(
                              ("max_num_batched_tokens", _positive_int(max_num_batched_tokens, "--max-num-batched-tokens")))
         if number is not None
     }
+    extra = speculative_extra(speculative_config)
     declared = {"target": load_declared(target, "target"), "draft": load_declared(draft, "draft")}
     with sandbox.quiet():
         try:
@@ -242,12 +248,12 @@ def diagnose(
             raise DoctorInputError(f"vLLM {getattr(vllm, '__version__', '?')} has only model runner {', '.join(sandbox.runners())}: "
                                    f"--runner {runner} does not apply to it")
         with sandbox.runner_rules(runner), _terminated_cleanly():
-            report = _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args)
+            report = _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args, extra)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args=None) -> Report:
+def _diagnose(target, draft, declared, method, k, runner, max_model_len, scheduler_args=None, extra=None) -> Report:
     import vllm
     from vllm.engine.arg_utils import EngineArgs
 
@@ -262,7 +268,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
     )
 
     # 1. config resolution, as EngineArgs.create_engine_config does it for `vllm serve`
-    speculative: dict[str, Any] = {"model": draft, "num_speculative_tokens": k}
+    speculative: dict[str, Any] = {**(extra or {}), "model": draft, "num_speculative_tokens": k}
     if method is not None:
         speculative["method"] = method
     captures: list[ConfigCapture] = []
@@ -338,6 +344,7 @@ def _diagnose(target, draft, declared, method, k, runner, max_model_len, schedul
             checkpoint_dtypes={role: dtype_name(m.main_dtype()) for role, m in manifests.items()},
             drafter_stages=stages,
             vocab_maps=read_vocab_maps(draft),
+            speculation=speculation_facts(vllm_config) if vllm_config is not None else None,
         )
     )
     report.layout.update({role: [plan.as_row() for plan in plans] for role, plans in judged.plans.items()})
@@ -618,6 +625,8 @@ def _tap_audit(
         "input_taps": tap.input_taps,
         "status": tap.status,
         "vllm_rule": rule,
+        "capture_point": tap.capture_point,
+        "capture_rule": facts.get("capture_rule"),
     }
     for finding in findings:
         finding.evidence["runner"] = runner

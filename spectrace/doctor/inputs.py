@@ -104,6 +104,36 @@ def _positive_int(value: Any, name: str) -> int | None:
     return number
 
 
+# --speculative-config: the keys doctor's own options give, and a bound on the text
+_SPECULATIVE_OWN = {"model": "--draft", "method": "--method", "num_speculative_tokens": "--num-speculative-tokens"}
+MAX_SPECULATIVE_BYTES = 64 << 10
+
+
+def speculative_extra(value: Any) -> dict[str, Any]:
+    """``--speculative-config JSON``: further keys of vLLM's --speculative-config (e.g. "rejection_sample_method"),
+    a JSON object without the keys doctor's own options give. What vLLM then refuses is a finding."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        extra = value
+    else:
+        text = str(value)
+        if len(text.encode("utf-8", "replace")) > MAX_SPECULATIVE_BYTES:
+            raise DoctorInputError(f"--speculative-config is over {MAX_SPECULATIVE_BYTES} bytes")
+        try:
+            extra = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise DoctorInputError(f"--speculative-config is not JSON: {str(exc)[:120]}") from None
+    if not isinstance(extra, dict):
+        raise DoctorInputError(f"--speculative-config must be a JSON object, got {type(extra).__name__}")
+    if _depth(extra, MAX_NESTING) > MAX_NESTING:
+        raise DoctorInputError(f"--speculative-config nests deeper than {MAX_NESTING} levels")
+    own = [key for key in extra if key in _SPECULATIVE_OWN]
+    if own:
+        raise DoctorInputError(f"--speculative-config: give {own[0]!r} with {_SPECULATIVE_OWN[own[0]]}")
+    return extra
+
+
 def _check_speculators(config: dict[str, Any], path: str) -> None:
     """A speculators-format drafter (``speculators_model_type``) must name a type the installed vLLM converts
     and keep its decoder layer's config in an object: one line each, before vLLM sees it."""

@@ -134,6 +134,8 @@ def _taps_lines(report: Report) -> list[str]:
         f"  tapped    {ids(taps.get('tapped_ids'))}",
         f"  fc input  {'?' if inputs is None else f'{inputs} tap(s)'}",
         f"  status    {taps.get('status')}",
+        f"  captures  {taps.get('capture_point') or 'not recognised in the target model code'}"
+        + (f" ({taps['capture_rule']})" if taps.get("capture_rule") else ""),
         f"  vLLM rule: {taps.get('vllm_rule')}",
     ]
 

@@ -1,6 +1,7 @@
 -- Runs whose acceptance is below half of their deployment's baseline: the acceptance of the other runs
 -- of the same target, drafter and method started in the 24 hours before (at least 200 drafted tokens on
--- each side). The SQL twin of the SpectraceAcceptanceDrop alert.
+-- each side). The SQL twin of the SpectraceAcceptanceDrop alert. Runs verified by vLLM's synthetic rejection
+-- sampler (SYNTHETIC_ACCEPTANCE) are neither judged nor a baseline: their acceptance is drawn.
 WITH run AS (
     SELECT run_id, any_value(target_model) AS target_model, any_value(draft_model) AS draft_model,
            any_value(method) AS method, min(started_at) AS started_at
@@ -11,6 +12,7 @@ WITH run AS (
            sum(a.drafted) AS drafted, sum(a.accepted) AS accepted
     FROM acceptance_by_position a
     JOIN run r USING (run_id)
+    WHERE NOT EXISTS (SELECT 1 FROM findings s WHERE s.run_id = r.run_id AND s.code = 'SYNTHETIC_ACCEPTANCE')
     GROUP BY r.run_id, r.target_model, r.draft_model, r.method, r.started_at
 )
 SELECT t.run_id, t.target_model, t.draft_model, t.method, t.started_at, t.drafted,

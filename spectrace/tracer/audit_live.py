@@ -12,7 +12,9 @@ from typing import Any
 
 from spectrace import audit
 from spectrace.audit.dtype import dtype_name
-from spectrace.vllm_objects.configs import drafter_stages, hf_override_facts, model_configs, scheduler_facts
+from spectrace.vllm_objects.configs import (
+    drafter_stages, hf_override_facts, model_configs, scheduler_facts, speculation_facts,
+)
 from spectrace.vllm_objects.weights import read_manifest, read_vocab_maps
 
 log = logging.getLogger("vllm.spectrace")
@@ -67,6 +69,7 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
             drafter_stages=stages_of(models),
             vocab_maps=vocab_maps_of(models),
             draft_settings={"method": info.get("method"), "hf_overrides": hf_override_facts(vllm_config)},
+            speculation=speculation_facts(vllm_config) if vllm_config is not None else None,
         )
     )
     rt.records("config_fields", [d.as_row() for d in judged.diffs], role="frontend")

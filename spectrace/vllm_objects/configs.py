@@ -338,3 +338,42 @@ def draft_runtime(vllm_config: Any, runner: Any) -> dict[str, Any]:
         "max_model_len": (getattr(spec, "max_model_len", None), runs_len if isinstance(runs_len, int) else None),
         "tensor_parallel_size": (getattr(spec, "draft_tensor_parallel_size", None), tp),
     }
+
+
+def registered_class(architectures: list[str]) -> str | None:
+    """``module.Class`` vLLM's model registry maps the first known architecture to, read from the registry's table
+    (no model module is imported); None when none is registered."""
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        models = ModelRegistry.models
+    except Exception:
+        return None
+    for arch in architectures:
+        entry = models.get(arch)
+        module, name = getattr(entry, "module_name", None), getattr(entry, "class_name", None)
+        if module is None:  # an out-of-tree class registered by object
+            cls = getattr(entry, "model_cls", None)
+            module, name = getattr(cls, "__module__", None), getattr(cls, "__qualname__", None)
+        if module and name:
+            return f"{module}.{name}"
+    return None
+
+
+def speculation_facts(vllm_config: Any) -> dict[str, Any] | None:
+    """What vLLM builds and runs for the drafter (``audit.method``): the method, the drafter's resolved architectures
+    and the class the registry maps them to, and the rejection sampler it verifies with. None without speculation."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return None
+    draft = getattr(spec, "draft_model_config", None)
+    architectures = [str(a) for a in (getattr(draft, "architectures", None) or [])] if draft is not None else []
+    rates = getattr(spec, "synthetic_acceptance_rates", None)
+    return {
+        "method": getattr(spec, "method", None),
+        "architectures": architectures,
+        "model_class": registered_class(architectures) if architectures else None,
+        "rejection_sample_method": getattr(spec, "rejection_sample_method", None),
+        "synthetic_acceptance_length": getattr(spec, "synthetic_acceptance_length", None),
+        "synthetic_acceptance_rates": [float(r) for r in rates] if rates is not None else None,
+    }

@@ -11,6 +11,8 @@ Never hooks compiled or graph-captured code.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 # The methods whose target feeds hidden states to the drafter, per model runner: V2
@@ -62,6 +64,51 @@ def tapped_ids(target: Any) -> list[int] | None:
     """The ids the target taps (vLLM's convention: k = output of layer k-1), None when unset."""
     layers = getattr(decoder(target), "aux_hidden_state_layers", None)
     return [int(i) for i in layers] if layers is not None else None
+
+
+# What a tap captures, by what the decoder's forward appends (vLLM 0.32's model code, e.g. llama.py / qwen2.py:
+# ``self._maybe_add_hidden_state(aux, idx + 1, hidden_states, residual)`` after layer idx, which appends
+# ``hidden_states + residual``; deepseek_v2.py appends ``hidden_states + residual`` before layer idx;
+# cohere2_moe.py appends the ``hidden_states`` its layers return): tap k is then the residual stream entering layer
+# k, before that layer's input norm (tap N: the last layer's output, before the final norm).
+CAPTURE_RESIDUAL = "the input of layer k: the residual stream (hidden_states + residual) before its input norm"
+CAPTURE_RETURNED = "the input of layer k: the hidden_states layer k-1 returns, before layer k's input norm (no residual added by the model)"
+_CAPTURES = (
+    ("_maybe_add_hidden_state(", CAPTURE_RESIDUAL),
+    ("= hidden_states + residual", CAPTURE_RESIDUAL),
+    ("aux_hidden_states.append(hidden_states + residual)", CAPTURE_RESIDUAL),
+    ("aux_hidden_states.append(hidden_states)", CAPTURE_RETURNED),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _capture_of_class(cls: type) -> tuple[str | None, str | None]:
+    owner = next((c for c in cls.__mro__ if "forward" in vars(c)), None)
+    if owner is None:
+        return None, None
+    rule = f"{owner.__module__}.{owner.__qualname__}.forward"
+    try:
+        source = inspect.getsource(vars(owner)["forward"])
+    except (OSError, TypeError):
+        return None, rule
+    for needle, point in _CAPTURES:
+        if needle in source:
+            if needle.startswith("_maybe_add_hidden_state"):  # the mixin's, unless the class has its own
+                adder = next((c for c in cls.__mro__ if "_maybe_add_hidden_state" in vars(c)), None)
+                if adder is None or adder.__module__ != "vllm.model_executor.models.interfaces":
+                    return None, rule
+            return point, rule
+    return None, rule
+
+
+def capture_point(target: Any) -> tuple[str | None, str | None]:
+    """(what tap k captures, the forward that says so), read from the target decoder's model code; (None, rule) when
+    its forward appends in a way not recognised (said as unknown, never guessed)."""
+    holder = decoder(target)
+    try:
+        return _capture_of_class(type(holder))
+    except Exception:
+        return None, None
 
 
 def target_layer_count(target: Any, vllm_config: Any) -> int:
@@ -131,7 +178,10 @@ def tap_facts(vllm_config: Any, target: Any, draft: Any) -> dict[str, Any]:
 
     spec = vllm_config.speculative_config
     default_ids, default_rule = default_taps(target)
+    captures, capture_rule = capture_point(target)
     return {
+        "capture_point": captures,
+        "capture_rule": capture_rule,
         "default_ids": default_ids,
         "default_rule": default_rule,
         "draft": config_to_dict(spec.draft_model_config.hf_config),
