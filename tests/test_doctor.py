@@ -310,7 +310,8 @@ def test_eagle3_with_a_reduced_draft_vocabulary_is_clean(capsys, models):
             capsys, "--target", models["qwen3-8b"], "--draft", models["qwen3-8b-eagle3"],
             "--method", "eagle3", "--runner", runner,
         )  # fmt: skip
-        assert (rc, report["findings"]) == (0, [])
+        # top-level ids of a drafter whose producer cannot be told: their convention said as info (#58)
+        assert (rc, [(f["code"], f["severity"]) for f in report["findings"]]) == (0, [("TAP_CONVENTION", "info")])
         assert layout(report) == [("full", None)]
         assert "Eagle3LlamaForCausalLM" in report["rules"]["draft"]
         assert (report["taps"]["tapped_ids"], report["taps"]["status"]) == ([2, 18, 33], "ok")

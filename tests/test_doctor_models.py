@@ -55,7 +55,8 @@ def test_a_drafter_with_another_rotary_base_is_rope_mismatch_from_config_alone(c
     assert report["models"]["draft"]["rope"]["theta"] == 10000.0
     # an EAGLE-3 drafter gets a base of its own from its trainer (the EAGLE-3 reference's 10000): info, no error
     rc, report = run_json(capsys, "--target", configs["qwen3-8b"], "--draft", configs["eagle3-theta-10k"], "--method", "eagle3")
-    assert (rc, triples(report)) == (0, [("ROPE_DIFFERS", "info", None)])
+    # (TAP_CONVENTION info: top-level ids, the producer cannot be told, #58)
+    assert (rc, triples(report)) == (0, [("ROPE_DIFFERS", "info", None), ("TAP_CONVENTION", "info", None)])
     assert finding(report, "ROPE_DIFFERS")["evidence"]["differs"] == ["theta"]
     # the same base in either spelling agrees
     for draft in ("eagle3", "eagle3-v5"):
@@ -105,7 +106,7 @@ def checkpoints(zoo, tmp_path_factory):
 def test_a_tensor_missing_from_the_drafter_checkpoint_is_found_by_a_dry_load(capsys, checkpoints):
     rc, report = run_json(capsys, "--target", checkpoints["target"], "--draft", checkpoints["eagle3_missing"],
                           "--method", "eagle3", "--runner", "v1")
-    assert (rc, triples(report)) == (1, [("DRAFT_WEIGHTS_UNLOADED", "error", None)])
+    assert (rc, triples(report)) == (1, [("DRAFT_WEIGHTS_UNLOADED", "error", None), ("TAP_CONVENTION", "info", None)])
     unloaded = finding(report, "DRAFT_WEIGHTS_UNLOADED")
     assert unloaded["evidence"]["unloaded"] == ["model.layers.0.mlp.down_proj.weight"]  # what the live worker names
     assert unloaded["evidence"]["shared_with_target"] == {"embed_tokens": "target", "lm_head": "target"}

@@ -49,8 +49,13 @@ DRAFTERS = {
     "eagle3-two-ids-fc-three": {**EAGLE3_NO_IDS, "eagle_aux_hidden_state_layer_ids": [2, 18], "num_aux_hidden_states": 3},
     # llama_eagle3 sizes fc from num_aux_hidden_states or eagle_config's ids, never the top-level ids: 3
     "eagle3-two-ids": {**EAGLE3_NO_IDS, "eagle_aux_hidden_state_layer_ids": [2, 18]},
-    # ids nested in eagle_config: V1 reads them, V2 does not (it taps the default)
+    # ids nested in eagle_config, as SpecForge writes them (SGLang's convention: id L the output of layer L): V1 reads
+    # them verbatim, V2 does not (it taps the default). [1, 17, 32]: SpecForge's default for 36 layers, written out
     "eagle3-nested-ids": {**EAGLE3_NO_IDS, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]}},
+    # SpecForge configs/gpt-oss-20B-eagle3.json's taps (vllm#43671) on a 24-layer target
+    "specforge-1-11-21": {**EAGLE3_NO_IDS, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 11, 21]}},
+    # the same drafter declared as doctor's fix says: top-level vLLM ids
+    "specforge-fixed": {**EAGLE3_NO_IDS, "eagle_aux_hidden_state_layer_ids": [2, 12, 22]},
     # an EAGLE3 head that takes the last hidden state only (no fc)
     "eagle3-no-aux": {**EAGLE3_NO_IDS, "eagle_config": {"use_aux_hidden_state": False}},
     "dflash-config-ids": {**DFLASH, "dflash_config": {**MASK, "target_layer_ids": [1, 17, 32]}},
@@ -69,7 +74,9 @@ DRAFTERS = {
         "eagle_aux_hidden_state_layer_ids": [2, 13, 23],
     },
 }  # fmt: skip
-TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-8-layers": QWEN3_8_LAYERS, "gemma3-1b": GEMMA3_1B}
+# a Qwen3-8B-shaped target with gpt-oss-20B's 24 layers: vLLM's default taps are (2, 12, 21)
+QWEN3_24_LAYERS = {**QWEN3_8B, "num_hidden_layers": 24, "max_window_layers": 24}
+TARGETS = {"qwen3-8b": QWEN3_8B, "qwen3-8-layers": QWEN3_8_LAYERS, "qwen3-24-layers": QWEN3_24_LAYERS, "gemma3-1b": GEMMA3_1B}
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +127,20 @@ def ids_rule(runner: str) -> str:
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_eagle3_with_explicit_ids_taps_what_it_declares(capsys, models, runner):
     rc, report = doctor_json(capsys, models, "qwen3-8b", "eagle3-ids", "eagle3", runner)
-    assert (rc, report["findings"]) == (0, [])
+    # read as vLLM ids; who trained it cannot be told (no speculators_config, no SpecForge eagle_config): said as info
+    assert (rc, tap_triples(report), len(report["findings"])) == (0, [("TAP_CONVENTION", "info", None)], 1)
+    convention = finding(report, "TAP_CONVENTION")
+    assert convention["evidence"]["producer"] is None and convention["evidence"]["sglang_reading"] == [3, 19, 34]
+    assert convention["evidence"]["settled_by"] and convention["fix"] == ""
     taps = report["taps"]
     assert set(taps) == set(doctor.TAP_KEYS)
     assert taps == {
         "declared_field": "eagle_aux_hidden_state_layer_ids", "declared_ids": [2, 18, 33],
         "expected_ids": [2, 18, 33], "tapped_ids": [2, 18, 33], "input_taps": 3, "status": "ok",
         "vllm_rule": f"{ids_rule(runner)}; fc input width: {EAGLE3_FC}",
+        # Qwen3Model inherits Qwen2Model.forward: _maybe_add_hidden_state(aux, idx + 1, hidden_states, residual)
+        "capture_point": "the input of layer k: the residual stream (hidden_states + residual) before its input norm",
+        "capture_rule": "vllm.model_executor.models.qwen2.Qwen2Model.forward",
     }  # fmt: skip
 
 
@@ -254,12 +268,51 @@ def test_five_top_level_ids_on_v1_is_a_count_mismatch(capsys, models):
 # -- where the two runners' resolvers differ -------------------------------------------------
 
 
-def test_eagle_config_ids_are_read_by_v1_only(capsys, models):
+def test_specforge_ids_are_read_one_layer_early_by_v1(capsys, models):
+    """SpecForge's nested ids are in SGLang's convention (id L: the output of layer L): trained on vLLM taps
+    [2, 18, 33]. V1 reads them verbatim, one layer early on every tap; V2 does not read them and taps its default,
+    which is SpecForge's own default written out, so right by coincidence (#58, vllm#43671)."""
     rc, report = doctor_json(capsys, models, "qwen3-8b", "eagle3-nested-ids", "eagle3", "v1")
-    assert (rc, report["findings"], report["taps"]["tapped_ids"]) == (0, [], [1, 17, 32])
+    assert rc == 1 and tap_triples(report) == [("TAP_CONVENTION", "error", None), ("TAP_MISMATCH", "info", "TAP_CONVENTION")]
+    assert (report["taps"]["expected_ids"], report["taps"]["tapped_ids"]) == ([2, 18, 33], [1, 17, 32])
+    convention = finding(report, "TAP_CONVENTION")
+    assert convention["evidence"]["producer"] == "specforge" and convention["evidence"]["ids_to_declare"] == [2, 18, 33]
+    assert convention["fix"].startswith('declare "eagle_aux_hidden_state_layer_ids": [2, 18, 33] at the top level')
+    assert "one layer early on every tap" in convention["message"] and "SGLang" in convention["message"]
+    assert finding(report, "TAP_MISMATCH")["fix"] == ""
     rc, report = doctor_json(capsys, models, "qwen3-8b", "eagle3-nested-ids", "eagle3", "v2")
+    assert (rc, report["findings"], report["taps"]["tapped_ids"], report["taps"]["status"]) == (0, [], [2, 18, 33], "ok")
+
+
+def test_specforge_gpt_oss_taps_are_off_on_both_runners_and_the_fix_is_quiet(capsys, models):
+    """SpecForge's gpt-oss-20B drafter declares [1, 11, 21] (trained on vLLM taps [2, 12, 22]): V1 taps [1, 11, 21],
+    one layer early on every tap; V2 taps its default (2, 12, 21), the third one layer early. Declared as the fix says
+    (top-level vLLM ids), both runners tap what it was trained on."""
+    rc, report = doctor_json(capsys, models, "qwen3-24-layers", "specforge-1-11-21", "eagle3", "v1")
+    assert rc == 1 and tap_triples(report) == [("TAP_CONVENTION", "error", None), ("TAP_MISMATCH", "info", "TAP_CONVENTION")]
+    assert (report["taps"]["expected_ids"], report["taps"]["tapped_ids"]) == ([2, 12, 22], [1, 11, 21])
+    rc, report = doctor_json(capsys, models, "qwen3-24-layers", "specforge-1-11-21", "eagle3", "v2")
     assert rc == 1 and tap_triples(report) == [("TAP_MISMATCH", "error", None)]
-    assert (report["taps"]["expected_ids"], report["taps"]["tapped_ids"]) == ([1, 17, 32], [2, 18, 33])
+    assert (report["taps"]["expected_ids"], report["taps"]["tapped_ids"]) == ([2, 12, 22], [2, 12, 21])
+    mismatch = finding(report, "TAP_MISMATCH")
+    assert mismatch["fix"].startswith('declare "eagle_aux_hidden_state_layer_ids": [2, 12, 22] at the top level')
+    assert "SGLang" in mismatch["message"] and mismatch["evidence"]["producer"] == "specforge"
+    for runner in RUNNERS:
+        rc, report = doctor_json(capsys, models, "qwen3-24-layers", "specforge-fixed", "eagle3", runner)
+        assert (rc, report["taps"]["tapped_ids"], report["taps"]["status"]) == (0, [2, 12, 22], "ok")
+        assert [f["severity"] for f in report["findings"]] == ["info"]  # the producer, no longer told: TAP_CONVENTION
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_speculators_ids_are_vllm_taps_by_construction(capsys, runner):
+    """A speculators-format drafter (the zoo's, trained by speculators 0.9.0): its ids are vLLM taps, no doubt said."""
+    from published_corpus import ZOO
+
+    rc, report = run_json(capsys, "--target", str(ZOO / "target"), "--draft", str(ZOO / "eagle3"), "--method", "eagle3",
+                          "--runner", runner)
+    assert (rc, report["findings"]) == (0, [])
+    taps = report["taps"]
+    assert (taps["declared_ids"], taps["expected_ids"], taps["tapped_ids"], taps["status"]) == ([1, 2, 3], [1, 2, 3], [1, 2, 3], "ok")
 
 
 def test_an_eagle_config_dict_hides_dflash_ids_from_v1(capsys, models):

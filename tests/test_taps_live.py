@@ -36,7 +36,11 @@ def test_eagle3_with_explicit_ids_taps_what_it_declares(tap_runs):
     assert (field, declared, expected, tapped, inputs, status) == (
         "eagle_aux_hidden_state_layer_ids", [1, 4, 6], [1, 4, 6], [1, 4, 6], 3, "ok")
     assert role == "worker"
-    assert _codes(con, result.run_id) == {}
+    # read as vLLM ids; who trained it cannot be told from its checkpoint (#58): said as info, nothing louder
+    codes = _codes(con, result.run_id)
+    assert set(codes) == {"TAP_CONVENTION"} and codes["TAP_CONVENTION"][:2] == ("info", None)
+    capture = con.execute("select capture_point from hidden_state_taps where run_id = ?", [result.run_id]).fetchone()
+    assert capture == ("the input of layer k: the residual stream (hidden_states + residual) before its input norm",)
 
 
 def test_eagle3_without_ids_is_tap_defaulted(tap_runs):

@@ -116,7 +116,10 @@ def prompts(n: int, min_chars: int, seed: int = 7) -> list[str]:
 
 # -- the EAGLE-3 drafter, served right and served wrong ----------------------------------------------------------------
 
-EAGLE3_VARIANTS = ("trained", "vocab-mapped", "d2t-missing", "rope-theta", "norm-nested")
+EAGLE3_VARIANTS = ("trained", "vocab-mapped", "d2t-missing", "rope-theta", "norm-nested", "specforge", "specforge-fixed")
+# the top-level fields speculators' EAGLE-3 updater hands vLLM (vllm/transformers_utils/configs/speculators/algos.py
+# update_eagle3), which an HF-layout drafter declares itself
+_EAGLE3_TOP_LEVEL = ("draft_vocab_size", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
@@ -162,6 +165,10 @@ def eagle3_variant(out_dir: str | Path, variant: str) -> Path:
     - ``d2t-missing``: ``vocab-mapped`` without its ``d2t``/``t2d`` tensors;
     - ``rope-theta``: the drafter's ``rope_theta`` 100× the target's (and its training's);
     - ``norm-nested``: ``norm_before_fc`` moved into ``transformer_layer_config``;
+    - ``specforge``: the same weights in SpecForge's HF layout (``LlamaForCausalLMEagle3``, the layer's fields at the
+      top level), its taps nested in ``eagle_config`` in SGLang's convention (id L: the output of layer L), so the
+      ids 1 less than the vLLM taps it was trained on (#58);
+    - ``specforge-fixed``: that layout with its taps declared as doctor's fix says (top-level vLLM ids).
     """
     if variant not in EAGLE3_VARIANTS:
         raise ValueError(f"variant must be one of {EAGLE3_VARIANTS}, got {variant!r}")
@@ -188,6 +195,14 @@ def eagle3_variant(out_dir: str | Path, variant: str) -> Path:
         layer["rope_parameters"] = {**layer["rope_parameters"], "rope_theta": layer["rope_parameters"]["rope_theta"] * 100}
     elif variant == "norm-nested":
         layer["norm_before_fc"] = config.pop("norm_before_fc")
+    if variant in ("specforge", "specforge-fixed"):
+        taps = config["eagle_aux_hidden_state_layer_ids"]
+        config = {**layer, **{key: config[key] for key in _EAGLE3_TOP_LEVEL if config.get(key) is not None},
+                  "architectures": ["LlamaForCausalLMEagle3"]}
+        if variant == "specforge":
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in taps]}
+        else:
+            config["eagle_aux_hidden_state_layer_ids"] = list(taps)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     _write_safetensors(out / "model.safetensors", tensors)
     return out
