@@ -5,7 +5,8 @@ for real: the trained zoo's EAGLE-3 (spectrace/testing/zoo, trained by speculato
 - ``specforge``: the same weights declared as SpecForge declares its drafters, the taps nested in ``eagle_config`` in
   SGLang's convention ([0, 1, 2]: id L the output of layer L); vLLM's V1 runner reads them verbatim: one layer early;
 - ``specforge-fixed``: that layout declared as the finding's fix says (top-level vLLM ids [1, 2, 3]);
-- ``as-eagle``: the speculators drafter served with ``method: eagle``: vLLM builds its EAGLE-3 class and feeds it no taps.
+- ``as-eagle``: the speculators drafter served with ``method: eagle``: vLLM builds its EAGLE-3 class and feeds it no taps;
+- ``synthetic`` (V2 runner, the Triton-interpreter harness): verified by vLLM's synthetic rejection sampler.
 """
 
 from __future__ import annotations
@@ -112,3 +113,36 @@ def test_an_eagle3_drafter_served_as_eagle_is_named_before_the_first_request(ser
         "(select min(ts) from findings where run_id = ? and code = 'METHOD_DOWNGRADED')", [run, run]).fetchone()
     assert named < first_step
     assert _rate(results["as-eagle"]) < _rate(results["speculators"]) - 0.1
+
+
+@pytest.fixture(scope="module")
+def synthetic(scratch, cache_root):
+    """The trained EAGLE-3 drafter verified by vLLM's synthetic rejection sampler (calibrated to a mean acceptance
+    length of 2.5: per-position rates 1.0 / 0.5 / 0.0). The CPU build's V1 runner refuses that sampler
+    (vllm/utils/cpu_triton_utils.py); the V2 runner runs it through Triton's interpreter (the test harness)."""
+    zoo = trained.paths()
+    spec = EngineSpec(name="synthetic", target=zoo["target"], prompts=trained.prompts(2, 200), max_tokens=16,
+                      max_model_len=2048,
+                      speculative={"method": "eagle3", "model": zoo["eagle3"], "num_speculative_tokens": K,
+                                   "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5})
+    store = scratch / "synthetic-store"
+    results = run_engines([spec], store=store, cache_root=cache_root, log_file=scratch / "synthetic.log", runner="v2")
+    return spectrace.store.open(store), results["synthetic"]
+
+
+def test_synthetic_acceptance_is_named_before_the_first_request(synthetic):
+    con, result = synthetic
+    assert result.ok, result.error
+    per_position = result.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    drafts = result.metrics["vllm:spec_decode_num_drafts"]
+    # the sampler's calibration, not the drafter: position 0 always accepted, position 2 never
+    assert per_position[0] == drafts and per_position[2] == 0 and 0 < per_position[1] < drafts
+    rows = con.execute("select severity, process_role, evidence from findings where run_id = ? and code = 'SYNTHETIC_ACCEPTANCE'",
+                       [result.run_id]).fetchall()
+    assert [(s, role) for s, role, _ in rows] == [("warning", "frontend")]
+    assert json.loads(rows[0][2])["synthetic_acceptance_rates"] == [1.0, 0.5, 0.0]
+    first_step, named = con.execute(
+        "select (select min(ts) from verify_steps where run_id = ?), "
+        "(select min(ts) from findings where run_id = ? and code = 'SYNTHETIC_ACCEPTANCE')",
+        [result.run_id, result.run_id]).fetchone()
+    assert named < first_step
