@@ -49,6 +49,11 @@ def _rate(result) -> float:
     return m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_draft_tokens"]
 
 
+def _position_0(result) -> float:
+    m = result.metrics
+    return m["vllm:spec_decode_num_accepted_tokens_per_pos"][0] / m["vllm:spec_decode_num_drafts"]
+
+
 def _findings(con, run_id, like="%"):
     return {r[0]: r[1:] for r in con.execute(
         "select code, severity, caused_by, fix, evidence from findings where run_id = ? and code like ?", [run_id, like]
@@ -94,11 +99,16 @@ def test_the_quiet_twins_tap_what_the_drafter_was_trained_on(served):
 
 
 def test_one_layer_early_costs_acceptance_and_the_fix_restores_it(served):
+    """Measured 2026-12-07 (untraced, the same specs): trained 25.2 % (position 0 47 %), one layer early 9.1 %
+    (position 0 25 %), the fixed declaration the trained drafter's counts exactly."""
     _, results = served
-    trained_rate, early, fixed = (_rate(results[n]) for n in ("speculators", "specforge", "specforge-fixed"))
+    trained_rate, early = _rate(results["speculators"]), _rate(results["specforge"])
     assert trained_rate >= 0.2, f"the trained drafter accepts {trained_rate:.1%}"
     assert trained_rate - early >= 0.1, f"trained {trained_rate:.1%}, one layer early {early:.1%}"
-    assert abs(fixed - trained_rate) <= 0.02, f"trained {trained_rate:.1%}, fixed {fixed:.1%}"
+    assert _position_0(results["speculators"]) - _position_0(results["specforge"]) >= 0.15
+    # declared as the fix says, the same drafter taps the same layers: vLLM counts the same acceptance
+    per_position = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    assert results["specforge-fixed"].metrics[per_position] == results["speculators"].metrics[per_position]
 
 
 def test_an_eagle3_drafter_served_as_eagle_is_named_before_the_first_request(served):
@@ -112,7 +122,8 @@ def test_an_eagle3_drafter_served_as_eagle_is_named_before_the_first_request(ser
         "select (select min(ts) from verify_steps where run_id = ?), "
         "(select min(ts) from findings where run_id = ? and code = 'METHOD_DOWNGRADED')", [run, run]).fetchone()
     assert named < first_step
-    assert _rate(results["as-eagle"]) < _rate(results["speculators"]) - 0.1
+    # measured: position 0 accepts 16 % as eagle against 47 % as eagle3 (overall 12.9 % against 25.2 %)
+    assert _position_0(results["speculators"]) - _position_0(results["as-eagle"]) >= 0.2
 
 
 @pytest.fixture(scope="module")
