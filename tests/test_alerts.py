@@ -271,6 +271,28 @@ def test_acceptance_alerts_hold_off_for_synthetic_acceptance(tmp_path):
 
 
 @needs_promtool
+def test_a_synthetic_runs_measured_errors_are_no_config_error_alert_but_its_config_errors_are(tmp_path):
+    def finding(gauge, code, instance):
+        labels = dict(DEPLOYMENT, instance=instance, run_id="run-1", code=code, severity="error", model_role="draft")
+        return {"series": gauge + _labels(**labels), "values": "1 1 1 1 1 1"}
+
+    synthetic = dict(DEPLOYMENT, instance="synthetic:8000", run_id="run-1", code="SYNTHETIC_ACCEPTANCE",
+                     severity="warning", model_role="draft")
+    series = [{"series": promql.CONFIG_FINDING + _labels(**synthetic), "values": "1 1 1 1 1 1"},
+              finding(promql.RUNTIME_FINDING, "ACCEPTANCE_COLLAPSE", "synthetic:8000"),
+              finding(promql.CONFIG_FINDING, "SWA_DROPPED", "synthetic:8000"),
+              finding(promql.RUNTIME_FINDING, "ACCEPTANCE_COLLAPSE", "real:8000")]
+    config = alerts.rule("SpectraceConfigError")
+
+    def labels(code, instance):
+        return dict(DEPLOYMENT, instance=instance, run_id="run-1", code=code, model_role="draft")
+
+    _run_unit_test(tmp_path, alerts.TEST, "5s", series, [{"eval_time": "15s", "alertname": config.name, "exp_alerts": [
+        _expected_alert(config, labels("SWA_DROPPED", "synthetic:8000"), ""),
+        _expected_alert(config, labels("ACCEPTANCE_COLLAPSE", "real:8000"), "")]}])
+
+
+@needs_promtool
 def test_a_tap_code_said_as_info_is_no_tap_alert(tmp_path):
     """TAP_CONVENTION info (who trained the drafter cannot be told) is said, not alerted on; its error is."""
     series = [_finding("TAP_CONVENTION", "info", "1 1 1 1 1 1")]

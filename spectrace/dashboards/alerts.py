@@ -162,7 +162,12 @@ def _findings(*matchers: str) -> str:
 
 
 def _config_error_value(p: Profile) -> str:
-    return _findings('severity="error"')
+    # what a synthetic-acceptance run measured (ACCEPTANCE_COLLAPSE of a drawn rate, ...) is no health signal; its
+    # config findings are
+    matcher = ['severity="error"']
+    config = promql.series(promql.CONFIG_FINDING, matcher)
+    runtime = f"({promql.series(promql.RUNTIME_FINDING, matcher)} {_not_synthetic()})"
+    return f"max {promql.by(_FINDING_LABELS)} ({config} or {runtime})"
 
 
 def _tap_mismatch_value(p: Profile) -> str:
