@@ -12,7 +12,7 @@ Sources:
 
 Per draft position: drafted, accepted, rate, the conditional rate (accepted at i+1 / accepted at i) and
 vLLM's own rate (its per-position accepted counter over its number of drafts) beside spectrace's; the
-cliff is the position :func:`spectrace.acceptance.position_cliff` names, the rule of ``POSITION_CLIFF``.
+cliff is the position :func:`spectrace.audit.rules.acceptance.position_cliff` names, the rule of ``POSITION_CLIFF``.
 Without spectrace's series (tracing off), the positions come from vLLM's counters alone.
 
 A page is data from whoever serves it: it is read whole within one deadline (connect and body, :data:`PAGE_DEADLINE_S`)
@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from spectrace.acceptance import SPEEDUP_UNMEASURED, SPEEDUP_WINDOW
+from spectrace.audit.rules.speedup_figure import SPEEDUP_UNMEASURED, SPEEDUP_WINDOW
 from spectrace.console import UsageError, rich_text, safe, terminal
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -263,7 +263,7 @@ def _fix(code: str) -> str:
 
 
 def _cliff(positions: list[Position]) -> int | None:
-    from spectrace import acceptance
+    from spectrace.audit.rules import acceptance
 
     if len(positions) < 2:
         return None
@@ -592,7 +592,7 @@ def _sections(frame: Frame, *, error: str | None = None, live: bool = False) -> 
     if frame.mean_length is not None:
         pieces.append((f"tokens per request-step {frame.mean_length:.2f}", ""))
     if frame.speedup is not None:
-        # the one speed-up figure (spectrace.acceptance.SPEEDUP_DEFINITION), its window and basis beside it
+        # the one speed-up figure (spectrace.audit.rules.speedup_figure.SPEEDUP_DEFINITION), its window and basis beside it
         pieces.append((f"speed-up {frame.speedup:.2f}x ({SPEEDUP_WINDOW}; {SPEEDUP_UNMEASURED})", ""))
         if frame.break_even is not None:
             verdict = ("pays" if frame.speedup >= 1 else "does not pay")

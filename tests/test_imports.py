@@ -110,8 +110,8 @@ def test_read_and_audit_record_nothing():
     """The vLLM readers and the audit are pure: no runtime, no pipeline or sinks, no OpenTelemetry."""
     graph = _graph()
     paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
-    pure = [n for n in graph if n.startswith(("spectrace.vllm_objects", "spectrace.audit")) or n == "spectrace.acceptance"]
-    assert "spectrace.vllm_objects.layers" in pure and "spectrace.audit.judge" in pure and "spectrace.acceptance" in pure
+    pure = [n for n in graph if n.startswith(("spectrace.vllm_objects", "spectrace.audit")) or n == "spectrace.audit.rules.acceptance"]
+    assert "spectrace.vllm_objects.layers" in pure and "spectrace.audit.judge" in pure and "spectrace.audit.rules.acceptance" in pure
     recording = ("spectrace.tracer", "spectrace.pipeline", "spectrace.sinks", "spectrace.store", "spectrace.lake")
     for name in pure:
         assert not {t for t in graph[name] if t.startswith(recording)}, name

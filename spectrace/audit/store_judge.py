@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectrace import speedup
+from spectrace.audit.rules import speedup
 from spectrace.audit.curve import K_BETTER_MARGIN, best_k, k_better_finding
 from spectrace.audit.findings import Finding
 from spectrace.audit.ranks import rank_disagreements
@@ -29,7 +29,7 @@ class StoreVerdicts:
     derived: list[Finding]  # only the store's records give these (rank disagreement, k better)
     ranks: list[int]  # the worker ranks seen
     hosts: dict[int, str]  # rank -> host (from its layout rows)
-    by_k: list[dict[str, Any]] = field(default_factory=list)  # what k pays, whole run (spectrace.speedup.from_store)
+    by_k: list[dict[str, Any]] = field(default_factory=list)  # what k pays, whole run (spectrace.audit.rules.speedup.from_store)
     by_k_bands: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # ... and per batch-size band
     best: dict[str, Any] | None = None  # the measured k' that pays most (k' = 0: no speculation)
     ties: list[int] = field(default_factory=list)  # other measured k' within TIE of the best: a tie, not advice

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from spectrace import audit
-from spectrace.acceptance import SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED, band_order
 from spectrace.audit import codes
+from spectrace.audit.rules.acceptance import band_order
+from spectrace.audit.rules.speedup_figure import SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED
 from spectrace.audit.curve import K_BETTER_MARGIN, best_k
 from spectrace.audit.store_judge import TIE, StoreVerdicts, judge_store
 from spectrace.console import format_table, number, ratio
@@ -423,8 +424,8 @@ def _shapes(con, run_id: str) -> list[str]:
 
 
 def run_speedup(con, run_id: str) -> tuple[float, int, Any] | None:
-    """The run's speed-up (``spectrace.acceptance.SPEEDUP_DEFINITION``) over the run's steps that verified drafts
-    (:data:`~spectrace.acceptance.SPEEDUP_WINDOW`), from the lowest worker rank's sums (``speculation_cost``: the sums
+    """The run's speed-up (``spectrace.audit.rules.speedup_figure.SPEEDUP_DEFINITION``) over the run's steps that verified drafts
+    (:data:`~spectrace.audit.rules.speedup_figure.SPEEDUP_WINDOW`), from the lowest worker rank's sums (``speculation_cost``: the sums
     SPECULATION_NOT_PAYING, ``top`` and the gauge read): ``(speed-up, steps, rank)``, or None before any."""
     row = con.execute("select speedup_estimate, steps, rank from speculation_cost where run_id = ? and speedup_estimate "
                       "is not null order by rank nulls first limit 1", [run_id]).fetchone()
@@ -474,7 +475,7 @@ def _relative(rows: list[dict]) -> dict[int, float | None]:
 
 
 def _by_k(verdicts: StoreVerdicts) -> list[str]:
-    """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size.
+    """What k pays (``spectrace.audit.rules.speedup.from_store``) and, where the run served more than one band, by batch size.
     Priced from measured steps without drafts: speed-ups; fitted from the run alone: each k' against the k in force
     (a figure not priced against a measured baseline is not printed as a speed-up)."""
     rows, bands, pick, close = verdicts.by_k, verdicts.by_k_bands, verdicts.best, verdicts.ties

@@ -138,7 +138,7 @@ class Metrics:
 
 
     def speedup_by_k(self, rows: list[dict[str, Any]], rank: int | None, labels: dict[str, str]) -> None:
-        """The rows of ``spectrace.speedup.speedup_by_k`` for one run and rank (replacing the last ones)."""
+        """The rows of ``spectrace.audit.rules.speedup.speedup_by_k`` for one run and rank (replacing the last ones)."""
         attrs = {**labels, "rank": str(rank if rank is not None else 0)}
         with self._lock:
             for row in rows:
