@@ -376,6 +376,19 @@ class MetricsSource:
 # -- the store ---------------------------------------------------------------------------------
 
 
+def store_findings(con, run: str) -> list[tuple[str, str, str, str]]:
+    """The run's active findings (:mod:`spectrace.audit.rules.active`: a recovered collapse is not one, as on
+    ``/metrics``), as ``(severity, code, model_role, fix)`` in the frame's order."""
+    from spectrace.audit.rules import active
+
+    cursor = con.execute("select code, severity, coalesce(model_role, '') as model_role, coalesce(fix, '') as fix "
+                         "from findings where run_id = ? order by ts", [run])
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, row)) for row in cursor.fetchall()]
+    found = {(r["severity"], r["code"], r["model_role"], r["fix"]) for r in active.active(rows)}
+    return sorted(found, key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
+
+
 class StoreSource:
     """A store directory: the latest run (or ``run``), its last ``window_s`` seconds."""
 
@@ -426,9 +439,7 @@ class StoreSource:
 
         whole = run_speedup(con, run)
         frame.speedup = whole[0] if whole else None
-        found = con.execute("select distinct severity, code, coalesce(model_role, ''), coalesce(fix, '') from findings "
-                            "where run_id = ?", [run]).fetchall()
-        frame.findings = sorted(found, key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
+        frame.findings = store_findings(con, run)
         slices = con.execute("select dimension, value, drafted, accepted, rest_rate from acceptance_by_slice "
                              "where run_id = ? order by drafted desc, dimension, value", [run]).fetchall()
         frame.slices = [(d, str(v), float(dr or 0), float(a or 0), r) for d, v, dr, a, r in slices]

@@ -190,12 +190,18 @@ def _slice_text(value, dimensions: set[str]) -> str:
 def _findings(verdicts: StoreVerdicts, whole: tuple | None = None) -> list[str]:
     # the store's own verdicts (rank disagreements have their own section) marked as such; SPECULATION_NOT_PAYING
     # (said while serving, over the steps it had seen) beside the same figure over the whole run
-    def said(f) -> str:
+    # a finding a later one cleared (rules.active: a recovery ends its collapse) is said so, as /metrics and top
+    # no longer show it
+    def said(f, status=None) -> str:
         if f.code == codes.SPECULATION_NOT_PAYING and whole is not None:
             return f"{f.message}; over the whole run: {whole[0]:.2f}x ({whole[1]} steps)"
+        if status is not None and status.cleared_by:
+            return f"{f.message} (cleared since: {status.cleared_by})"
         return f.message
 
-    rows = [(f.code, f.severity, f.model_role, said(f), f.fix, f.caused_by, None) for f in verdicts.recorded]
+    statuses = verdicts.status or [None] * len(verdicts.recorded)
+    rows = [(f.code, f.severity, f.model_role, said(f, s), f.fix, f.caused_by, None)
+            for f, s in zip(verdicts.recorded, statuses)]
     rows += [(f.code, f.severity, f.model_role, f.message + " (from the store)", f.fix, f.caused_by, None)
              for f in verdicts.derived if f.component != "ranks"]
     if not rows:
@@ -203,6 +209,9 @@ def _findings(verdicts: StoreVerdicts, whole: tuple | None = None) -> list[str]:
     errors = sum(1 for r in rows if r[1] == "error")
     warnings = sum(1 for r in rows if r[1] == "warning")
     lines = [f"Findings: {errors} error(s), {warnings} warning(s), {len(rows) - errors - warnings} info"]
+    cleared = sum(1 for s in statuses if s is not None and s.cleared_by)
+    if cleared:
+        lines[0] += f"; {cleared} cleared since, not active"
     roots = sorted([r for r in rows if not r[5]], key=lambda r: _SEVERITY_ORDER.get(r[1], 3))
     for code, severity, role, message, fix, _, _ in roots:
         lines.append(f"  {severity.upper():7} {code} [{role or '-'}] {message}")

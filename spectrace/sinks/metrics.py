@@ -45,6 +45,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 
 from spectrace.audit import codes
+from spectrace.audit.rules import active
 from spectrace.pipeline import Batch, Sink
 
 log = logging.getLogger("vllm.spectrace")
@@ -329,11 +330,9 @@ class MetricsSink(Sink):
             metrics.speculation(r["steps"], r["step_ns"], r["draft_ns"], r["request_steps"], r["tokens"], r["rank"], labels)
 
     def _findings(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
-        for r in rows:
-            if r["code"] == codes.ACCEPTANCE_RECOVERED:  # the collapse it ends is no longer present
-                metrics.finding(codes.ACCEPTANCE_COLLAPSE, "error", r["model_role"], labels, present=False)
-            else:
-                metrics.finding(r["code"], r["severity"], r["model_role"], labels)
+        for r in rows:  # the one rule of what is active (a recovery clears its collapse), as top and report read it
+            code, present = active.effect(r["code"])
+            metrics.finding(code, r["severity"], r["model_role"], labels, present=present)
 
     # table -> (its handler, the columns it reads)
     _TABLES = {
