@@ -88,7 +88,7 @@ docs: $(STAMP)
 clean:
 	rm -rf $(VENV) spectrace-data demo-data .pytest_cache site
 
-# Benchmarks (bench/, results in bench/results/*.json and BENCHMARKS.md); about 10 minutes on 2 cores.
+# Benchmarks (bench/, results in bench/results/*.json; BENCHMARKS.md and the notebook docs/benchmarks/history.md); about 10 minutes on 2 cores.
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
