@@ -21,11 +21,12 @@ REPO = ROOT.parent
 PACKAGES = ("spectrace", "tools", "bench")  # the product and the repo's own tooling (tests/ import anything)
 
 # The layers, lowest first: a module imports modules of its own layer or below. A module's layer is the one of the
-# longest prefix naming it. ("recorder" and "collector": issue #56's rooms for the engine's side and the pipeline
-# process, where their modules go when they land.)
+# longest prefix naming it. ("recorder", "collector" and "values": issue #56's rooms for the engine's side and the
+# pipeline process and its value records, where their modules go when they land.)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("spectrace", "spectrace.records", "spectrace.bands", "spectrace.settings", "spectrace.console",
-                "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types")),
+                "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types",
+                "spectrace.values")),
     ("audit", ("spectrace.audit",)),  # pure judgement; audit.rules inside it
     ("vllm_objects", ("spectrace.vllm_objects",)),  # pure readers of vLLM objects (they name the audit's fields)
     ("pipeline", ("spectrace.pipeline",)),  # the flush: buffer, batches, the Sink protocol
