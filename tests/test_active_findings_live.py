@@ -2,10 +2,11 @@
 `vllm serve` (CPU build) whose acceptance collapses and recovers, read by `spectrace top` on its API port and on its
 store, and by `spectrace report`.
 
-The drafter is the target itself (``draft_model``): greedy requests accept every draft; requests sampled at a high
-temperature accept a draft only as often as the target samples the drafter's greedy pick, which at that temperature is
-rare. So the request mix alone moves acceptance: greedy, then hot (ACCEPTANCE_COLLAPSE), then greedy again
-(ACCEPTANCE_RECOVERED), on one engine and one run, with a collapse window small enough for a few requests.
+The drafter is the target itself (``draft_model``): greedy requests accept every draft. Hot requests (temperature 2
+and the strongest repetition, frequency and presence penalties) accept a draft only as often as the target, after
+penalties the drafter does not see, samples the drafter's greedy pick. So the request mix alone moves acceptance:
+greedy, then hot (ACCEPTANCE_COLLAPSE), then greedy again (ACCEPTANCE_RECOVERED), on one engine and one run, with a
+collapse window small enough for a few requests and a threshold between the two mixes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ pytestmark = pytest.mark.vllm
 
 PROMPTS = ["the quick brown fox", "once upon a time there", "in a hole in the ground", "it was a bright cold day"]
 COLLAPSE, RECOVERED = codes.ACCEPTANCE_COLLAPSE, codes.ACCEPTANCE_RECOVERED
+HOT = {"temperature": 2.0, "repetition_penalty": 2.0, "frequency_penalty": 2.0, "presence_penalty": 2.0}
+
+
+def _vllm_acceptance(server) -> tuple[float, float]:
+    """vLLM's own (accepted, drafted) draft tokens so far, from its /metrics."""
+    sums = {}
+    for line in server.metrics().splitlines():
+        for name in ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return (sums.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+            sums.get("vllm:spec_decode_num_draft_tokens_total", 0.0))
+
+
+def _rate(before, after) -> float | None:
+    drafted = after[1] - before[1]
+    return (after[0] - before[0]) / drafted if drafted else None
 
 
 def _episodes(store) -> list[str]:
@@ -58,7 +76,8 @@ def _agreeing(url: str, store) -> tuple[set, set]:
 def recovered(zoo, scratch, cache_root):
     store = scratch / "active-store"
     env = base_env(store, multiprocessing=True, cache_root=cache_root)
-    env.update(SPECTRACE_FLUSH_INTERVAL="0.5", SPECTRACE_COLLAPSE_WINDOW="120", SPECTRACE_COLLAPSE_MIN_TOKENS="60")
+    env.update(SPECTRACE_FLUSH_INTERVAL="0.5", SPECTRACE_COLLAPSE_WINDOW="120", SPECTRACE_COLLAPSE_MIN_TOKENS="60",
+               SPECTRACE_COLLAPSE_THRESHOLD="0.4")
     args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20),
             "--speculative-config", json.dumps({"method": "draft_model", "model": zoo["target"], "num_speculative_tokens": 3})]
     server = Server(zoo["target"], args, env, scratch / "active-serve.log", free_port())
@@ -66,21 +85,28 @@ def recovered(zoo, scratch, cache_root):
     seen = {}
     try:
         server.start()
+        marks = [_vllm_acceptance(server)]
         for p in PROMPTS:
             server.complete(p, max_tokens=32)
+        marks.append(_vllm_acceptance(server))
         # hot: until the collapse is in the store
         for i in range(40):
-            server.complete(PROMPTS[i % len(PROMPTS)], max_tokens=32, temperature=2.0, seed=i)
+            server.complete(PROMPTS[i % len(PROMPTS)], max_tokens=32, seed=i, **HOT)
             if COLLAPSE in _episodes(store):
                 break
-        wait_until(lambda: COLLAPSE in _episodes(store), 30, "ACCEPTANCE_COLLAPSE in the store")
+        marks.append(_vllm_acceptance(server))
+        seen["rates"] = [_rate(a, b) for a, b in zip(marks, marks[1:])]  # vLLM's own: greedy, hot
+        wait_until(lambda: COLLAPSE in _episodes(store), 30, f"ACCEPTANCE_COLLAPSE in the store (rates {seen['rates']})")
         seen["collapsed"] = _agreeing(url, store)
         # greedy again: until the recovery is in the store
         for i in range(40):
             server.complete(PROMPTS[i % len(PROMPTS)], max_tokens=48)
             if RECOVERED in _episodes(store):
                 break
-        wait_until(lambda: RECOVERED in _episodes(store), 30, "ACCEPTANCE_RECOVERED in the store")
+        marks.append(_vllm_acceptance(server))
+        seen["rates"].append(_rate(marks[-2], marks[-1]))
+        print(f"vLLM's own acceptance, greedy / hot / greedy again: {seen['rates']}")
+        wait_until(lambda: RECOVERED in _episodes(store), 30, f"ACCEPTANCE_RECOVERED in the store (rates {seen['rates']})")
         seen["episodes"] = _episodes(store)
         seen["recovered"] = _agreeing(url, store)
         seen["page"] = server.metrics()
@@ -99,6 +125,8 @@ def recovered(zoo, scratch, cache_root):
 
 
 def test_top_on_the_api_port_and_on_the_store_agree_while_collapsed(recovered):
+    greedy, hot, again = recovered["rates"]  # vLLM's own acceptance in each phase: the mix moved it
+    assert greedy > 0.9 and hot < 0.4 and again > 0.9, recovered["rates"]
     by_url, by_store = recovered["collapsed"]
     assert by_url == by_store
     assert ("error", COLLAPSE, "draft") in by_store
