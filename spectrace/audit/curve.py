@@ -173,7 +173,7 @@ K_BETTER_MARGIN = 0.15  # the model's measured accuracy (BENCHMARKS.md, "What k 
 
 def best_k(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The measured (not extrapolated) ``k'`` with the highest speed-up of "What k pays" rows; ``k' = 0`` is "no
-    speculation" (``spectrace.audit.rules.speedup.best``: the audit sits below ``speedup`` in the imports, so the rule lives here)."""
+    speculation" (``spectrace.audit.rules.speedup.best``: ``speedup`` imports this module, not the other way round, so the rule lives here)."""
     priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
     return max(priced, key=lambda r: r["speedup"]) if priced else None
 
