@@ -21,19 +21,20 @@ REPO = ROOT.parent
 PACKAGES = ("spectrace", "tools", "bench")  # the product and the repo's own tooling (tests/ import anything)
 
 # The layers, lowest first: a module imports modules of its own layer or below. A module's layer is the one of the
-# longest prefix naming it. ("recorder", "collector" and "values": issue #56's rooms for the engine's side and the
-# pipeline process and its value records, where their modules go when they land.)
+# longest prefix naming it. ("recorder", "collector", "values" and "buffer": issue #56's rooms for the engine's side,
+# the pipeline process, its value records and its row buffer, where their modules go when they land.)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("spectrace", "spectrace.records", "spectrace.bands", "spectrace.settings", "spectrace.console",
                 "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types",
-                "spectrace.values")),
+                "spectrace.values", "spectrace.buffer")),
     ("audit", ("spectrace.audit",)),  # pure judgement; audit.rules inside it
     ("vllm_objects", ("spectrace.vllm_objects",)),  # pure readers of vLLM objects (they name the audit's fields)
     ("pipeline", ("spectrace.pipeline",)),  # the flush: buffer, batches, the Sink protocol
     ("store", ("spectrace.store",)),  # a sink's files (the writer is a pipeline Sink)
     ("lake", ("spectrace.lake",)),
-    ("sinks", ("spectrace.sinks", "spectrace.collector")),  # the registry picks the store's and the lake's sinks
+    ("sinks", ("spectrace.sinks",)),  # the registry picks the store's and the lake's sinks
     ("tracer", ("spectrace.tracer", "spectrace.recorder")),  # everything that hooks vLLM
+    ("collector", ("spectrace.collector",)),  # reads what the recorder ships: drain, pipeline, sinks
     ("plugin", ("spectrace.plugin",)),  # vLLM's entry point: the only importer of the tracer
     ("commands", ("spectrace.queries", "spectrace.dashboards", "spectrace.doctor", "spectrace.probe",
                   "spectrace.top", "spectrace.diff")),  # what the subcommands read and render
