@@ -88,7 +88,7 @@ docs: $(STAMP)
 clean:
 	rm -rf $(VENV) spectrace-data demo-data .pytest_cache site
 
-# Benchmarks (bench/, results in bench/results/*.json and BENCHMARKS.md); about 10 minutes on 2 cores.
+# Benchmarks (bench/, results in bench/results/*.json; BENCHMARKS.md and the notebook docs/benchmarks/history.md); about 10 minutes on 2 cores.
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
@@ -120,11 +120,11 @@ test-matrix: $(STAMP) $(MATRIX_VENVS)
 STATIC_VERSIONS ?= 0.33.0 0.34.0
 check-vllm: $(STAMP)
 	set -e; for v in $(STATIC_VERSIONS); do $(BIN)/python -m bench.check_vllm_static --version $$v; done
-	$(BIN)/python -m tools.versions_table readme
+	$(BIN)/python -m tools.docs_reference versions.md
 
 check-vllm-0.33: $(STAMP)
 	$(BIN)/python -m bench.check_vllm_static --version 0.33.0
-	$(BIN)/python -m tools.versions_table readme
+	$(BIN)/python -m tools.docs_reference versions.md
 
 # Release day: the newest vllm on the package index, checked the same way; prints what no longer fits
 # (exit 1 when a hook site does not fit, or doctor stops naming SWA_DROPPED).
@@ -134,7 +134,7 @@ check-vllm-latest: $(STAMP)
 # Rewrite docs/reference/versions.md (spectrace/tracer/support.py + bench/results); `python -m
 # tools.docs_reference` rewrites every generated reference page.
 versions-table: $(STAMP)
-	$(BIN)/python -m tools.versions_table readme
+	$(BIN)/python -m tools.docs_reference versions.md
 
 # The hooks on the CUDA build (the model runners that vLLM has -- V2 alone on 0.34 -- async scheduling
 # off and on, device syncs counted), on a machine with a GPU: `make gpu-check` builds .venv-gpu with
@@ -173,7 +173,7 @@ OLD_VLLM := 0.20.1
 .PHONY: old-vllm
 old-vllm: $(STAMP) .venv-vllm-$(OLD_VLLM)/.spectrace-installed
 	.venv-vllm-$(OLD_VLLM)/bin/python -m bench.old_vllm
-	$(BIN)/python -m tools.versions_table readme
+	$(BIN)/python -m tools.docs_reference versions.md
 
 # The trained zoo (spectrace/testing/zoo: a small Qwen3 target, a DFlash and an EAGLE-3 drafter trained by
 # speculators, manifest.json): `make zoo` retrains it with tools/zoo.py. speculators lives in its own venv:

@@ -1,4 +1,4 @@
-"""Render bench/results/*.json as the generated part of BENCHMARKS.md.
+"""Render bench/results/*.json as the generated block of the benchmark notebook (docs/benchmarks/history.md).
 
     .venv/bin/python -m bench.report            # rewrite the block between the markers
     .venv/bin/python -m bench.report --stdout   # print it instead
@@ -273,7 +273,7 @@ def main(argv=None) -> None:
     if args.stdout:
         print(text)
         return
-    path = REPO / "BENCHMARKS.md"
+    path = REPO / "docs" / "benchmarks" / "history.md"
     doc = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     if BEGIN not in doc or END not in doc:
         doc += f"\n{BEGIN}\n{END}\n"

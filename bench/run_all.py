@@ -1,11 +1,11 @@
-"""Run every benchmark, each in its own process, then refresh BENCHMARKS.md.
+"""Run every benchmark, each in its own process, then refresh the benchmark notebook's generated block.
 
     make bench                                  # = .venv/bin/python -m bench.run_all
     .venv/bin/python -m bench.run_all --quick   # a smoke run (about 4 minutes)
     .venv/bin/python -m bench.run_all --only hotpath store
 
 Writes bench/results/<name>.json per benchmark and bench/results/run_all.json, then renders
-the generated block of BENCHMARKS.md (bench/report.py). About 10 minutes on 2 cores.
+the generated block of docs/benchmarks/history.md (bench/report.py). About 10 minutes on 2 cores.
 """
 
 from __future__ import annotations

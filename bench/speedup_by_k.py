@@ -12,7 +12,7 @@ each, in ABBA order (A B B A: a linear drift hits both alike), while the others 
 Prediction. Two traced engines of the drafter, no speculation and k = 5, write into one store; they generate in
 ABBA windows like the rest, so the step times that price step(0) (the run without drafts: ``decode_steps``) and
 those at k = 5 are taken over the same stretches of the machine's time. After the rounds they flush and stop, and
-``spectrace.speedup.from_store`` predicts every k' from the k = 5 run: ``baseline`` (priced with the run without
+``spectrace.audit.rules.speedup.from_store`` predicts every k' from the k = 5 run: ``baseline`` (priced with the run without
 drafts) and ``fit`` (the run alone).
 
 Measurement. Untraced engines at k' = 0..5 (same target, drafter and prompts, greedy, ``ignore_eos``): for each
@@ -88,7 +88,7 @@ def specs(name, target, drafter, ks, *, requests, repeat, batch=8):
 
 def compare(predicted: list[dict], measured: dict[int, dict]) -> dict:
     """Each predicted k' against its measured speed-up (geometric mean of the window ratios, 95 % interval)."""
-    from spectrace.speedup import best
+    from spectrace.audit.rules.speedup import best
 
     rows = []
     for row in predicted:
@@ -155,7 +155,7 @@ def abba(a: Engine, b: Engine) -> dict[str, list[float]]:
 def run_drafter(name, target, drafter, root, *, requests, rounds, log, batch=8) -> dict:
     import spectrace.store
     from bench.ab_windows import summary
-    from spectrace.speedup import from_store
+    from spectrace.audit.rules.speedup import from_store
     from spectrace.testing.engine import base_env
 
     store = root / f"store-{name}"
@@ -208,7 +208,7 @@ def _host_share(con, run_id: str) -> dict:
     return {"host_ms": {role: round(ms, 4) for role, ms in host.items()}, "worker_step_ms": round(worker or 0, 4)}
 
 
-MODELS = {  # the model's variants, as spectrace.speedup.from_store prices them (reprice)
+MODELS = {  # the model's variants, as spectrace.audit.rules.speedup.from_store prices them (reprice)
     "baseline": {},  # as shipped: host time and the tokens a request-step gives
     "worker_only": {"host": False},
     "accepted_length": {"emitted": False},  # host time priced, per accepted length
@@ -220,7 +220,7 @@ def reprice(name: str) -> None:
     """Price a finished run's traced k = 5 engine again with every model variant (:data:`MODELS`), from the stores
     the run left under the bench scratch folder, against the windows it measured; written back into the results."""
     import spectrace.store
-    from spectrace.speedup import from_store
+    from spectrace.audit.rules.speedup import from_store
 
     path = RESULTS / f"{name}.json"
     try:

@@ -1,6 +1,6 @@
 """Batch-size bands: the labels spectrace groups engine steps by (requests with drafts in a step).
 
-A leaf: it imports nothing of spectrace, so the audit (which ``spectrace.acceptance`` imports) can use it too.
+A leaf: it imports nothing of spectrace, so the audit and its rules (``spectrace.audit.rules.acceptance``) can use it too.
 Defined here once: the SQL that names bands (``store/views.sql``'s ``speedup_baseline``, the named query
 ``speedup_by_k``) gets them rendered in (:func:`render_sql`), never a copy of its own.
 """

@@ -58,8 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     from spectrace.audit import codes
     from spectrace.queries import report
     from spectrace.store.read import open as open_store
-    from spectrace.testing import trained
-    from spectrace.testing.engine import EngineSpec, run_engines
+
+    try:  # the test harness and the zoo are not in the wheel (docs/architecture.md): a source checkout's demo
+        from spectrace.testing import trained
+        from spectrace.testing.engine import EngineSpec, run_engines
+    except ImportError:
+        print("spectrace: the demo runs from a source checkout (make demo): spectrace.testing and the zoo are not "
+              "installed with the package", file=sys.stderr)
+        return 2
 
     started = time.time()
     zoo, manifest, window = trained.paths(), trained.manifest(), trained.window()

@@ -136,7 +136,7 @@ def _range_key(name: str) -> tuple[float, str]:
 
 
 def _cell(counts: tuple[int, int] | None, k: int) -> tuple[str, str, str, tuple[float, float] | None]:
-    from spectrace.slices import wilson
+    from spectrace.audit.rules.slices import wilson
 
     if not counts or not counts[0]:
         return "—", "—", "—", None

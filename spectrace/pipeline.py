@@ -42,15 +42,15 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from spectrace.arrow_types import ARROW
 from spectrace.records import SCHEMA_VERSION, columns as table_columns
-from spectrace.store.schema import ARROW
 from spectrace.settings import Settings
 
 log = logging.getLogger("vllm.spectrace")
 
 # -- rows to Arrow ------------------------------------------------------------
 
-_ARROW = ARROW  # one map from the records' DuckDB types to Arrow (spectrace.store.schema)
+_ARROW = ARROW  # one map from the records' DuckDB types to Arrow (spectrace.arrow_types)
 
 # The tables a flush builds are kept by the store until its next compaction cycle. Kept in
 # Arrow's default pool (mimalloc in the pyarrow wheels), they made every later write up to

@@ -215,7 +215,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("prompt_tokens", "BIGINT"),
         ("cached_tokens", "BIGINT"),  # restored from the prefix cache (local + external)
         ("generation_defaults", "JSON"),  # fields whose value is generation_config.json's default
-        ("slice", "JSON"),  # dimension -> the request's banded value (spectrace.slices.request_slice)
+        ("slice", "JSON"),  # dimension -> the request's banded value (spectrace.audit.rules.slices.request_slice)
         ("block_size", "INTEGER"),  # the KV cache's block size
         ("eagle_block_drop", "BOOLEAN"),  # vLLM dropped the last matched block of a hit (EAGLE-family drafters)
     ],
@@ -276,7 +276,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     ],
     # Per flush and worker rank: decode-only steps by shape (every request scheduled 1 + drafts tokens, no
     # prefill chunk), with or without drafts: the step-cost table "What k pays" prices other k with. A run
-    # without speculation measures drafts = 0, which a run at k never schedules (spectrace.speedup).
+    # without speculation measures drafts = 0, which a run at k never schedules (spectrace.audit.rules.speedup).
     "decode_steps": [
         ("ts", "TIMESTAMP_NS"),
         ("requests", "INTEGER"),
@@ -287,7 +287,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     ],
     # Per flush and worker rank: the other steps, those that carried a prefill chunk, by batch size and whether
     # they verified drafts: what a run spends beside its decode-only steps, which "What k pays" holds fixed
-    # when it prices another k (spectrace.speedup: the run's whole worker time, not its decode steps alone).
+    # when it prices another k (spectrace.audit.rules.speedup: the run's whole worker time, not its decode steps alone).
     "chunk_steps": [
         ("ts", "TIMESTAMP_NS"),
         ("requests", "INTEGER"),
@@ -300,7 +300,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
     # Per flush, run and process role (engine_core, frontend): the host time a step takes outside the worker — the
     # engine core's Scheduler.schedule + update_from_output, the frontend's OutputProcessor.process_outputs (one
     # engine step's chunks joined) — with the sums that fit it as affine in the tokens the step emitted: what k pays
-    # prices it beside the worker's step (spectrace.speedup.HostCost; issue #36).
+    # prices it beside the worker's step (spectrace.audit.rules.speedup.HostCost; issue #36).
     "host_steps": [
         ("ts", "TIMESTAMP_NS"),
         ("steps", "BIGINT"),

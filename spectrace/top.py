@@ -12,7 +12,7 @@ Sources:
 
 Per draft position: drafted, accepted, rate, the conditional rate (accepted at i+1 / accepted at i) and
 vLLM's own rate (its per-position accepted counter over its number of drafts) beside spectrace's; the
-cliff is the position :func:`spectrace.acceptance.position_cliff` names, the rule of ``POSITION_CLIFF``.
+cliff is the position :func:`spectrace.audit.rules.acceptance.position_cliff` names, the rule of ``POSITION_CLIFF``.
 Without spectrace's series (tracing off), the positions come from vLLM's counters alone.
 
 A page is data from whoever serves it: it is read whole within one deadline (connect and body, :data:`PAGE_DEADLINE_S`)
@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from spectrace.acceptance import SPEEDUP_UNMEASURED, SPEEDUP_WINDOW
+from spectrace.audit.rules.speedup_figure import SPEEDUP_UNMEASURED, SPEEDUP_WINDOW
 from spectrace.console import UsageError, rich_text, safe, terminal
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -263,7 +263,7 @@ def _fix(code: str) -> str:
 
 
 def _cliff(positions: list[Position]) -> int | None:
-    from spectrace import acceptance
+    from spectrace.audit.rules import acceptance
 
     if len(positions) < 2:
         return None
@@ -376,6 +376,19 @@ class MetricsSource:
 # -- the store ---------------------------------------------------------------------------------
 
 
+def store_findings(con, run: str) -> list[tuple[str, str, str, str]]:
+    """The run's active findings (:mod:`spectrace.audit.rules.active`: a recovered collapse is not one, as on
+    ``/metrics``), as ``(severity, code, model_role, fix)`` in the frame's order."""
+    from spectrace.audit.rules import active
+
+    cursor = con.execute("select code, severity, coalesce(model_role, '') as model_role, coalesce(fix, '') as fix "
+                         "from findings where run_id = ? order by ts", [run])
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, row)) for row in cursor.fetchall()]
+    found = {(r["severity"], r["code"], r["model_role"], r["fix"]) for r in active.active(rows)}
+    return sorted(found, key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
+
+
 class StoreSource:
     """A store directory: the latest run (or ``run``), its last ``window_s`` seconds."""
 
@@ -426,9 +439,7 @@ class StoreSource:
 
         whole = run_speedup(con, run)
         frame.speedup = whole[0] if whole else None
-        found = con.execute("select distinct severity, code, coalesce(model_role, ''), coalesce(fix, '') from findings "
-                            "where run_id = ?", [run]).fetchall()
-        frame.findings = sorted(found, key=lambda f: (SEVERITY_ORDER.get(f[0], 9), f[1], f[2]))
+        frame.findings = store_findings(con, run)
         slices = con.execute("select dimension, value, drafted, accepted, rest_rate from acceptance_by_slice "
                              "where run_id = ? order by drafted desc, dimension, value", [run]).fetchall()
         frame.slices = [(d, str(v), float(dr or 0), float(a or 0), r) for d, v, dr, a, r in slices]
@@ -592,7 +603,7 @@ def _sections(frame: Frame, *, error: str | None = None, live: bool = False) -> 
     if frame.mean_length is not None:
         pieces.append((f"tokens per request-step {frame.mean_length:.2f}", ""))
     if frame.speedup is not None:
-        # the one speed-up figure (spectrace.acceptance.SPEEDUP_DEFINITION), its window and basis beside it
+        # the one speed-up figure (spectrace.audit.rules.speedup_figure.SPEEDUP_DEFINITION), its window and basis beside it
         pieces.append((f"speed-up {frame.speedup:.2f}x ({SPEEDUP_WINDOW}; {SPEEDUP_UNMEASURED})", ""))
         if frame.break_even is not None:
             verdict = ("pays" if frame.speedup >= 1 else "does not pay")

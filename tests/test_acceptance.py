@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spectrace.acceptance import CollapseDetector, context_bucket, position_counts
+from spectrace.audit.rules.acceptance import CollapseDetector, context_bucket, position_counts
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,8 @@ def test_healthy_eagle_profile_never_fires():
 
 # -- the shapes of a failing drafter (pure) ------------------------------------------------
 
-from spectrace import acceptance, audit  # noqa: E402
+from spectrace import audit
+from spectrace.audit.rules import acceptance  # noqa: E402
 
 
 def test_run_boundaries_split_the_fixed_buckets():

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import spectrace.store
-from spectrace import acceptance
+from spectrace.audit.rules import acceptance
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.models import build_target, derive_model
 

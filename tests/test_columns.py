@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spectrace import acceptance
+from spectrace.audit.rules import acceptance
 from spectrace.tracer.verify import columns
 
 

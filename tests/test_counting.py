@@ -108,7 +108,7 @@ def test_worker_counts_and_agreement_with_the_engine_core(traced):
 
 
 def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
-    from spectrace import speedup
+    from spectrace.audit.rules import speedup
     from spectrace.tracer.verify.capture import StepTiming
 
     rt, sink = traced
@@ -169,7 +169,7 @@ def test_step_shapes_record_the_k_each_batch_size_drafted(traced):
     got = {(r["batch_band"], r["k"]): (r["steps"], r["request_steps"], r["drafted"], r["accepted"], r["k_switches"])
            for r in rows(sink, "step_shapes")}
     assert got == {("1", 3): (1, 1, 3, 2, 0), ("3-4", 1): (2, 6, 6, 2, 1)}  # step 2 came right after a step at k 3
-    # per position and band: what k pays by load (spectrace.speedup.by_band)
+    # per position and band: what k pays by load (spectrace.audit.rules.speedup.by_band)
     positions = {(r["batch_band"], r["position"]): (r["drafted"], r["accepted"]) for r in rows(sink, "band_positions")}
     assert positions == {("1", 0): (1, 1), ("1", 1): (1, 1), ("1", 2): (1, 0), ("3-4", 0): (6, 2)}
 

@@ -11,7 +11,7 @@ import pytest
 
 from spectrace import diff
 from spectrace.cli import main
-from spectrace.slices import wilson
+from spectrace.audit.rules.slices import wilson
 
 
 def _write(root, run_id, positions, ranges, slices, lengths, findings, started=None):

@@ -24,7 +24,7 @@ from collections import defaultdict
 import pytest
 
 import spectrace.store
-from spectrace.acceptance import batch_band
+from spectrace.audit.rules.acceptance import batch_band
 from spectrace.audit import codes
 from spectrace.queries import report
 from spectrace.testing.engine import EngineSpec, run_engines

@@ -1,30 +1,78 @@
-"""The package's import graph: no cycles, and only the plugin reaches into the tracer.
+"""The import graph of the package and the repo's tooling: no circles, no arrows up, and only the plugin reaches
+into the tracer.
 
-Every ``import`` statement counts, at module level or inside a function, so a lazy
-import cannot hide a cycle.
+Built from the source with ``ast`` (nothing is imported). Every ``import`` statement counts, at module level or
+inside a function, so a lazy import cannot hide a circle or an arrow up; an import that must go up says so on its
+own line, ``# layers: up (the reason)``, and only then is it left out of the arrow check (never out of the circle
+check). The layers are docs/architecture.md's ("The layers").
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 import spectrace
 
 ROOT = Path(spectrace.__file__).parent
+REPO = ROOT.parent
+PACKAGES = ("spectrace", "tools", "bench")  # the product and the repo's own tooling (tests/ import anything)
+
+# The layers, lowest first: a module imports modules of its own layer or below. A module's layer is the one of the
+# longest prefix naming it. ("recorder", "collector", "values" and "buffer": issue #56's rooms for the engine's side,
+# the pipeline process, its value records and its row buffer, where their modules go when they land.)
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("leaves", ("spectrace", "spectrace.records", "spectrace.bands", "spectrace.settings", "spectrace.console",
+                "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types",
+                "spectrace.values", "spectrace.buffer")),
+    ("audit", ("spectrace.audit",)),  # pure judgement; audit.rules inside it
+    ("vllm_objects", ("spectrace.vllm_objects",)),  # pure readers of vLLM objects (they name the audit's fields)
+    ("pipeline", ("spectrace.pipeline",)),  # the flush: buffer, batches, the Sink protocol
+    ("store", ("spectrace.store",)),  # a sink's files (the writer is a pipeline Sink)
+    ("lake", ("spectrace.lake",)),
+    ("sinks", ("spectrace.sinks",)),  # the registry picks the store's and the lake's sinks
+    ("tracer", ("spectrace.tracer", "spectrace.recorder")),  # everything that hooks vLLM
+    ("collector", ("spectrace.collector",)),  # reads what the recorder ships: drain, pipeline, sinks
+    ("plugin", ("spectrace.plugin",)),  # vLLM's entry point: the only importer of the tracer
+    ("commands", ("spectrace.queries", "spectrace.dashboards", "spectrace.doctor", "spectrace.probe",
+                  "spectrace.top", "spectrace.diff")),  # what the subcommands read and render
+    ("testing", ("spectrace.testing",)),  # real-vLLM runners for the tests, the demo and the benchmarks
+    ("cli", ("spectrace.demo", "spectrace.cli")),
+    ("repo tooling", ("tools", "bench")),
+]
+UP = re.compile(r"#\s*layers:\s*up\s*\((.+)\)")
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
-    graph: dict[str, set[str]] = {name: set() for name in modules}
+def _edges(modules: dict[str, Path] | None = None) -> dict[str, dict[str, bool]]:
+    """module -> {module it imports: whether every such import is marked ``# layers: up (...)``} (a fresh copy)."""
+    if modules is None:
+        return {name: dict(targets) for name, targets in _tree_edges().items()}
+    return _build(modules)
+
+
+@functools.lru_cache(maxsize=1)
+def _tree_edges() -> dict[str, dict[str, bool]]:
+    return _build(_modules())
+
+
+def _build(modules: dict[str, Path]) -> dict[str, dict[str, bool]]:
+    graph: dict[str, dict[str, bool]] = {name: {} for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source, str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -33,14 +81,45 @@ def _graph() -> dict[str, set[str]]:
                 if node.level:
                     base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
                 targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            marked = any(UP.search(lines[i]) for i in range(node.lineno - 1, node.end_lineno))
             for target in targets:
-                # the deepest spectrace module the import names (a name imported from a module is that module)
+                # the deepest module the import names (a name imported from a module is that module)
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
                 # a module's own packages are imported before it anyway: no edge
-                if target.startswith("spectrace") and not (name + ".").startswith(target + "."):
-                    graph[name].add(target)
+                if target and not (name + ".").startswith(target + "."):
+                    graph[name][target] = graph[name].get(target, True) and marked
     return graph
+
+
+def _graph() -> dict[str, set[str]]:
+    return {name: set(targets) for name, targets in _edges().items()}
+
+
+def layer(module: str) -> int:
+    """The index in :data:`LAYERS` of ``module``'s layer (its longest prefix); KeyError for a module in none."""
+    best = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            # the package itself is a leaf; its modules are each in the layer that names them
+            inside = module.startswith(prefix + ".") and prefix != "spectrace"
+            if (module == prefix or inside) and (best is None or len(prefix) > len(best[1])):
+                best = (index, prefix)
+    if best is None:
+        raise KeyError(module)
+    return best[0]
+
+
+def arrows_up(edges: dict[str, dict[str, bool]]) -> list[str]:
+    """Every import of a module in a higher layer, unmarked: ``"a (layer) -> b (layer)"``."""
+    found = []
+    for name, targets in sorted(edges.items()):
+        for target, marked in sorted(targets.items()):
+            if not marked and layer(target) > layer(name):
+                found.append(f"{name} ({LAYERS[layer(name)][0]}) -> {target} ({LAYERS[layer(target)][0]})")
+    return found
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -83,6 +162,8 @@ def test_the_graph_sees_the_package():
     assert "spectrace.tracer.runtime" in graph["spectrace.tracer.verify.hooks"]
     assert "spectrace.vllm_objects.configs" in graph["spectrace.tracer.runtime"]
     assert "spectrace.audit" in graph["spectrace.doctor.diagnose"]
+    assert "spectrace.audit.rules.acceptance" in graph["spectrace.audit.run_judge"]  # imported as a name of a package
+    assert "tools.versions_table" in graph["tools.docs_reference"]  # lazy, inside a function
 
 
 def test_no_import_cycles():
@@ -95,13 +176,59 @@ def test_cycle_detection_finds_a_planted_cycle():
     assert any({"spectrace.audit", "spectrace.doctor.diagnose"} <= set(c) for c in _cycles(graph))
 
 
+def test_every_module_has_a_layer():
+    assert [m for m in _modules() if not _has_layer(m)] == []
+
+
+def _has_layer(module: str) -> bool:
+    try:
+        layer(module)
+    except KeyError:
+        return False
+    return True
+
+
+def test_no_arrows_up():
+    assert arrows_up(_edges()) == []
+
+
+def test_an_arrow_up_is_found_and_a_marked_one_is_not(tmp_path):
+    # a planted import: the audit reaching up into the pipeline, at module level and lazily, then marked
+    edges = _edges()
+    edges["spectrace.audit.judge"]["spectrace.pipeline"] = False
+    assert arrows_up(edges) == ["spectrace.audit.judge (audit) -> spectrace.pipeline (pipeline)"]
+    package = tmp_path / "spectrace"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "pipeline.py").write_text("")
+    (package / "records.py").write_text(
+        "def f():\n    from spectrace import pipeline\n\n\n"
+        "def g():\n    from spectrace.pipeline import Batch  # layers: up (a test's reason)\n")
+    planted = _edges({"spectrace": package / "__init__.py", "spectrace.pipeline": package / "pipeline.py",
+                      "spectrace.records": package / "records.py"})
+    assert planted["spectrace.records"] == {"spectrace.pipeline": False}  # one unmarked import: the arrow stands
+    assert arrows_up(planted) == ["spectrace.records (leaves) -> spectrace.pipeline (pipeline)"]
+    (package / "records.py").write_text("from spectrace.pipeline import Batch  # layers: up (a test's reason)\n")
+    planted = _edges({"spectrace": package / "__init__.py", "spectrace.pipeline": package / "pipeline.py",
+                      "spectrace.records": package / "records.py"})
+    assert arrows_up(planted) == []
+
+
+def test_the_layers_are_the_documented_ones():
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| (\d+) \| ([^|]+?) \|", section, re.M)
+    assert [(int(i), name) for i, name in documented] == [(i, name) for i, (name, _) in enumerate(LAYERS)]
+
+
 def test_only_the_plugin_imports_the_tracer():
     # spectrace.testing drives real vLLM runs for the tests and reads the run id back from the tracer
     allowed = {"spectrace.plugin"}
     importers = {
         name
         for name, targets in _graph().items()
-        if not name.startswith(("spectrace.tracer", "spectrace.testing")) and any(t.startswith("spectrace.tracer") for t in targets)
+        if name.startswith("spectrace") and not name.startswith(("spectrace.tracer", "spectrace.testing"))
+        and any(t.startswith("spectrace.tracer") for t in targets)
     }
     assert importers <= allowed, importers
 
@@ -109,9 +236,9 @@ def test_only_the_plugin_imports_the_tracer():
 def test_read_and_audit_record_nothing():
     """The vLLM readers and the audit are pure: no runtime, no pipeline or sinks, no OpenTelemetry."""
     graph = _graph()
-    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
-    pure = [n for n in graph if n.startswith(("spectrace.vllm_objects", "spectrace.audit")) or n == "spectrace.acceptance"]
-    assert "spectrace.vllm_objects.layers" in pure and "spectrace.audit.judge" in pure and "spectrace.acceptance" in pure
+    paths = _modules()
+    pure = [n for n in graph if n.startswith(("spectrace.vllm_objects", "spectrace.audit")) or n == "spectrace.audit.rules.acceptance"]
+    assert "spectrace.vllm_objects.layers" in pure and "spectrace.audit.judge" in pure and "spectrace.audit.rules.acceptance" in pure
     recording = ("spectrace.tracer", "spectrace.pipeline", "spectrace.sinks", "spectrace.store", "spectrace.lake")
     for name in pure:
         assert not {t for t in graph[name] if t.startswith(recording)}, name

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from spectrace import acceptance, audit
+from spectrace import audit
+from spectrace.audit.rules import acceptance
 from spectrace.audit import codes
 
 S, F = "sliding_attention", "full_attention"

@@ -119,3 +119,21 @@ def test_report_on_an_engine_that_never_reached_a_step_says_so_and_points_to_vll
                                        for plan in audit.layer_plans(GEMMA3, {})])
     writer.flush()
     assert "never reached a step" not in report.render(spectrace.store.open(tmp_path), run_id="alive")
+
+
+def test_report_says_which_findings_a_later_one_cleared(tmp_path):
+    """One rule of what is active (spectrace.audit.rules.active): the collapse a recovery ended is said cleared."""
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    writer.append("runs", {"run_id": "r1", "process_role": "engine_core", "started_at": 1, "target_model": "t"})
+    writer.extend("findings", [
+        {"run_id": "r1", "ts": 10, "code": "ACCEPTANCE_COLLAPSE", "severity": "error", "model_role": "draft",
+         "message": "acceptance collapsed", "evidence": "{}"},
+        {"run_id": "r1", "ts": 20, "code": "ACCEPTANCE_RECOVERED", "severity": "info", "model_role": "draft",
+         "message": "acceptance recovered", "evidence": "{}", "caused_by": "ACCEPTANCE_COLLAPSE"},
+    ])
+    writer.flush()
+    lines = report.render(spectrace.store.open(tmp_path), run_id="r1").splitlines()
+    findings = lines[next(i for i, line in enumerate(lines) if line.startswith("Findings:")):][:3]
+    assert findings == ["Findings: 1 error(s), 0 warning(s), 1 info; 1 cleared since, not active",
+                        "  ERROR   ACCEPTANCE_COLLAPSE [draft] acceptance collapsed (cleared since: ACCEPTANCE_RECOVERED)",
+                        "          ↳ ACCEPTANCE_RECOVERED (info): acceptance recovered"]

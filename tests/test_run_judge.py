@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from spectrace import acceptance
+from spectrace.audit.rules import acceptance
 from spectrace.audit import codes
 from spectrace.audit.curve import ContextBoundary
 from spectrace.audit.run_judge import ENGINE, WORKER, RunJudge

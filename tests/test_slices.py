@@ -1,4 +1,4 @@
-"""Request slices and the token budget, without vLLM: the pure rules (spectrace.slices,
+"""Request slices and the token budget, without vLLM: the pure rules (spectrace.audit.rules.slices,
 spectrace.audit.requests), and the drain on whole records through an in-memory sink (the shapes
 vLLM 0.32's scheduler hands ``add_request`` and ``update_from_output``). The live twins:
 tests/test_slices_live.py."""
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from spectrace import audit, slices
+from spectrace import audit
+from spectrace.audit.rules import slices
 from spectrace.audit import codes
 from spectrace.testing import memory_runtime
 from spectrace.tracer import runtime

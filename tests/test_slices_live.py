@@ -24,7 +24,7 @@ import time
 import pytest
 
 import spectrace.store
-from spectrace import slices
+from spectrace.audit.rules import slices
 from spectrace.audit import codes
 from spectrace.queries import named as named_queries
 from spectrace.testing.engine import EngineSpec, run_engines

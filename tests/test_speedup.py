@@ -1,11 +1,11 @@
-"""What k pays (spectrace.speedup): the expected length at every k' and the step cost model, on sums."""
+"""What k pays (spectrace.audit.rules.speedup): the expected length at every k' and the step cost model, on sums."""
 
 from pathlib import Path
 
 import pytest
 
-from spectrace import acceptance
-from spectrace.speedup import Baseline, StepCost, best, by_band, expected_lengths, speedup_by_k
+from spectrace.audit.rules import acceptance
+from spectrace.audit.rules.speedup import Baseline, StepCost, best, by_band, expected_lengths, speedup_by_k
 
 
 def test_expected_length_at_every_k_is_the_prefix_counts():
@@ -132,7 +132,7 @@ def _write_run(writer, run_id, target, *, k=None, decode=(), timing=None, chunks
 def test_named_query_is_the_python_model_with_and_without_a_baseline(tmp_path):
     import spectrace.store
     from spectrace.queries import named
-    from spectrace.speedup import from_store
+    from spectrace.audit.rules.speedup import from_store
     from spectrace.testing import store_pipeline
 
     writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)

@@ -16,7 +16,7 @@ import pytest
 import spectrace.store
 from spectrace import audit
 from spectrace.queries import named, report
-from spectrace.speedup import best, by_band, from_store
+from spectrace.audit.rules.speedup import best, by_band, from_store
 from spectrace.testing.engine import EngineSpec, run_engines
 from spectrace.testing.models import noisy_copy
 

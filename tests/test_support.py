@@ -171,7 +171,7 @@ def test_versions_page_is_generated():
     spec.loader.exec_module(tool)
     text = (repo / "docs" / "reference" / "versions.md").read_text()
     expected = tool.readme_block(all_hooks(), tool.load_matrix(repo))
-    assert tool.render_readme(text, expected) == text, "python -m tools.versions_table readme"
+    assert tool.render_readme(text, expected) == text, "python -m tools.docs_reference versions.md"
     assert all(f"| `{h.name}` |" in text for h in all_hooks())
 
 

@@ -239,3 +239,23 @@ def test_bad_input_is_one_line_and_exit_2(case, pages, tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and captured.err.startswith("spectrace: error: ") and expect in captured.err, captured.err
+
+
+def test_store_frame_shows_the_active_findings_only(tmp_path):
+    """A collapse that recovered is not active (spectrace.audit.rules.active, as on /metrics); one after it is."""
+    from spectrace.testing import store_pipeline
+
+    now = time.time_ns()
+    pipe = store_pipeline(tmp_path / "store", retention_s=0, compact_interval_s=0)
+    pipe.append("runs", {"run_id": "r1", "method": "eagle3", "started_at": now})
+    for i, (code, severity) in enumerate([("SWA_DROPPED", "error"), ("ACCEPTANCE_COLLAPSE", "error"),
+                                          ("ACCEPTANCE_RECOVERED", "info")]):
+        pipe.append("findings", {"run_id": "r1", "code": code, "severity": severity, "model_role": "draft", "ts": now + i})
+    pipe.flush()
+    frame = top.StoreSource(str(tmp_path / "store"), 60).frame()
+    assert [f[:3] for f in frame.findings] == [("error", "SWA_DROPPED", "draft")]
+    pipe.append("findings", {"run_id": "r1", "code": "ACCEPTANCE_COLLAPSE", "severity": "error", "model_role": "draft",
+                             "ts": now + 3})
+    pipe.flush()
+    frame = top.StoreSource(str(tmp_path / "store"), 60).frame()
+    assert [f[:3] for f in frame.findings] == [("error", "ACCEPTANCE_COLLAPSE", "draft"), ("error", "SWA_DROPPED", "draft")]

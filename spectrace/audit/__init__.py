@@ -26,7 +26,11 @@ plain dicts, and the unit tests feed them hand-written ones. One module per topi
 - ``judge``: the static judge — one function that composes them for a run's facts (config, layout, taps)
 - ``run_judge``: the run judge — the records each flush produces in, the run rules' findings out, once each
 - ``store_judge``: one run's verdicts from a store or lake (``judge_store``): what ``spectrace report`` renders
-  (imported by name: it reads ``spectrace.speedup``, which sits above the audit)
+- ``rules/``: the run rules' arithmetic (acceptance and the collapse detector, request slices, what k pays, the one
+  speed-up figure's words, which findings are active)
+
+``run_judge``, ``store_judge`` and ``rules`` are imported by name, not from here: they need NumPy, which the
+static judge (the frontend's, doctor's) does not.
 
 Root causes and consequences: each root cause is one ``error`` (or ``warning``)
 finding; what follows from it is reported as ``info`` findings whose

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from spectrace.audit import codes
-from spectrace.speedup_figure import SPEEDUP_UNMEASURED
+from spectrace.audit.rules.speedup_figure import SPEEDUP_UNMEASURED
 from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
 from spectrace.audit.findings import Finding
 from spectrace.audit.window import target_window
@@ -154,7 +154,7 @@ def dummy_drafts_finding(
 
 
 def not_paying_finding(evidence: dict[str, Any]) -> Finding:
-    """SPECULATION_NOT_PAYING: the speed-up (``spectrace.acceptance.SPEEDUP_DEFINITION``) with its window (the run's
+    """SPECULATION_NOT_PAYING: the speed-up (``spectrace.audit.rules.speedup_figure.SPEEDUP_DEFINITION``) with its window (the run's
     steps so far: how many) and its basis (fitted, not measured) beside it, as ``report`` and ``top`` print it."""
     return codes.finding(
         codes.SPECULATION_NOT_PAYING,
@@ -173,18 +173,18 @@ K_BETTER_MARGIN = 0.15  # the model's measured accuracy (BENCHMARKS.md, "What k 
 
 def best_k(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The measured (not extrapolated) ``k'`` with the highest speed-up of "What k pays" rows; ``k' = 0`` is "no
-    speculation" (``spectrace.speedup.best``: the audit sits below ``speedup`` in the imports, so the rule lives here)."""
+    speculation" (``spectrace.audit.rules.speedup.best``: ``speedup`` imports this module, not the other way round, so the rule lives here)."""
     priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
     return max(priced, key=lambda r: r["speedup"]) if priced else None
 
 
 def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MARGIN,
                      by_band: dict[str, list[dict[str, Any]]] | None = None) -> Finding | None:
-    """``SPECULATION_K_BETTER`` from one run's "What k pays" rows (``spectrace.speedup.speedup_by_k``): the measured
+    """``SPECULATION_K_BETTER`` from one run's "What k pays" rows (``spectrace.audit.rules.speedup.speedup_by_k``): the measured
     (not extrapolated) ``k'`` with the highest predicted speed-up, when it is not the ``k`` in force and pays at least
     ``1 + margin`` times the in-force speed-up. Only for rows priced from measured steps without drafts
     (``step_source`` ``baseline``): the run-alone fit misprices step(0) on CPU (BENCHMARKS.md) and would give wrong advice.
-    ``by_band`` (``spectrace.speedup.by_band``): the best ``k'`` of each batch-size band priced the same way; where
+    ``by_band`` (``spectrace.audit.rules.speedup.by_band``): the best ``k'`` of each batch-size band priced the same way; where
     they differ, the fix is vLLM's per-batch-size setting with those values."""
     priced = [r for r in rows if not r.get("extrapolated") and r.get("speedup") is not None]
     in_force = next((r for r in priced if r.get("in_force")), None)

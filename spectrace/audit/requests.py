@@ -1,6 +1,6 @@
 """What requests and the scheduler do to speculation: a request slice that accepts far below its
 run (``SLICE_ACCEPTANCE_LOW``), a token budget too small for a full batch of drafts
-(``TOKEN_BUDGET_SHORT``). Pure: the slice rule is ``spectrace.slices``; the budget rule follows
+(``TOKEN_BUDGET_SHORT``). Pure: the slice rule is ``spectrace.audit.rules.slices``; the budget rule follows
 vLLM 0.32's ``Scheduler.schedule``.
 """
 
@@ -54,7 +54,7 @@ _KIND = {
 
 
 def slice_finding(gap: Any, defaults: dict[str, Any] | None = None) -> Finding:
-    """``SLICE_ACCEPTANCE_LOW`` for one ``spectrace.slices.SliceGap``; ``defaults``: the run's
+    """``SLICE_ACCEPTANCE_LOW`` for one ``spectrace.audit.rules.slices.SliceGap``; ``defaults``: the run's
     ``generation_config`` sampling defaults (the server applies them to every request)."""
     kind = _KIND.get(gap.dimension, gap.dimension)
     cause, fix = _CAUSES.get(kind, ("", "route this traffic to an engine without speculative decoding"))
@@ -67,7 +67,7 @@ def slice_finding(gap: Any, defaults: dict[str, Any] | None = None) -> Finding:
     values = {"dimension": gap.dimension, "value": gap.value, "defaults": note}
     evidence = gap.as_dict()
     evidence["from_generation_config"] = from_defaults
-    evidence["rule"] = "spectrace.slices.slice_gap"
+    evidence["rule"] = "spectrace.audit.rules.slices.slice_gap"
     return codes.finding(
         codes.SLICE_ACCEPTANCE_LOW,
         severity="warning",

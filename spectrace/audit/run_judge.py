@@ -5,8 +5,8 @@ shapes, request counts and slices, the draft budget, step shapes, worker step su
 module keeps what the rules need between batches (the accumulators below, one :class:`RunRecords` per run) and
 returns the findings they give. One ``reported`` set per run says what was already said, for every rule: collapse
 and recovery, context and position cliffs, dummy drafts, slices, drafts never verified, dynamic k, speculation not
-paying, engine/worker agreement. The rules themselves are pure functions (``spectrace.acceptance``,
-``spectrace.slices``, the ``audit`` finding builders); nothing here reads vLLM or writes a row.
+paying, engine/worker agreement. The rules themselves are pure functions (``spectrace.audit.rules.acceptance``,
+``spectrace.audit.rules.slices``, the ``audit`` finding builders); nothing here reads vLLM or writes a row.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from spectrace import acceptance, slices
+from spectrace.audit.rules import acceptance, slices
 from spectrace.audit import codes
 from spectrace.audit.curve import (
     collapse_finding,

@@ -13,10 +13,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectrace import speedup
+from spectrace.audit.rules import speedup
 from spectrace.audit.curve import K_BETTER_MARGIN, best_k, k_better_finding
 from spectrace.audit.findings import Finding
 from spectrace.audit.ranks import rank_disagreements
+from spectrace.audit.rules import active
 
 TIE = 0.02  # predicted speed-ups this close to the best are a tie: the model's error is larger (docs: "What k pays")
 
@@ -29,10 +30,11 @@ class StoreVerdicts:
     derived: list[Finding]  # only the store's records give these (rank disagreement, k better)
     ranks: list[int]  # the worker ranks seen
     hosts: dict[int, str]  # rank -> host (from its layout rows)
-    by_k: list[dict[str, Any]] = field(default_factory=list)  # what k pays, whole run (spectrace.speedup.from_store)
+    by_k: list[dict[str, Any]] = field(default_factory=list)  # what k pays, whole run (spectrace.audit.rules.speedup.from_store)
     by_k_bands: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # ... and per batch-size band
     best: dict[str, Any] | None = None  # the measured k' that pays most (k' = 0: no speculation)
     ties: list[int] = field(default_factory=list)  # other measured k' within TIE of the best: a tie, not advice
+    status: list[active.Status] = field(default_factory=list)  # each recorded finding's standing (rules.active)
 
     @property
     def pays_unresolved(self) -> bool:
@@ -59,7 +61,8 @@ def judge_store(con: Any, run_id: str) -> StoreVerdicts:
     better = k_better_finding(by_k, by_band=bands)
     if better is not None:
         derived.append(better)
-    return StoreVerdicts(recorded, derived, ranks, hosts, by_k, bands, *k_choice(by_k))
+    status = active.statuses({"code": f.code, "model_role": f.model_role} for f in recorded)
+    return StoreVerdicts(recorded, derived, ranks, hosts, by_k, bands, *k_choice(by_k), status=status)
 
 
 def k_choice(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[int]]:

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from spectrace import audit
-from spectrace.acceptance import SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED, band_order
 from spectrace.audit import codes
+from spectrace.audit.rules.acceptance import band_order
+from spectrace.audit.rules.speedup_figure import SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED
 from spectrace.audit.curve import K_BETTER_MARGIN, best_k
 from spectrace.audit.store_judge import TIE, StoreVerdicts, judge_store
 from spectrace.console import format_table, number, ratio
@@ -189,12 +190,18 @@ def _slice_text(value, dimensions: set[str]) -> str:
 def _findings(verdicts: StoreVerdicts, whole: tuple | None = None) -> list[str]:
     # the store's own verdicts (rank disagreements have their own section) marked as such; SPECULATION_NOT_PAYING
     # (said while serving, over the steps it had seen) beside the same figure over the whole run
-    def said(f) -> str:
+    # a finding a later one cleared (rules.active: a recovery ends its collapse) is said so, as /metrics and top
+    # no longer show it
+    def said(f, status=None) -> str:
         if f.code == codes.SPECULATION_NOT_PAYING and whole is not None:
             return f"{f.message}; over the whole run: {whole[0]:.2f}x ({whole[1]} steps)"
+        if status is not None and status.cleared_by:
+            return f"{f.message} (cleared since: {status.cleared_by})"
         return f.message
 
-    rows = [(f.code, f.severity, f.model_role, said(f), f.fix, f.caused_by, None) for f in verdicts.recorded]
+    statuses = verdicts.status or [None] * len(verdicts.recorded)
+    rows = [(f.code, f.severity, f.model_role, said(f, s), f.fix, f.caused_by, None)
+            for f, s in zip(verdicts.recorded, statuses)]
     rows += [(f.code, f.severity, f.model_role, f.message + " (from the store)", f.fix, f.caused_by, None)
              for f in verdicts.derived if f.component != "ranks"]
     if not rows:
@@ -202,6 +209,9 @@ def _findings(verdicts: StoreVerdicts, whole: tuple | None = None) -> list[str]:
     errors = sum(1 for r in rows if r[1] == "error")
     warnings = sum(1 for r in rows if r[1] == "warning")
     lines = [f"Findings: {errors} error(s), {warnings} warning(s), {len(rows) - errors - warnings} info"]
+    cleared = sum(1 for s in statuses if s is not None and s.cleared_by)
+    if cleared:
+        lines[0] += f"; {cleared} cleared since, not active"
     roots = sorted([r for r in rows if not r[5]], key=lambda r: _SEVERITY_ORDER.get(r[1], 3))
     for code, severity, role, message, fix, _, _ in roots:
         lines.append(f"  {severity.upper():7} {code} [{role or '-'}] {message}")
@@ -423,8 +433,8 @@ def _shapes(con, run_id: str) -> list[str]:
 
 
 def run_speedup(con, run_id: str) -> tuple[float, int, Any] | None:
-    """The run's speed-up (``spectrace.acceptance.SPEEDUP_DEFINITION``) over the run's steps that verified drafts
-    (:data:`~spectrace.acceptance.SPEEDUP_WINDOW`), from the lowest worker rank's sums (``speculation_cost``: the sums
+    """The run's speed-up (``spectrace.audit.rules.speedup_figure.SPEEDUP_DEFINITION``) over the run's steps that verified drafts
+    (:data:`~spectrace.audit.rules.speedup_figure.SPEEDUP_WINDOW`), from the lowest worker rank's sums (``speculation_cost``: the sums
     SPECULATION_NOT_PAYING, ``top`` and the gauge read): ``(speed-up, steps, rank)``, or None before any."""
     row = con.execute("select speedup_estimate, steps, rank from speculation_cost where run_id = ? and speedup_estimate "
                       "is not null order by rank nulls first limit 1", [run_id]).fetchone()
@@ -474,7 +484,7 @@ def _relative(rows: list[dict]) -> dict[int, float | None]:
 
 
 def _by_k(verdicts: StoreVerdicts) -> list[str]:
-    """What k pays (``spectrace.speedup.from_store``) and, where the run served more than one band, by batch size.
+    """What k pays (``spectrace.audit.rules.speedup.from_store``) and, where the run served more than one band, by batch size.
     Priced from measured steps without drafts: speed-ups; fitted from the run alone: each k' against the k in force
     (a figure not priced against a measured baseline is not printed as a speed-up)."""
     rows, bands, pick, close = verdicts.by_k, verdicts.by_k_bands, verdicts.best, verdicts.ties

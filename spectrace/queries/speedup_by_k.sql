@@ -1,12 +1,12 @@
 -- What k pays: per run, k' = 0 .. k (the k in force), context range ('all', then each of the run's
 -- ranges) and batch-size band ('all', then each band the run verified at: acceptance and step costs of the steps
--- at that batch size, spectrace.acceptance.BATCH_BANDS), the expected accepted length at k' (exact from the per-position counts: a request-step that
+-- at that batch size, spectrace.audit.rules.acceptance.BATCH_BANDS), the expected accepted length at k' (exact from the per-position counts: a request-step that
 -- accepted j of k drafts accepts min(j, k') of k'), the step time at k' (verification priced per scheduled
 -- token, drafting per draft position, one pass for dflash), the host time per step outside the worker at k' (engine
 -- core and frontend, host_steps: affine in the tokens a step emits), the tokens a request-step really gives at k'
 -- (emitted_length: L less what stops cut, a request's prefill step counted; request_counts, request_outputs) and
 -- the speed-up over decoding without drafts, per token given.
--- The SQL twin of spectrace.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
+-- The SQL twin of spectrace.audit.rules.speedup.speedup_by_k (which also extrapolates past k); model and limits: README,
 -- "What k pays". The step cost is the run's whole for every context range and the band's own for a band, priced from measured
 -- decode-only steps where steps without drafts of the same target and host exist at the run's batch sizes
 -- (step_source 'baseline', view speedup_baseline), else from the run's own fit ('fit'). With 'baseline' the run's
@@ -51,8 +51,8 @@ WITH acc AS (
     SELECT run_id, batch_band, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr,
            CASE WHEN decode_ns > 0 AND chunk_ns > 0 THEN chunk_ns / decode_ns ELSE 0 END AS rho
     FROM speedup_baseline
-    WHERE baseline_steps >= 20 AND plain_ns > 0  -- spectrace.speedup.MIN_BASELINE_STEPS
-), host AS (  -- host time per step outside the worker, per process role (spectrace.speedup.HostCost)
+    WHERE baseline_steps >= 20 AND plain_ns > 0  -- spectrace.audit.rules.speedup.MIN_BASELINE_STEPS
+), host AS (  -- host time per step outside the worker, per process role (spectrace.audit.rules.speedup.HostCost)
     SELECT run_id, process_role, sum(steps)::DOUBLE AS n, sum(host_ns)::DOUBLE AS v, sum(tokens)::DOUBLE AS t,
            sum(tokens_sq) AS t2, sum(tokens_x_ns) AS tv
     FROM host_steps GROUP BY run_id, process_role HAVING sum(steps) > 0
@@ -78,7 +78,7 @@ WITH acc AS (
                 THEN c.expected_length * (1 - d.waste * (c.expected_length - 1) / (r.lk - 1)) ELSE c.expected_length END AS e,
            CASE WHEN d.run_id IS NOT NULL AND r.lk > 1 THEN r.lk * (1 - d.waste * (r.lk - 1) / (r.lk - 1)) ELSE r.lk END AS e_k
     FROM curve c JOIN reference r USING (run_id, context_range, batch_band) LEFT JOIN emitted d USING (run_id)
-), gives AS (  -- tokens a request-step gives at k' and at k (spectrace.speedup.Emitted): its prefill step counted
+), gives AS (  -- tokens a request-step gives at k' and at k (spectrace.audit.rules.speedup.Emitted): its prefill step counted
     SELECT run_id, context_range, batch_band, k_new,
            CASE WHEN known AND out_n > 1 THEN out_n * e / (e + out_n - 1) ELSE e END AS tokens,
            CASE WHEN known AND out_n > 1 THEN out_n * e_k / (e_k + out_n - 1) ELSE e_k END AS tokens_k

@@ -45,6 +45,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 
 from spectrace.audit import codes
+from spectrace.audit.rules import active
 from spectrace.pipeline import Batch, Sink
 
 log = logging.getLogger("vllm.spectrace")
@@ -138,7 +139,7 @@ class Metrics:
 
 
     def speedup_by_k(self, rows: list[dict[str, Any]], rank: int | None, labels: dict[str, str]) -> None:
-        """The rows of ``spectrace.speedup.speedup_by_k`` for one run and rank (replacing the last ones)."""
+        """The rows of ``spectrace.audit.rules.speedup.speedup_by_k`` for one run and rank (replacing the last ones)."""
         attrs = {**labels, "rank": str(rank if rank is not None else 0)}
         with self._lock:
             for row in rows:
@@ -329,11 +330,9 @@ class MetricsSink(Sink):
             metrics.speculation(r["steps"], r["step_ns"], r["draft_ns"], r["request_steps"], r["tokens"], r["rank"], labels)
 
     def _findings(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
-        for r in rows:
-            if r["code"] == codes.ACCEPTANCE_RECOVERED:  # the collapse it ends is no longer present
-                metrics.finding(codes.ACCEPTANCE_COLLAPSE, "error", r["model_role"], labels, present=False)
-            else:
-                metrics.finding(r["code"], r["severity"], r["model_role"], labels)
+        for r in rows:  # the one rule of what is active (a recovery clears its collapse), as top and report read it
+            code, present = active.effect(r["code"])
+            metrics.finding(code, r["severity"], r["model_role"], labels, present=present)
 
     # table -> (its handler, the columns it reads)
     _TABLES = {

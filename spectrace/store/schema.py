@@ -13,18 +13,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from spectrace.arrow_types import ARROW  # the Arrow type of each DuckDB type name, the one map the pipeline writes with
 from spectrace.records import columns
 
-# the Arrow type of each DuckDB type name in spectrace.records, the one map the pipeline writes with too
-ARROW = {
-    "VARCHAR": pa.string(),
-    "JSON": pa.string(),
-    "BIGINT": pa.int64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "TIMESTAMP_NS": pa.timestamp("ns"),
-}
 # the Arrow types a column of each kind may have in a segment (older writers, other widths): every one of them
 # DuckDB reads as the kind and Arrow casts to it; anything else (a string where a count belongs) is foreign
 _TEXT = (pa.types.is_string, pa.types.is_large_string)

@@ -35,7 +35,7 @@ ORDER BY run_id, context_range, position;
 -- view: speculation_cost
 -- The speed-up estimate (README, "Does speculation pay?"): L * no_draft / step, where
 -- no_draft fits each step's verification time as a + b * scheduled tokens and prices the
--- same steps at one token per request (spectrace.acceptance.no_draft_step_ns).
+-- same steps at one token per request (spectrace.audit.rules.acceptance.no_draft_step_ns).
 WITH s AS (
     SELECT run_id, rank,
            sum(steps)::DOUBLE AS n, sum(step_ns)::DOUBLE AS step_ns, sum(draft_ns)::DOUBLE AS draft_ns,
@@ -67,7 +67,7 @@ FROM priced
 ORDER BY run_id, rank;
 
 -- view: acceptance_by_slice
--- Acceptance per request slice (spectrace.slices.request_slice: a penalty, logit bias, temperature band,
+-- Acceptance per request slice (spectrace.audit.rules.slices.request_slice: a penalty, logit bias, temperature band,
 -- prefix-cache hit, prompt-length band, ...): run x dimension x value, the rest of the same run beside it.
 -- Complete counts (request_counts); requests without a request_slices row are left out.
 WITH req AS (
@@ -123,7 +123,7 @@ GROUP BY run_id
 ORDER BY run_id;
 
 -- view: speedup_baseline
--- What k pays, measured step costs (spectrace.speedup.Baseline): per run at k and batch-size band ('all', then each
+-- What k pays, measured step costs (spectrace.audit.rules.speedup.Baseline): per run at k and batch-size band ('all', then each
 -- band the run ran: spectrace.bands, rendered in), its decode-only steps at k
 -- (lowest worker rank) whose batch size steps without drafts of the same target model on the same host (any run)
 -- also measured; sums over those steps of the no-draft mean step time at their batch size (plain_ns), of their own

@@ -85,11 +85,12 @@ class Server:
         out = subprocess.run(["pgrep", "-s", str(self.process.pid)], capture_output=True, text=True).stdout
         return {int(p) for p in out.split()}
 
-    def complete(self, prompt: str, max_tokens: int = 16) -> dict:
+    def complete(self, prompt: str, max_tokens: int = 16, temperature: float = 0.0, **params) -> dict:
         import json
         import urllib.request
 
-        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                           **params}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as response:

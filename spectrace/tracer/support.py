@@ -25,7 +25,7 @@ A site vLLM removed on purpose (the V1 model runner, gone in 0.34: :data:`V1_RUN
 The same checks run statically on an unpacked vLLM that cannot be imported here
 (``python -m tools.versions_table check --source DIR``, used for the CUDA-only
 vLLM 0.33.0 by ``make check-vllm-0.33``), and the README's version table is
-generated from this module (``python -m tools.versions_table readme``).
+generated from this module (``python -m tools.docs_reference versions.md``).
 """
 
 from __future__ import annotations

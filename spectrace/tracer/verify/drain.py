@@ -28,7 +28,7 @@ from operator import itemgetter
 import numpy as np
 import pyarrow as pa
 
-from spectrace import acceptance, slices
+from spectrace.audit.rules import acceptance, slices
 from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify import columns
@@ -58,7 +58,7 @@ class VerifyCapture(Capture):
         self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
         self.run_facts: dict[str, RunConfig] = {}  # run id -> what the drain reads of its VllmConfig (read once)
         self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
-        # what k pays (spectrace.speedup), per (run, rank): the worker's per-position accepted counts and
+        # what k pays (spectrace.audit.rules.speedup), per (run, rank): the worker's per-position accepted counts and
         # request-steps, and its step sums, both over the whole run
         self.step_times = StepTimes()  # the worker's step times: decode/chunk steps, does speculation pay, what k pays
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet

@@ -2,7 +2,7 @@
 
 Per flush: decode-only steps by shape (``decode_steps``), steps with a prefill chunk (``chunk_steps``), and the
 sums over steps with drafts (``speculation_steps``) that the run judge weighs (does speculation pay?) and that
-price every other k with the rank's accepted counts (what k pays: ``spectrace.speedup``).
+price every other k with the rank's accepted counts (what k pays: ``spectrace.audit.rules.speedup``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from spectrace import speedup
+from spectrace.audit.rules import speedup
 from spectrace.tracer.verify.capture import WORKER, HostStep, StepTiming, host_tokens
 
 
@@ -86,7 +86,7 @@ class StepTimes:
 
     def drain_host(self, rt, steps: list[HostStep]) -> None:
         """A flush's host steps (engine core, frontend): one ``host_steps`` row per (run, role) with the sums that fit
-        a step's host time as affine in the tokens it emitted (``spectrace.speedup.HostCost``)."""
+        a step's host time as affine in the tokens it emitted (``spectrace.audit.rules.speedup.HostCost``)."""
         sums: dict[tuple[str | None, str], HostSums] = {}
         last = None  # the frontend's chunks of one engine step (same stamp) are one step
         for step in steps:
@@ -115,7 +115,7 @@ class StepTimes:
         return [s.cost() for (run, _), s in self.host.items() if run == run_id and s.steps]
 
     def speedup_by_k(self, rt, run_id: str | None, rank: int | None) -> list[dict]:
-        """What k pays over the run so far, from this worker's counts and step sums (``spectrace.speedup``)."""
+        """What k pays over the run so far, from this worker's counts and step sums (``spectrace.audit.rules.speedup``)."""
         counts, whole = self.by_k_counts.get((run_id, rank)), self.by_k_costs.get((run_id, rank))
         if counts is None or whole is None or not counts.request_steps or not whole["steps"]:
             return []

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from spectrace import acceptance
+from spectrace.audit.rules import acceptance
 from spectrace.audit.curve import best_k
 
 EXTRAPOLATE = 2  # k' past the k in force, from the curve's last conditional rate
@@ -85,7 +85,7 @@ class StepCost:
 
     def verify_fit(self) -> tuple[float, float]:
         """``(a, b)``: a step's verification time (its time less drafting) as ``a + b * scheduled tokens``
-        (:func:`spectrace.acceptance.verify_fit`, the fit of the run's own speed-up estimate)."""
+        (:func:`spectrace.audit.rules.acceptance.verify_fit`, the fit of the run's own speed-up estimate)."""
         return acceptance.verify_fit(self.steps, self.scheduled_tokens, self.scheduled_tokens_sq, self.tokens_x_verify_ns,
                                      self.step_ns - self.draft_ns)
 
@@ -108,7 +108,7 @@ class StepCost:
 class HostCost:
     """One process role's host time per step over a run (``host_steps``): the engine core's scheduling and output
     handling, or the frontend's output processing — the part of a step the worker's clock does not see. Fitted as
-    affine in the tokens a step emitted (``a + b * tokens``, :func:`spectrace.acceptance.verify_fit`); a step at
+    affine in the tokens a step emitted (``a + b * tokens``, :func:`spectrace.audit.rules.acceptance.verify_fit`); a step at
     ``k'`` emits ``L(k') / L(k)`` of the run's mean."""
 
     steps: float
@@ -255,7 +255,7 @@ def from_store(con, run_id: str, *, extra: int = EXTRAPOLATE, baseline: bool = T
     """:func:`speedup_by_k` for one run of a store connection (``spectrace.store.open``): acceptance from the
     engine core's ``verify_counts``, step costs from the measured decode-only steps (:func:`baseline_from_store`)
     where the store has them and ``baseline``, else from the lowest worker rank's ``speculation_steps``.
-    ``batch_band`` (one of ``spectrace.acceptance.BATCH_BANDS``): the run's steps at that batch size only, their
+    ``batch_band`` (one of ``spectrace.audit.rules.acceptance.BATCH_BANDS``): the run's steps at that batch size only, their
     acceptance (``band_positions``) and measured step costs; the fit, where it prices, is the whole run's.
     ``chunks=False``: the decode steps alone, without the prefill chunks held fixed beside them (the benchmark's
     comparison of the two models). ``host=False``: the worker's step alone, without the engine core's and frontend's

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from spectrace.audit import codes
+from spectrace.audit.rules.speedup_figure import SPEEDUP_BASIS, SPEEDUP_WINDOW
 from spectrace.bands import BATCH_BANDS, band_bounds, band_order, batch_band  # noqa: F401 (the drain, report, speedup)
 
 CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+")
@@ -354,9 +355,6 @@ def no_draft_step_ns(n: int, sum_t: float, sum_t2: float, sum_tv: float, sum_v: 
     if b == 0.0:
         return float(sum_v)
     return max(n * a + b * sum_r, 0.0)
-
-
-from spectrace.speedup_figure import SPEEDUP_BASIS, SPEEDUP_DEFINITION, SPEEDUP_UNMEASURED, SPEEDUP_WINDOW  # noqa: E402,F401
 
 
 def speedup_estimate(mean_acceptance_length: float, no_draft_ns: float, step_ns: float) -> float | None:

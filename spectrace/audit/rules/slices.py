@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from spectrace.acceptance import context_bucket
+from spectrace.audit.rules.acceptance import context_bucket
 
 # slice dimensions, in the order a finding lists them
 DIMENSIONS = (

@@ -1,0 +1,12 @@
+"""The run rules: pure functions over a run's counts, the judges' arithmetic (no vLLM, no I/O, no records written).
+
+- ``acceptance``: acceptance arithmetic (context buckets, per-position counts, the collapse detector, the speed-up
+  estimate)
+- ``slices``: request slices (a request's parameters as banded dimensions) and the slice gap
+- ``speedup``: what k pays (the expected length and the step cost at every k' from one run, by batch size)
+- ``speedup_figure``: the one speed-up figure's words (what it compares, its window, its basis), a leaf
+- ``active``: which findings are present and which were cleared (``ACCEPTANCE_RECOVERED`` ends a collapse), the one
+  rule ``/metrics``, ``spectrace top`` (URL or store) and ``spectrace report`` read
+
+Nothing is imported here: each rule is imported by its module name.
+"""
