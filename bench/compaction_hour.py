@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from spectrace.settings import Settings
 from spectrace.tracer import pipeline_process, runtime
 from spectrace.tracer.verify import VerifyCapture
-from spectrace.tracer.wire import loads_message
+from spectrace.tracer.wire import loads_shipment
 
 frames_path, minutes, work = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 frames = pickle.loads(frames_path.read_bytes())[20:]  # bench/pipeline_replay's warm-up left out
@@ -48,9 +48,8 @@ messages_a_minute = 600
 sent, cycles = 0, []
 while sent < minutes * messages_a_minute:
     shift = sent // len(frames) * pass_ns
-    message = loads_message(frames[sent % len(frames)])
-    if "engine" in message:
-        message["engine"] = [step._replace(ts=step.ts + shift) for step in message["engine"]]
+    message = loads_shipment(frames[sent % len(frames)])
+    message.engine = [step._replace(ts=step.ts + shift) for step in message.engine]
     pipeline_process.apply(rt, message)
     sent += 1
     if sent % 20 == 0:

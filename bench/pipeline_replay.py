@@ -112,7 +112,7 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     profile_flush.instrument()
     from spectrace.settings import Settings
     from spectrace.tracer import pipeline_process, runtime
-    from spectrace.tracer.wire import loads_message
+    from spectrace.tracer.wire import loads_shipment
     from spectrace.tracer.verify import VerifyCapture
 
     frames = pickle.loads(path.read_bytes())  # every one a message (each carries the engine's state)
@@ -134,7 +134,7 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     exposition.time = SimpleNamespace(monotonic=lambda: recorded[0])
     for frame in frames[:WARMUP]:
         recorded[0] += STEPS_A_MESSAGE / RATE
-        pipeline_process.apply(rt, loads_message(frame))
+        pipeline_process.apply(rt, loads_shipment(frame))
     rt.pipeline.flush(periodic=True)
     if collector == "tuned":
         pipeline_process._tune_gc()
@@ -145,7 +145,7 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     for i, frame in enumerate(timed):
         recorded[0] += STEPS_A_MESSAGE / RATE
         t0 = time.process_time()
-        message = loads_message(frame)
+        message = loads_shipment(frame)
         unpickling += time.process_time() - t0
         pipeline_process.apply(rt, message)
         if i % flush_every == flush_every - 1:

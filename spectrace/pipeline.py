@@ -6,7 +6,8 @@ One :class:`Pipeline` per process (``Runtime.pipeline``). Its two sides:
 
 Hot side (any thread)
     ``append`` / ``extend`` / ``extend_columns`` put rows of a ``records`` table into a
-    bounded in-memory buffer under one lock. Rows beyond ``max_buffer_rows`` are dropped
+    bounded in-memory buffer under one lock (``note``: a value record of ``spectrace.values``, which only the
+    metrics sink reads). Rows beyond ``max_buffer_rows`` are dropped
     and counted (``dropped``, and of it ``buffer_dropped``); nothing ever blocks the caller.
 
 Flush (the background thread every ``flush_interval_s``, and on ``flush()`` / ``close()``)
@@ -145,8 +146,9 @@ class Batch:
     """Everything one flush took from the buffer: a :class:`Part` per table and run, in the
     order tables were first appended to. Built once, handed to every sink (read only)."""
 
-    def __init__(self, parts: list[Part], failed_rows: int = 0, periodic: bool = False) -> None:
+    def __init__(self, parts: list[Part], failed_rows: int = 0, periodic: bool = False, values: list | None = None) -> None:
         self.parts = parts
+        self.values = values if values is not None else []  # spectrace.values records (the metrics sink reads them)
         self.failed_rows = failed_rows  # rows whose table could not be built (counted as dropped)
         self.periodic = periodic  # the flush thread's, on its interval (not one asked for, nor the last)
 
@@ -281,6 +283,7 @@ class Pipeline:
         self.paused = False  # tracing switched off at run time (spectrace.tracer.runtime.pause)
         self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._columns: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)
+        self._values: list = []  # spectrace.values records since the last flush (few: a handful a flush)
         self._buffered = 0
         self._lock = threading.Lock()  # the buffer (hot side)
         self._flush_lock = threading.RLock()  # one flush or maintenance at a time
@@ -347,6 +350,15 @@ class Pipeline:
             self._columns[table].extend(_split_by_run(columns, n))
             self._buffered += n
 
+    def note(self, value: Any) -> None:
+        """A value record (``spectrace.values``: not a table's row) for the next batch's ``values``: the metrics sink
+        turns it into its instrument's series. Bounded like rows (a full buffer refuses it, counted)."""
+        with self._lock:
+            if len(self._values) >= self.max_buffer_rows:
+                self._refused(1)
+                return
+            self._values.append(value)
+
     def count_dropped(self, n: int, *, buffer: bool = False) -> None:
         """Rows a sink or a capture could not keep (any thread); ``buffer``: a full buffer refused them (an engine
         process's, shipped)."""
@@ -387,9 +399,11 @@ class Pipeline:
             with self._lock:  # 2. take the buffer
                 pending, self._rows = self._rows, defaultdict(list)
                 pending_columns, self._columns = self._columns, defaultdict(list)
+                values, self._values = self._values, []
                 self._buffered = 0
             batch = _build(pending, pending_columns)
             batch.periodic = periodic
+            batch.values = values
             if batch.failed_rows:
                 self.count_dropped(batch.failed_rows)
             for sink in self.sinks:  # 3. every sink, in order

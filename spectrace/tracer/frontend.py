@@ -25,6 +25,7 @@ from typing import Any
 import spectrace
 from spectrace.console import RECORDED_ITEMS, bounded
 from spectrace.request_ids import client_ids
+from spectrace.values import RunInfo
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.tracer import api_server, audit_live, runtime
 from spectrace.tracer.around import around
@@ -194,7 +195,8 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
             },
             role=ROLE,
         )
-    if rt.metrics is not None:
-        rt.metrics.run_info(info, rt.labels(), runtime.vllm_version(), spectrace.__version__)
+    if rt.metered:
+        rt.pipeline.note(RunInfo(rt.run.run_id if rt.run is not None else None, dict(info), runtime.vllm_version(),
+                                 spectrace.__version__))
     audit_live.audit_resolution(rt, info, models, vllm_config, error_text)
     rt.flush()

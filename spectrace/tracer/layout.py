@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace import audit
+from spectrace.values import LayoutVerdicts
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
 from spectrace.tracer import audit_live
@@ -38,8 +39,9 @@ def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: An
     rt.records("attention_layout", rows, role=role, rank=rank)
     if rt.verify is not None:
         rt.verify.note_layout(runtime)  # the engine core's judge, when it runs in this process
-    if rt.metrics is not None:
-        rt.metrics.layout([{**row, "status": status} for row, status in zip(rows, statuses)], rt.labels())
+    if rt.metered:
+        rt.pipeline.note(LayoutVerdicts(rt.run.run_id if rt.run is not None else None,
+                                        [{**row, "status": status} for row, status in zip(rows, statuses)]))
     audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)
     rt.flush()
 

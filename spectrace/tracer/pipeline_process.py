@@ -35,58 +35,51 @@ log = logging.getLogger("vllm.spectrace")
 FAULT = "pipeline_process"  # SPECTRACE_INJECT_FAULT name of the pipeline process's own fault
 
 
-def apply(rt, message: dict) -> None:
-    """One shipped message into the runtime: state first, then what the engine's hooks and code recorded."""
+def apply(rt, shipment) -> None:
+    """One shipment (``wire.Shipment``) into the runtime: state first, then what the engine's hooks and code
+    recorded, each field as the record type it holds."""
     from spectrace.tracer.runtime import Run
 
-    state = message.get("state")
-    if state is not None:
-        _apply_state(rt, state, Run)
-    for hook, delta in (message.get("errors") or {}).items():
+    if shipment.state is not None:
+        _apply_state(rt, shipment.state, Run)
+    if shipment.errors:
         with rt._lock:
-            rt.errors[hook] = rt.errors.get(hook, 0) + delta
-    if message.get("dropped"):
-        rt.pipeline.count_dropped(message["dropped"], buffer=True)  # the engine process's full buffer
-    for name, args, kwargs in message.get("metric_calls") or ():
-        if rt.metrics is not None:
-            try:
-                getattr(rt.metrics, name)(*args, **kwargs)
-            except Exception as exc:
-                rt.count_error(f"pipeline.metrics.{name}", exc)
-    spans = message.get("spans")
-    if spans:
-        _apply_spans(rt, spans)
-    for table, rows in (message.get("rows") or {}).items():
+            for hook, delta in shipment.errors.items():
+                rt.errors[hook] = rt.errors.get(hook, 0) + delta
+    if shipment.dropped:
+        rt.pipeline.count_dropped(shipment.dropped, buffer=True)  # the engine process's full buffer
+    for value in shipment.values:  # spectrace.values records: the metrics sink's
+        rt.pipeline.note(value)
+    if shipment.spans:
+        _apply_spans(rt, shipment.spans)
+    for table, rows in shipment.rows.items():
         rt.pipeline.extend(table, rows)
-    for table, sets in (message.get("columns") or {}).items():
-        for columns, n in sets:
-            rt.pipeline.extend_columns(table, columns, n)
     capture = rt.verify
     if capture is not None:
-        _apply_capture(capture, message)
-    for name, args in message.get("commands") or ():
-        if name == "check_agreement" and capture is not None:
-            capture.check_agreement(rt, exclude=args[0])
+        _apply_capture(capture, shipment)
+        for exclude in shipment.agreements:
+            capture.check_agreement(rt, exclude=exclude)
 
 
-def _apply_state(rt, state: dict, Run) -> None:
+def _apply_state(rt, state, Run) -> None:
     from spectrace.sinks import exposition
 
-    for run_id, traceparent, started_ns, info in state["runs"]:
-        run = rt.runs.get(run_id)
+    for shipped in state.runs:
+        run = rt.runs.get(shipped.run_id)
         if run is None:
-            run = rt.runs[run_id] = Run(run_id=run_id, traceparent=traceparent, started_ns=started_ns)
-        run.traceparent = traceparent
-        run.info.update(info)
-    current = state["run"]
+            run = rt.runs[shipped.run_id] = Run(run_id=shipped.run_id, traceparent=shipped.traceparent,
+                                                started_ns=shipped.started_ns)
+        run.traceparent = shipped.traceparent
+        run.info.update(shipped.info)
+    current = state.run
     if current is not None and (rt.run is None or rt.run.run_id != current):
         rt.set_run(rt.runs[current])
-    rt.ranks.update(state["ranks"])
-    for role in state["roles"]:
+    rt.ranks.update(state.ranks)
+    for role in state.roles:
         if role not in rt.roles:
             rt.roles.add(role)
             rt.role_order.append(role)
-    exposition.PROCESS_LABELS.update(state["labels"])
+    exposition.PROCESS_LABELS.update(state.labels)
     if rt.provider is None and rt.role_order:
         rt._build_telemetry(rt.role_order[0])  # as the engine did, at its first role
 
@@ -113,27 +106,24 @@ def _apply_spans(rt, spans: list) -> None:
                 rt.count_error("pipeline.spans", exc)
 
 
-def _apply_capture(capture, message: dict) -> None:
-    from spectrace.tracer.verify.capture import HostStep, StepTiming
-
-    with capture._lock:  # one drain at a time: the records of a message arrive together
-        capture.run_facts.update(message.get("configs") or {})
-        for note, flags, traces in message.get("requests") or ():
-            capture.new_requests.append(note)
+def _apply_capture(capture, shipment) -> None:
+    with capture._lock:  # one drain at a time: the records of a shipment arrive together
+        capture.run_facts.update(shipment.configs)
+        for request, flags, traces in shipment.requests:
+            capture.new_requests.append(request)
             if flags is not None:
-                capture.request_flags[note.request_id] = flags
+                capture.request_flags[request.request_id] = flags
             if traces:
-                capture.request_traces[note.request_id] = traces
-        capture.finished.extend(message.get("finished") or ())
-        capture.engine_steps.extend(message.get("engine") or ())
-        capture.worker_steps.extend(message.get("worker") or ())
-        for run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, tokens, requests in message.get("timings") or ():
-            timing = StepTiming(run_id, rank, has_drafts, execute_ns, True, tokens, requests)
-            timing.sample_ns, timing.draft_ns = sample_ns, draft_ns
-            capture.worker_timings.append(timing)
-        capture.proposals.extend(message.get("proposals") or ())
-        capture.host_steps.extend(HostStep(*h) for h in message.get("host") or ())
-        capture.dropped_steps += message.get("dropped_steps", 0)
+                capture.request_traces[request.request_id] = traces
+        capture.finished.extend(shipment.finished)
+        capture.engine_steps.extend(shipment.engine)
+        capture.worker_steps.extend(shipment.worker)
+        for timing in shipment.timings:  # finished on the engine's side: the drain here takes every one
+            timing.done = True
+        capture.worker_timings.extend(shipment.timings)
+        capture.proposals.extend(shipment.proposals)
+        capture.host_steps.extend(shipment.host)
+        capture.dropped_steps += shipment.dropped_steps
 
 
 def _write_losses(rt, init: dict) -> None:
@@ -230,7 +220,7 @@ def main() -> int:
     inp = sys.stdin.buffer
 
     from spectrace import identity
-    from spectrace.tracer.wire import loads_message, read_frame
+    from spectrace.tracer.wire import loads_shipment, read_frame
 
     frame = read_frame(inp)
     if frame is None:
@@ -269,17 +259,17 @@ def main() -> int:
                 break
             messages += 1
             try:
-                message = loads_message(frame)
-                if doomed and messages >= 3 and message.get("engine"):
+                shipment = loads_shipment(frame)
+                if doomed and messages >= 3 and shipment.engine:
                     os.kill(os.getpid(), signal.SIGKILL)  # with engine steps read and not yet written
-                with rt.pipeline._flush_lock:  # a flush takes whole messages
-                    apply(rt, message)
-                    ack.applied = message["seq"]
-            except Exception as exc:  # one bad message is counted; the next ones still count
+                with rt.pipeline._flush_lock:  # a flush takes whole shipments
+                    apply(rt, shipment)
+                    ack.applied = shipment.seq
+            except Exception as exc:  # one bad shipment is counted; the next ones still count
                 rt.count_error("pipeline.message", exc)
                 continue
-            final = final or bool(message.get("final"))
-            if message.get("flush"):
+            final = final or shipment.final
+            if shipment.flush:
                 rt.flush()  # acknowledged by the AckSink
     finally:
         rt.shutdown()

@@ -50,6 +50,7 @@ import spectrace
 from spectrace import identity, redact
 from spectrace import sinks as sink_registry
 from spectrace.sinks.spans import SpanRows
+from spectrace.values import Dropped, ErrorCounts, RunInfo
 from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
 from spectrace.tracer.hooks import Hook, HookSet
@@ -163,12 +164,8 @@ class Runtime:
             self.provider = provider
             if self.shipping:
                 from spectrace.tracer.shipper import SpanShipper
-                from spectrace.tracer.wire import MetricCalls
 
-                shipper = self.pipeline.shipper
-                self._add_span_processor(SpanShipper(shipper))
-                if {"prometheus", "otlp"} & set(self.settings.exporters):
-                    self.metrics = MetricCalls(shipper.metric_calls)
+                self._add_span_processor(SpanShipper(self.pipeline.shipper))
                 self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
                 return
             readers = []
@@ -205,13 +202,21 @@ class Runtime:
     def _drain_verification(self) -> None:
         self.verify.drain(self)
 
+    @property
+    def metered(self) -> bool:
+        """Whether this process's records feed metrics (Prometheus or OTLP): then the code that computes a value that
+        is not a row (``spectrace.values``) hands it to the pipeline for the metrics sink."""
+        return bool({"prometheus", "otlp"} & set(self.settings.exporters))
+
     def _flush_metric_counters(self) -> None:
         dropped = self.pipeline.dropped
-        if self.metrics is not None:
+        if self.metered:
             delta = dropped - self._dropped_reported
             if delta > 0:
-                self.metrics.dropped.add(delta)
-            self.metrics.errors(self.errors)
+                self.pipeline.note(Dropped(delta))
+            with self._lock:
+                errors = dict(self.errors)
+            self.pipeline.note(ErrorCounts(errors))
         self._dropped_reported = dropped
 
     def run_k(self, run_id: str | None) -> int | None:
@@ -231,8 +236,8 @@ class Runtime:
         if self.run is None or self.run.info.get("method") is not None:
             return
         self.run.info.update(run_info(None, vllm_config))
-        if self.metrics is not None:
-            self.metrics.run_info(self.run.info, self.labels(), vllm_version(), spectrace.__version__)
+        if self.metered:
+            self.pipeline.note(RunInfo(self.run.run_id, dict(self.run.info), vllm_version(), spectrace.__version__))
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -323,7 +328,7 @@ class Runtime:
             run.root_span = root
             if previous is not None and self.verify is not None:
                 if self.shipping:
-                    self.pipeline.command("check_agreement", run_id)
+                    self.pipeline.check_agreement(run_id)
                 else:
                     self.verify.check_agreement(self, exclude=run_id)
             os.environ[ACTIVE_RUN_ENV] = run.env_value()

@@ -1,6 +1,6 @@
 """The engine's side of ``SPECTRACE_PIPELINE=process``: hooks and a shipper, nothing else.
 
-    engine process                                   pipeline process (spectrace.tracer.pipeline_process)
+    engine process                                   pipeline process (spectrace.collector.process)
     hooks ─ append ─▶ capture, ShippingPipeline ─ ship every 0.25 s ─▶ Runtime: drain, judges, every sink
 
 A traced engine-core or worker process at a GPU engine's rates cannot afford the flush on its own
@@ -20,8 +20,9 @@ once, ``wire.PackedDrafts``; lengths, rows, and the cached requests' ids and com
 step times, the proposals' totals, each request's parameters once its prefill is known (read here, once
 per request: the pipeline process imports neither vLLM nor torch), each run's config facts once (``RunConfig``:
 read here, the pipeline process holds no VllmConfig), the rows the low-rate hooks wrote, finished
-spans as plain values, the metric updates the hooks made (``wire.MetricCalls``), hook error counts,
-drops, and the process's state (runs, roles, ranks, the labels vLLM's series carry).
+spans as plain values, the value records the hooks made for the metrics (``spectrace.values``: run info, the
+layout's verdicts, taps), hook error counts, drops, and the process's state (runs, roles, ranks, the labels vLLM's
+series carry): one typed ``wire.Shipment``.
 
 Failure costs vLLM nothing: a pipeline process that is gone loses the messages it never wrote, one
 that takes nothing for :data:`PIPE_FULL_S` (stopped, hung: its pipe stays full) is killed and loses
@@ -54,7 +55,7 @@ from typing import Any
 from spectrace.pipeline import Pipeline
 from spectrace.tracer import losses, wire
 from spectrace.tracer.verify.capture import Cached, ReadRequest, host_tokens
-from spectrace.tracer.wire import FRAME, dumps_message, read_frame, span_values
+from spectrace.tracer.wire import FRAME, dumps_shipment, read_frame, span_values
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -117,14 +118,16 @@ class ShippingPipeline(Pipeline):
         self.dropped_taken = 0  # of ``dropped``, what the shipper already handed on
         self.shipper = Shipper(rt, settings, self)
 
-    def take(self) -> tuple[dict, dict, int]:
-        """The buffered rows and column sets, and the rows dropped since the last take."""
+    def take(self) -> tuple[dict, list, int]:
+        """The buffered rows and value records, and the rows dropped since the last take. (No column sets: only the
+        drain writes them, and it runs in the pipeline process.)"""
         with self._lock:
             rows, self._rows = self._rows, defaultdict(list)
-            columns, self._columns = self._columns, defaultdict(list)
+            self._columns.clear()
+            values, self._values = self._values, []
             self._buffered = 0
             dropped, self.dropped_taken = self.dropped - self.dropped_taken, self.dropped
-        return dict(rows), dict(columns), dropped
+        return dict(rows), values, dropped
 
     def flush(self) -> int:
         """Ship everything now and wait until the pipeline process has written it (bounded)."""
@@ -139,9 +142,10 @@ class ShippingPipeline(Pipeline):
     def _loop(self) -> None:  # never used: the shipper's thread ships
         pass
 
-    def command(self, name: str, *args) -> None:
-        """A command for the pipeline process's runtime, in order with the records (``check_agreement``)."""
-        self.shipper.commands.append((name, args))
+    def check_agreement(self, exclude: str | None) -> None:
+        """The engine/worker agreement of every run but ``exclude``, judged by the pipeline process in order with the
+        records (``Shipment.agreements``)."""
+        self.shipper.agreements.append(exclude)
 
     def close(self) -> None:
         self.shipper.close()
@@ -166,8 +170,7 @@ class Shipper:
         self.settings = settings
         self.pipeline = pipeline
         self.spans: deque = deque()
-        self.metric_calls: deque = deque()
-        self.commands: deque = deque()
+        self.agreements: deque = deque()  # runs begun: the agreement of every other run to judge (Shipment.agreements)
         self.proc: subprocess.Popen | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
@@ -189,7 +192,7 @@ class Shipper:
         self._pending: dict[str, Any] = {}  # request id -> its note, until its prefill is known
         self._pending_since: dict[str, float] = {}
         self._configs_sent: set = set()
-        self._last_state: dict | None = None  # the state the last message carried
+        self._last_state: wire.ProcessState | None = None  # the state the last shipment carried
         self._closed = False
         self._unacked: deque = deque()  # (seq, records) shipped and not yet written by the pipeline process
         self.stopped: str | None = None  # why tracing stopped for this process (restarts exhausted), said once
@@ -275,65 +278,39 @@ class Shipper:
 
     # -- collecting --------------------------------------------------------------------
 
-    def collect(self) -> tuple[dict[str, Any], int]:
-        """One message: everything buffered since the last one, and how many records it carries."""
+    def collect(self) -> wire.Shipment:
+        """One shipment: everything buffered since the last one."""
         rt = self.rt
-        message: dict[str, Any] = {}
-        records = 0
+        shipment = wire.Shipment()
         capture = rt.verify
         if capture is not None:
-            finished = capture.take_finished()  # before the engine steps: the steps each request drafted in come along
-            if finished:
-                message["finished"] = finished
+            shipment.finished = capture.take_finished()  # before the engine steps: the steps each request drafted in
             engine = capture.take_engine_steps()  # first: every request these steps verified was scheduled before
             worker = capture.take_worker_steps()
             if engine or worker:
-                message["engine"], message["worker"] = self._steps(engine, worker)
-                if not engine:
-                    del message["engine"]
-                if not worker:
-                    del message["worker"]
-            timings = capture.take_timings()
-            if timings:
-                message["timings"] = [(t.run_id, t.rank, t.has_drafts, t.execute_ns, t.sample_ns, t.draft_ns,
-                                       t.scheduled_tokens, t.requests) for t in timings]
+                shipment.engine, shipment.worker = self._steps(engine, worker)
+            shipment.timings = capture.take_timings()
             proposals = capture.take_proposals()
             if proposals:  # the pipeline process counts their drafts, nothing else: their totals travel
-                message["proposals"] = [p._replace(draft_token_ids=sum(map(len, p.draft_token_ids))) for p in proposals]
+                shipment.proposals = [p._replace(draft_token_ids=sum(map(len, p.draft_token_ids))) for p in proposals]
             host = capture.take_host_steps()
             if host:  # tokens counted here (the frontend's are its outputs' lists), off vLLM's thread
-                message["host"] = [(h.run_id, h.role, h.ns, host_tokens(h), h.stamp) for h in host]
-            dropped_steps = capture.take_dropped()
-            if dropped_steps:
-                message["dropped_steps"] = dropped_steps
-            requests = self._requests(capture)
-            if requests:
-                message["requests"] = requests
+                shipment.host = [h._replace(tokens=host_tokens(h)) for h in host]
+            shipment.dropped_steps = capture.take_dropped()
+            shipment.requests = self._requests(capture)
             runs = {step.run_id for step in engine} | {p.run_id for p in proposals}
             configs = {run_id: capture.config_of(run_id) for run_id in runs - self._configs_sent}
             if configs:
                 self._configs_sent.update(configs)
-                message["configs"] = configs
-            records += len(engine) + len(worker) + len(timings) + len(proposals) + len(host)
+                shipment.configs = configs
             capture.let_go(engine, worker, proposals, host)  # sent as values: vLLM's threads drop them (capture)
-        rows, columns, dropped = self.pipeline.take()
-        if rows:
-            message["rows"] = rows
-            records += sum(map(len, rows.values()))
-        if columns:
-            message["columns"] = columns
-            records += sum(n for sets in columns.values() for _, n in sets)
-        if dropped:
-            message["dropped"] = dropped
-        errors = self.rt.take_error_deltas()
-        if errors:
-            message["errors"] = errors
-        for key, queue in (("spans", self.spans), ("metric_calls", self.metric_calls), ("commands", self.commands)):
+        shipment.rows, shipment.values, shipment.dropped = self.pipeline.take()
+        shipment.errors = self.rt.take_error_deltas()
+        for key, queue in (("spans", self.spans), ("agreements", self.agreements)):
             if queue:
-                message[key] = [queue.popleft() for _ in range(len(queue))]
-                records += len(message[key]) if key == "spans" else 0
-        message["state"] = self._state()
-        return message, records
+                setattr(shipment, key, [queue.popleft() for _ in range(len(queue))])
+        shipment.state = self._state()
+        return shipment
 
     @staticmethod
     def _steps(engine: list, worker: list) -> tuple[list, list]:
@@ -390,20 +367,21 @@ class Shipper:
             except Exception as exc:
                 self.rt.count_error("shipper.requests", exc)
                 continue
-            out.append((ReadRequest(note.run_id, request_id, params), flags.get(request_id), traces.get(request_id)))
+            out.append(wire.ShippedRequest(ReadRequest(note.run_id, request_id, params), flags.get(request_id),
+                                           traces.get(request_id)))
             pauses.due()
         return out
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> wire.ProcessState:
         exposition = sys.modules.get("spectrace.sinks.exposition")  # loaded where vLLM's labels were read
         rt = self.rt
-        return {
-            "run": rt.run.run_id if rt.run is not None else None,
-            "runs": [(r.run_id, r.traceparent, r.started_ns, dict(r.info)) for r in list(rt.runs.values())],
-            "roles": list(rt.role_order),
-            "ranks": dict(rt.ranks),
-            "labels": dict(exposition.PROCESS_LABELS) if exposition is not None else {},
-        }
+        return wire.ProcessState(
+            run=rt.run.run_id if rt.run is not None else None,
+            runs=[wire.RunState(r.run_id, r.traceparent, r.started_ns, dict(r.info)) for r in list(rt.runs.values())],
+            roles=list(rt.role_order),
+            ranks=dict(rt.ranks),
+            labels=dict(exposition.PROCESS_LABELS) if exposition is not None else {},
+        )
 
     # -- shipping ----------------------------------------------------------------------
 
@@ -412,7 +390,8 @@ class Shipper:
         with self._ship_lock:
             started = time.thread_time_ns()
             try:
-                message, records = self.collect()
+                shipment = self.collect()
+                records = shipment.records()
             except Exception as exc:
                 self.rt.count_error("shipper.collect", exc)
                 return 0
@@ -425,24 +404,23 @@ class Shipper:
                         self._publish()
                 self.ship_cpu_ns += time.thread_time_ns() - started
                 return 0
-            if (IDLE_WAIT_S and not (wait or final) and message.keys() == {"state"}
-                    and message["state"] == self._last_state):
+            if (IDLE_WAIT_S and not (wait or final) and shipment.carries_only_state()
+                    and shipment.state == self._last_state):
                 self.idle_skips += 1
                 self.ship_cpu_ns += time.thread_time_ns() - started
-                return 0  # nothing new since the last message
-            self._last_state = message["state"]
+                return 0  # nothing new since the last shipment
+            self._last_state = shipment.state
             self._seq += 1
-            seq = message["seq"] = self._seq
-            message["flush"] = wait or final
-            if final:
-                message["final"] = True  # the engine's orderly end: the pipeline process may judge its last run whole
+            seq = shipment.seq = self._seq
+            shipment.flush = wait or final
+            shipment.final = final  # the engine's orderly end: the pipeline process may judge its last run whole
             if wire.YIELD_S:
                 time.sleep(wire.YIELD_S)  # the GIL for a waiting engine thread, between collecting and pickling
             try:
-                payload = dumps_message(message)
+                payload = dumps_shipment(shipment)
             except Exception as exc:
                 self.rt.count_error("shipper.pickle", exc)
-                self._lost(records, why="a message that could not be pickled")
+                self._lost(records, why="a shipment that could not be pickled")
                 return 0
             self.ship_cpu_ns += time.thread_time_ns() - started
             if not self._alive():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace import audit
+from spectrace.values import Taps
 from spectrace.console import EVIDENCE_ITEMS
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
@@ -43,13 +44,10 @@ def record_taps(rt, worker: Any, role: str, rank: int | None, span: Any = None) 
         },
     ) as taps_span:
         audit_live.emit_findings(rt, findings, role=role, span=taps_span, rank=rank)
-    if rt.metrics is not None and tap.tapped_ids is not None:
+    if rt.metered and tap.tapped_ids is not None:
         expected = tap.expected_ids or []
-        rt.metrics.taps(
-            [
-                {"expected_id": expected[i] if i < len(expected) else "none", "tapped_id": tapped}
-                for i, tapped in enumerate(tap.tapped_ids)
-            ],
-            rt.labels(),
-        )
+        rt.pipeline.note(Taps(rt.run.run_id if rt.run is not None else None, [
+            {"expected_id": expected[i] if i < len(expected) else "none", "tapped_id": tapped}
+            for i, tapped in enumerate(tap.tapped_ids)
+        ]))
     rt.flush()

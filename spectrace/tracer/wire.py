@@ -1,13 +1,17 @@
-"""The wire between an engine process and its pipeline process: frames, messages, spans and metric updates.
+"""The wire between an engine process and its pipeline process: one typed :class:`Shipment`, in frames.
 
 Both sides of ``SPECTRACE_PIPELINE=process`` depend on this module and on nothing of each other: the engine's
-shipper (``spectrace.tracer.shipper``) writes, the pipeline process (``spectrace.tracer.pipeline_process``) reads.
+shipper (``spectrace.tracer.shipper``) writes, the pipeline process (``spectrace.collector.process``) reads.
 
 - A frame is a length (8 bytes, network order) and a payload; EOF, or a frame cut short, ends the stream.
-- A message is a dict pickled by :func:`dumps_message`: its per-step records (:data:`PARTS`) in groups, with a
-  pause for the GIL between groups, so that an engine thread that woke while it pickles waits at most a group.
-- Spans travel as plain values (:func:`span_values`, :func:`rebuild_span`), metric updates as calls
-  (:class:`MetricCalls`): the pipeline process replays them on its own providers.
+- A shipment is one :class:`Shipment` (a dataclass with a :data:`VERSION`), pickled by :func:`dumps_shipment`: its
+  per-step records (:data:`PARTS`) in groups, with a pause for the GIL between groups, so that an engine thread that
+  woke while it pickles waits at most a group. Its fields hold the record types the hooks made
+  (``spectrace.tracer.verify.capture``: ``EngineStep``, ``WorkerStep``, ``StepTiming``, ``Proposal``,
+  ``HostStep``, ``ReadRequest``), the value records only the metrics sink reads (``spectrace.values``), rows of
+  ``spectrace.records`` tables and the process's state (:class:`ProcessState`); the far side gets the same types
+  back, never a method name to call.
+- Spans travel as plain values (:func:`span_values`, :func:`rebuild_span`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import pickle
 import struct
 import time
 from collections import deque
-from typing import NamedTuple
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, NamedTuple
 
 
 FRAME = struct.Struct("!Q")
@@ -30,7 +35,7 @@ FRAME = struct.Struct("!Q")
 # (bench/gpu_rates.py at 256 x 50: +0.155 ms of GIL wait a step in 2 of 5 jobs, ~0.01 in the others). Each pause
 # costs the shipper 20-45 µs of CPU (a sleep and the GIL handed back and forth; 45 in a 256 x 50 job), so groups are
 # sized to about ``YIELD_AFTER_NS`` of pickling each, not one record.
-PARTS = ("engine", "worker", "requests")  # the message's keys pickled in groups of records
+PARTS = ("engine", "worker", "requests")  # the shipment's fields pickled in groups of records
 YIELD_AFTER_NS = 150_000
 YIELD_S = 20e-6  # 0: no pauses (bench/gpu_rates.py --ship-pauses off, to measure what they do)
 
@@ -96,22 +101,18 @@ def write_frame(out, payload: bytes) -> None:
     out.flush()
 
 
-def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
-    """A message as one payload: the message without its :data:`PARTS`, then their records in groups (lists), pickled
-    by one pickler (a memo shared by all), with a pause for the GIL whenever ``YIELD_AFTER_NS`` of pickling passed.
-    A group holds as many records as the last group's pickling time says fit in ``YIELD_AFTER_NS``."""
-    parts = {key: message.pop(key) for key in PARTS if key in message}
-    message["parts"] = [(key, len(records)) for key, records in parts.items()]
+def dumps_shipment(shipment: "Shipment", *, pause=time.sleep) -> bytes:
+    """A shipment as one payload: the shipment without its :data:`PARTS` and their lengths, then their records in
+    groups (lists), pickled by one pickler (a memo shared by all: a request id or a dict two records hold is written
+    once), with a pause for the GIL whenever ``YIELD_AFTER_NS`` of pickling passed. A group holds as many records as
+    the last group's pickling time says fit in ``YIELD_AFTER_NS``."""
+    parts = [(key, getattr(shipment, key)) for key in PARTS]
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
-    try:
-        pickler.dump(message)
-    finally:
-        message.update(parts)  # the caller's message as it was
-        del message["parts"]
+    pickler.dump((replace(shipment, **{key: [] for key in PARTS}), [(key, len(records)) for key, records in parts]))
     clock = time.perf_counter_ns
     pauses = GilPauses(pause)
-    for records in parts.values():
+    for _, records in parts:
         i, size = 0, 1
         while i < len(records):
             group = records[i:i + size]
@@ -124,16 +125,22 @@ def dumps_message(message: dict, *, pause=time.sleep) -> bytes:
     return out.getvalue()
 
 
-def loads_message(payload: bytes) -> dict:
-    """:func:`dumps_message`'s message again (one unpickler: the memo spans the groups)."""
+def loads_shipment(payload: bytes) -> "Shipment":
+    """:func:`dumps_shipment`'s shipment again (one unpickler: the memo spans the groups). Raises ``ValueError`` for a
+    payload that is not a shipment of this :data:`VERSION` (both ends run one install: a mismatch is a bug)."""
     unpickler = pickle.Unpickler(io.BytesIO(payload))
-    message = unpickler.load()
-    for key, n in message.pop("parts", ()):
+    head = unpickler.load()
+    if not (isinstance(head, tuple) and len(head) == 2 and isinstance(head[0], Shipment)):
+        raise ValueError(f"not a shipment: {type(head).__name__}")
+    shipment, parts = head
+    if shipment.version != VERSION:
+        raise ValueError(f"shipment version {shipment.version}, this collector reads {VERSION}")
+    for key, n in parts:
         records: list = []
         while len(records) < n:
             records += unpickler.load()
-        message[key] = records
-    return message
+        setattr(shipment, key, records)
+    return shipment
 
 
 def read_frame(inp) -> bytes | None:
@@ -204,20 +211,85 @@ def rebuild_span(values: tuple, resource, scope):
     )
 
 
+# -- the shipment ---------------------------------------------------------------------
+
+VERSION = 1  # Shipment's layout; loads_shipment refuses another
 
 
-class MetricCalls:
-    """The engine side's ``rt.metrics``: each update (``rt.metrics.layout(rows, labels)``, …) is recorded as
-    (name, args, kwargs) and replayed on the pipeline process's instruments (``spectrace.sinks.metrics.Metrics``)."""
+@dataclass
+class RunState:
+    """A run as the engine process knows it (``spectrace.tracer.runs.Run`` without its live span)."""
 
-    def __init__(self, calls: deque) -> None:
-        self._calls = calls
+    run_id: str
+    traceparent: str
+    started_ns: int
+    info: dict[str, Any]
 
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
 
-        def call(*args, **kwargs) -> None:
-            self._calls.append((name, args, kwargs))
+@dataclass
+class ProcessState:
+    """What the engine process is: its runs and current run, the roles that fired in it (in order) and their ranks,
+    and the labels vLLM's series carry (``spectrace.sinks.exposition.PROCESS_LABELS``)."""
 
-        return call
+    run: str | None
+    runs: list[RunState]
+    roles: list[str]
+    ranks: dict[str, int]
+    labels: dict[str, str]
+
+
+class ShippedRequest(NamedTuple):
+    """A request as the engine process read it once its prefill was known (``ReadRequest``), with its flags
+    (greedy, structured output) and W3C trace headers where it had them."""
+
+    request: Any  # spectrace.tracer.verify.capture.ReadRequest
+    flags: tuple[bool, bool] | None
+    traces: dict[str, str] | None
+
+
+@dataclass
+class Shipment:
+    """Everything an engine process recorded since its last shipment, typed (module docstring).
+
+    ``engine`` / ``worker``: the steps as the hooks made them, each draft dict packed once (:class:`PackedDrafts`)
+    and the cached requests' two fields (``capture.Cached``); ``timings``: the worker's finished ``StepTiming``s;
+    ``proposals``: ``Proposal``s with their draft totals (an int); ``host``: ``HostStep``s with their tokens counted
+    (an int); ``requests``: :class:`ShippedRequest`; ``finished``: (run, ts, request ids) of steps without drafts;
+    ``configs``: run id -> its ``RunConfig`` (once per run and pipeline process); ``rows``: table -> rows the
+    low-rate hooks wrote; ``values``: ``spectrace.values`` records; ``spans``: :func:`span_values`; ``errors``: hook
+    error counts since the last shipment; ``dropped``: rows the engine's full buffer refused; ``dropped_steps``:
+    steps the capture's full buffers refused; ``agreements``: for each run begun, the engine/worker agreement to
+    judge of every other run (its id: the one excluded); ``flush``: flush at once and acknowledge; ``final``: the
+    engine's orderly end."""
+
+    seq: int = 0
+    state: ProcessState | None = None
+    engine: list = field(default_factory=list)
+    worker: list = field(default_factory=list)
+    requests: list = field(default_factory=list)
+    timings: list = field(default_factory=list)
+    proposals: list = field(default_factory=list)
+    host: list = field(default_factory=list)
+    finished: list = field(default_factory=list)
+    configs: dict = field(default_factory=dict)
+    rows: dict = field(default_factory=dict)
+    values: list = field(default_factory=list)
+    spans: list = field(default_factory=list)
+    errors: dict = field(default_factory=dict)
+    dropped: int = 0
+    dropped_steps: int = 0
+    agreements: list = field(default_factory=list)
+    flush: bool = False
+    final: bool = False
+    version: int = VERSION
+
+    RECORDS = ("engine", "worker", "timings", "proposals", "host", "spans")  # what counts as records (lost, if lost)
+
+    def records(self) -> int:
+        """The records it carries (what is counted as lost if it never reaches a pipeline process): the per-step
+        records, the spans and the rows."""
+        return sum(len(getattr(self, key)) for key in self.RECORDS) + sum(map(len, self.rows.values()))
+
+    def carries_only_state(self) -> bool:
+        """Nothing but the state (an idle process's wake)."""
+        return not any(getattr(self, f.name) for f in fields(self) if f.name not in ("seq", "state", "version"))

@@ -118,6 +118,21 @@ class StepTiming:
         self.scheduled_tokens = scheduled_tokens
         self.requests = requests
 
+    def __reduce__(self):  # shipped as its fields (a tuple), not a dict of slots
+        return _timing, (self.run_id, self.rank, self.has_drafts, self.execute_ns, self.sample_ns, self.draft_ns,
+                         self.done, self.scheduled_tokens, self.requests)
+
+    def __eq__(self, other) -> bool:
+        return type(other) is StepTiming and self.__reduce__()[1] == other.__reduce__()[1]
+
+    __hash__ = None
+
+
+def _timing(run_id, rank, has_drafts, execute_ns, sample_ns, draft_ns, done, scheduled_tokens, requests) -> StepTiming:
+    timing = StepTiming(run_id, rank, has_drafts, execute_ns, done, scheduled_tokens, requests)
+    timing.sample_ns, timing.draft_ns = sample_ns, draft_ns
+    return timing
+
 
 class HostStep(NamedTuple):
     """One step's host time outside the worker (what k pays prices it beside the worker's step): the engine core's

@@ -36,6 +36,7 @@ from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, C
 from spectrace.tracer.verify.run_config import RunConfig
 from spectrace.tracer.verify.timings import StepTimes
 from spectrace.tracer.wire import drafts_total
+from spectrace.values import SliceCounts
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
@@ -433,14 +434,13 @@ class VerifyCapture(Capture):
                 self.judge.run(run_id).budget.new_requests += 1
             if labels is not None:
                 self.judge.run(run_id).slices.add(labels, new, drafted, accepted)
-                if rt.metrics is not None:
+                if rt.metered:
                     flush_counts = by_slice[run_id]  # (dimension, value) -> (drafted, accepted) of this flush
                     for item in labels.items():
                         before_drafted, before_accepted = flush_counts.get(item, (0, 0))
                         flush_counts[item] = (before_drafted + drafted, before_accepted + accepted)
-        if rt.metrics is not None:
-            for run_id, counts in by_slice.items():
-                rt.metrics.slices(counts, rt.labels(run_id))
+        for run_id, counts in by_slice.items():  # value records, for the metrics sink
+            rt.pipeline.note(SliceCounts(run_id, counts))
         rt.pipeline.extend("request_slices", slice_rows)
         rt.pipeline.extend("request_counts", count_rows)
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from spectrace import speedup
+from spectrace.values import Speedup
 from spectrace.tracer.verify.capture import WORKER, HostStep, StepTiming, host_tokens
 
 
@@ -77,11 +78,9 @@ class StepTimes:
             whole = self.by_k_costs.setdefault((run_id, rank), dict.fromkeys(keys, 0))
             for key in keys:
                 whole[key] += t[key]
-            if rt.metrics is not None:  # the judge's estimates: values, not records
-                by_k = self.speedup_by_k(rt, run_id, rank)
-                if by_k:
-                    rt.metrics.speedup_by_k(by_k, rank, rt.labels(run_id))
-                rt.metrics.speedup_estimate(window["speedup_estimate"] if window else None, rank, rt.labels(run_id))
+            if rt.metered:  # the judge's estimates: value records (spectrace.values), for the metrics sink
+                rt.pipeline.note(Speedup(run_id, rank, window["speedup_estimate"] if window else None,
+                                         self.speedup_by_k(rt, run_id, rank) or []))
             emit(rt, run_id, not_paying, role=WORKER, rank=rank)
 
     def drain_host(self, rt, steps: list[HostStep]) -> None:
