@@ -30,8 +30,9 @@ import json, os, pickle, resource, shutil, sys, time
 from pathlib import Path
 import pyarrow.parquet as pq
 from spectrace.settings import Settings
-from spectrace.tracer import pipeline_process, runtime
-from spectrace.tracer.verify import VerifyCapture
+from spectrace.collector import process as pipeline_process
+from spectrace.tracer import runtime
+from spectrace.collector.inbox import Inbox
 from spectrace.tracer.wire import loads_shipment
 
 frames_path, minutes, work = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
@@ -39,7 +40,7 @@ frames = pickle.loads(frames_path.read_bytes())[20:]  # bench/pipeline_replay's 
 shutil.rmtree(work, ignore_errors=True)
 (work / "store").mkdir(parents=True)
 (work / "metrics").mkdir(mode=0o700)
-rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics"), make_capture=VerifyCapture)
+rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics", pipeline="thread"), source=Inbox())
 rt.runs.clear()
 rt.run = None
 pipeline_process._tune_gc()

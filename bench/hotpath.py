@@ -11,7 +11,7 @@ For each batch size B and draft length k:
 * ``vLLM stats``    vLLM's real ``Scheduler.make_spec_decoding_stats`` called once per request
                     of the same batch (log_stats=True), exactly as ``update_from_output`` calls
                     it, minus the bare loop over the same arguments: the stats work only.
-* ``drain``         the background flush's ``VerifyCapture.drain`` per step (off the engine
+* ``drain``         the background flush's drain (``spectrace.collector.drain.Drain``) per step (off the engine
                     thread; reported separately), and the Parquet write of what it produced.
 
 Inputs are vLLM's own dataclasses (SchedulerOutput, CachedRequestData, ModelRunnerOutput)
@@ -214,7 +214,7 @@ def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
             engine_hook(sched_self, so, mro)
             worker_hook(None, so)
         t0 = time.perf_counter()
-        capture.drain(rt)
+        rt.drain.drain(rt)
         t1 = time.perf_counter()
         rows = rt.pipeline._buffered
         rt.pipeline.flush()

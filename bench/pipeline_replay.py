@@ -111,17 +111,18 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
 
     profile_flush.instrument()
     from spectrace.settings import Settings
-    from spectrace.tracer import pipeline_process, runtime
+    from spectrace.collector import process as pipeline_process
+    from spectrace.tracer import runtime
     from spectrace.tracer.wire import loads_shipment
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.collector.inbox import Inbox
 
     frames = pickle.loads(path.read_bytes())  # every one a message (each carries the engine's state)
     work = SCRATCH / "pipeline_replay" / f"replay-{collector}"
     shutil.rmtree(work, ignore_errors=True)
     (work / "store").mkdir(parents=True)
     (work / "metrics").mkdir(mode=0o700)
-    rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics"),
-                         make_capture=VerifyCapture)
+    rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics", pipeline="thread"),
+                         source=Inbox())
     rt.runs.clear()
     rt.run = None
     # the flushes are the flush thread's (periodic), at the recorded time: the exposition's interval

@@ -1,4 +1,4 @@
-"""Columnar counting (spectrace.tracer.verify.columns) against the counting rules written as a loop per
+"""Columnar counting (spectrace.collector.columns) against the counting rules written as a loop per
 request-step (vLLM's ``update_from_output`` / ``make_spec_decoding_stats``), on random steps (no vLLM)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spectrace import acceptance
-from spectrace.tracer.verify import columns
+from spectrace.collector import columns
 
 
 def reference_engine(steps):

@@ -91,7 +91,7 @@ def test_records_are_freed_by_the_next_hook_call_once_sent_or_counted(rt):
     capture = rt.verify
     watch: list = []
     # the background shipper or flush thread waits while the steps are recorded: whichever takes them takes them all
-    with rt.pipeline.shipper._ship_lock if rt.shipping else capture._lock:
+    with rt.pipeline.shipper._ship_lock if rt.shipping else rt.drain._lock:
         frontend_hook = _record(watch)
     assert _alive(watch) == len(watch)  # the records wait for the flush or the shipper, and hold them
 

@@ -96,14 +96,27 @@ def test_cycle_detection_finds_a_planted_cycle():
 
 
 def test_only_the_plugin_imports_the_tracer():
-    # spectrace.testing drives real vLLM runs for the tests and reads the run id back from the tracer
+    # spectrace.testing drives real vLLM runs for the tests and reads the run id back from the tracer; the collector
+    # reads what the recorder ships (COLLECTOR_READS), and nothing else of it
     allowed = {"spectrace.plugin"}
+    graph = _graph()
     importers = {
         name
-        for name, targets in _graph().items()
-        if not name.startswith(("spectrace.tracer", "spectrace.testing")) and any(t.startswith("spectrace.tracer") for t in targets)
+        for name, targets in graph.items()
+        if not name.startswith(("spectrace.tracer", "spectrace.testing", "spectrace.collector"))
+        and any(t.startswith("spectrace.tracer") for t in targets)
     }
     assert importers <= allowed, importers
+    read = {t for name, targets in graph.items() if name.startswith("spectrace.collector") for t in targets
+            if t.startswith("spectrace.tracer")}
+    assert read <= COLLECTOR_READS, read - COLLECTOR_READS
+
+
+# What the collector imports of the recorder: the shipment and its record types, the runtime it builds in a pipeline
+# process (runs, roles, telemetry), the loss ledgers it writes, and the findings' emitter.
+COLLECTOR_READS = {"spectrace.tracer", "spectrace.tracer.wire", "spectrace.tracer.verify", "spectrace.tracer.verify.capture",
+                   "spectrace.tracer.verify.run_config", "spectrace.tracer.runtime", "spectrace.tracer.losses",
+                   "spectrace.tracer.audit_live"}
 
 
 def test_read_and_audit_record_nothing():

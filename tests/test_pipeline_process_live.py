@@ -139,12 +139,12 @@ def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, un
 
 
 def _pipeline_processes(keep) -> list[int]:
-    """The running pipeline processes (``python -m spectrace.tracer.pipeline_process``, from /proc) for which
+    """The running pipeline processes (``python -m spectrace.collector.process``, from /proc) for which
     ``keep(entry)`` holds (``entry``: the process's /proc folder; one that ends while read is left out)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if (entry.name.isdigit() and b"spectrace.tracer.pipeline_process" in (entry / "cmdline").read_bytes()
+            if (entry.name.isdigit() and b"spectrace.collector.process" in (entry / "cmdline").read_bytes()
                     and keep(entry)):
                 found.append(int(entry.name))
         except OSError:

@@ -197,7 +197,7 @@ def claim(settings, host: str) -> list[tuple[Path, dict[str, Any]]]:
 def write_claimed(rt, host: str) -> int:
     """The ledgers :func:`claim` takes, each one row of ``rt``'s ``internal_errors`` (hook :data:`HOOK`, ``count``
     the records, under the lost process's pid, host and run), flushed, then removed; how many records. Whichever
-    process writes the store calls it at its start: a pipeline process (``spectrace.tracer.pipeline_process``), or
+    process writes the store calls it at its start: a pipeline process (``spectrace.collector.process``), or
     with ``SPECTRACE_PIPELINE=thread`` the traced process itself. Never raises (a failure is one counted error)."""
     import logging
 

@@ -43,13 +43,10 @@ from typing import Any, Iterator
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import spectrace
 from spectrace import identity, redact
-from spectrace import sinks as sink_registry
-from spectrace.sinks.spans import SpanRows
 from spectrace.values import Dropped, ErrorCounts, RunInfo
 from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
@@ -76,12 +73,14 @@ def pipeline_shape(setting: str) -> str:
 class Runtime:
     """One process's tracing state.
 
-    ``make_capture`` builds the per-process verification capture (an object with
-    ``drain(rt)`` and ``check_agreement(rt, exclude=None)``), so a forked child gets
-    its own.
+    ``make_capture`` builds the per-process verification capture the hooks append to
+    (``spectrace.tracer.verify.capture.Capture``), so a forked child gets its own. ``shape``: where the records go,
+    chosen once here from ``SPECTRACE_PIPELINE``: ``spectrace.tracer.shipper.ShipperShape`` (to a pipeline
+    process) or ``spectrace.collector.collector.Collector`` (the flush on a thread here, over ``source``: the
+    hooks' capture, or a pipeline process's inbox).
     """
 
-    def __init__(self, settings: Settings, make_capture: Any = None) -> None:
+    def __init__(self, settings: Settings, make_capture: Any = None, *, source: Any = None) -> None:
         redact.install_logging_filter()  # every line spectrace logs goes through the one redaction
         shape = pipeline_shape(settings.pipeline)
         if shape != settings.pipeline:
@@ -109,20 +108,21 @@ class Runtime:
         self._shut_down = False
         self.agreement_at_exit = True  # a pipeline process whose engine ended without its last message: False
         self.pending_start_line: tuple[int, str] | None = None  # the start-up line, until vLLM's log is set up
-        self.verify = make_capture() if make_capture is not None else None
+        self.verify = make_capture() if make_capture is not None else None  # what the hooks append to
         # model loads in this process (tracer.weights): the one in progress, and the last per model role
         self.weight_loads: dict[str, Any] = {}
-        # The flush, in this order: the verification capture's drain (its rows, counts and
-        # findings), the hook error counts, then the metric counters; then every sink.
-        if self.shipping:  # hooks and a shipper here; everything else in a pipeline process
-            from spectrace.tracer.shipper import ShippingPipeline
+        # The one choice of shape, made here: a shipper to a pipeline process (the records leave this process), or
+        # the collector on a flush thread of this process, draining ``source`` (the hooks' capture; a pipeline
+        # process passes its inbox of shipments).
+        if settings.pipeline == "process":
+            from spectrace.tracer.shipper import ShipperShape
 
-            self.pipeline = ShippingPipeline(settings, self)
-            self.exporter_status = {name: "pipeline process" for name in settings.exporters}
+            self.shape = ShipperShape(self)
         else:
-            sources = [self._drain_verification] if self.verify is not None else []
-            sources += [self._flush_error_counts, self._flush_metric_counters]
-            self.pipeline, self.exporter_status = sink_registry.build(settings, sources=sources, on_error=self.count_error)
+            from spectrace.collector.collector import Collector
+
+            self.shape = Collector(self, source if source is not None else self.verify)
+        self.pipeline, self.exporter_status = self.shape.pipeline()
         parent_run = inherited(ACTIVE_RUN_ENV)
         if parent_run:
             self.set_run(Run.from_env_value(parent_run))
@@ -162,32 +162,7 @@ class Runtime:
             resource = self._resource(role)
             provider = TracerProvider(resource=resource, shutdown_on_exit=False)
             self.provider = provider
-            if self.shipping:
-                from spectrace.tracer.shipper import SpanShipper
-
-                self._add_span_processor(SpanShipper(self.pipeline.shipper))
-                self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
-                return
-            readers = []
-            sinks = self.pipeline.sinks
-            if any(sink.takes_tables for sink in sinks):
-                self._add_span_processor(SimpleSpanProcessor(SpanRows(self.pipeline)))
-            for sink in [*sinks, *self.pipeline.telemetry]:  # those that take spans or metrics from the SDK
-                try:
-                    processor, reader = sink.span_processor(), sink.metric_reader()
-                    if processor is not None:
-                        self._add_span_processor(processor)
-                    if reader is not None:
-                        readers.append(reader)
-                    self.exporter_status[sink.name] = sink.status or sink.name
-                except Exception as exc:
-                    self.exporter_status[sink.name] = f"unavailable: {exc}"
-                    log.error("spectrace: the %s sink is unavailable: %s", sink.name, exc)
-            if readers:
-                from spectrace.sinks.metrics import Metrics, MetricsSink
-
-                self.metrics = Metrics(readers, resource)
-                self.pipeline.add_sink(MetricsSink(self.metrics, self.labels, self.run_k), first=True)
+            self.shape.telemetry(provider, resource)
             self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
 
     def _add_span_processor(self, processor) -> None:
@@ -199,8 +174,10 @@ class Runtime:
         """Whether this process ships its records to a pipeline process (``SPECTRACE_PIPELINE=process``)."""
         return self.settings.pipeline == "process"
 
-    def _drain_verification(self) -> None:
-        self.verify.drain(self)
+    @property
+    def drain(self):
+        """The verification drain, where this process flushes (None where it ships, or has no capture)."""
+        return getattr(self.shape, "drain", None)
 
     @property
     def metered(self) -> bool:
@@ -266,9 +243,7 @@ class Runtime:
         if pending is not None:  # a process that never began a run still says what ran
             log.log(pending[0], "%s", pending[1])
         try:
-            # a pipeline process checks at its EOF, unless its engine ended without its last message
-            if self.verify is not None and not self.shipping and self.agreement_at_exit:
-                self.verify.check_agreement(self)
+            self.shape.at_shutdown()  # the collector judges the last run's agreement; a shipper leaves it to its own
             if self.provider is not None:
                 self.provider.force_flush(timeout_millis=5000)
         except Exception as exc:
@@ -327,10 +302,7 @@ class Runtime:
             run.traceparent = carrier.get("traceparent", "")
             run.root_span = root
             if previous is not None and self.verify is not None:
-                if self.shipping:
-                    self.pipeline.check_agreement(run_id)
-                else:
-                    self.verify.check_agreement(self, exclude=run_id)
+                self.shape.check_agreement(exclude=run_id)
             os.environ[ACTIVE_RUN_ENV] = run.env_value()
             return run
 
@@ -519,11 +491,7 @@ def start(settings: Settings | None = None, *, hooks: list[Hook] | None = None, 
                 _log_start(rt)
         _runtime, _parent = rt, None
         rt.pipeline.start()
-        if not rt.shipping and previous is None:  # SPECTRACE_PIPELINE=thread: this process writes the store, so it
-            from spectrace.tracer import losses  # takes this host's exited shippers' loss ledgers, as a pipeline
-            #                                      process does at its start
-
-            losses.write_claimed(rt, rt.host)
+        rt.shape.at_start(first=previous is None)
         atexit.register(rt.shutdown)
         return rt
 
@@ -538,7 +506,7 @@ def _log_start(rt: Runtime) -> None:
     except ValueError:
         inside = False
     where = f"store {rt.settings.dir}" if "duckdb" in rt.settings.exporters else "no store"
-    shape = "pipeline process" if rt.shipping else "flush thread"
+    shape = rt.shape.name
     line = (f"spectrace: tracing on in pid {rt.pid} (vLLM {version}{'' if inside else ', outside the tested range ' + support.VLLM_RANGE}): "
             f"{rt.hooks.summary()}; {where}; exporters {', '.join(rt.settings.exporters) or 'none'}; {shape}")
     failed = rt.hooks.missing or rt.hooks.unsupported

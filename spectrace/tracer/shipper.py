@@ -106,6 +106,37 @@ class SpanShipper(_span_processor_base()):
         return True
 
 
+# -- the engine side's shape ---------------------------------------------------------
+
+
+class ShipperShape:
+    """``SPECTRACE_PIPELINE=process``, the engine's side (``Runtime.shape``): a buffer the hooks append to and a
+    shipper; finished spans to the shipper; the agreement judged by the pipeline process, in order with the
+    records (the other shape: ``spectrace.collector.collector.Collector``)."""
+
+    name = "pipeline process"
+    drain = None  # the records are drained in the pipeline process
+
+    def __init__(self, rt) -> None:
+        self.rt = rt
+
+    def pipeline(self):
+        settings = self.rt.settings
+        return ShippingPipeline(settings, self.rt), {name: "pipeline process" for name in settings.exporters}
+
+    def telemetry(self, provider, resource) -> None:
+        self.rt._add_span_processor(SpanShipper(self.rt.pipeline.shipper))
+
+    def check_agreement(self, exclude: str | None = None) -> None:
+        self.rt.pipeline.check_agreement(exclude)
+
+    def at_start(self, first: bool) -> None:
+        pass  # the pipeline process takes the host's loss ledgers at its start
+
+    def at_shutdown(self) -> None:
+        pass  # the pipeline process judges the last run's agreement at its EOF (after the final shipment)
+
+
 # -- the engine side's pipeline -----------------------------------------------------
 
 
@@ -233,7 +264,7 @@ class Shipper:
         env.pop("SPECTRACE", None)  # the pipeline process traces nothing itself
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spectrace.tracer.pipeline_process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "spectrace.collector.process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 env=env, close_fds=True,
             )
             os.set_blocking(self.proc.stdin.fileno(), False)  # every write is bounded (_write)

@@ -3,7 +3,11 @@
 The hooks (``spectrace.tracer.verify.hooks``) run on vLLM's threads, once per engine or
 worker step. They append one record per step to a bounded deque here, holding only what
 vLLM already holds on the host (references to its per-step objects, ints, lists of ints);
-the drain (``spectrace.tracer.verify.drain``) takes them on the flush thread.
+the shipper (``spectrace.tracer.shipper``) takes them every ship interval for a pipeline
+process, or, where the flush runs in this process (``SPECTRACE_PIPELINE=thread``), the
+collector's drain (``spectrace.collector.drain``) takes them on the flush thread. This is the
+engine's side only: a pipeline process keeps the records it is shipped in an inbox of its own
+(``spectrace.collector.inbox``), never in these deques.
 
 Records are let go of on vLLM's threads. A record keeps its step's objects (the draft dict
 and its lists, the frontend's outputs) until the shipper has sent it or the drain has
@@ -178,8 +182,38 @@ class Capture:
         self.finished: deque[tuple[str | None, int, list[str]]] = deque()
         self.schedule_ns = 0  # the engine core's last Scheduler.schedule, added to its update_from_output
         # records the shipper sent or the drain counted, and the objects they hold: dropped by vLLM's threads
-        # (None in a pipeline process)
         self.release: deque | None = deque()
+        # the facts the drain reads of each run's VllmConfig, read here, in the engine's process (RunConfig)
+        self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
+        self.run_facts: dict[str, Any] = {}  # run id -> its RunConfig (each part read once)
+        self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
+
+    # -- the engine's facts (engine core, worker: at start-up and model load) --------------
+
+    def note_config(self, run_id: str | None, vllm_config) -> None:
+        """Keep the run's VllmConfig (engine core): its boundaries are read in the drain."""
+        if run_id is None:
+            return
+        if len(self.run_configs) >= 16:
+            self.run_configs.pop(next(iter(self.run_configs)))
+        self.run_configs[run_id] = vllm_config
+        self.run_facts.pop(run_id, None)  # read anew from this config
+
+    def note_layout(self, runtime_layers: dict) -> None:
+        """What the models a worker loaded in this process run (role -> layer rows): the judge's layout facts."""
+        self.runtime_layers = runtime_layers
+
+    def config_of(self, run_id: str | None):
+        """What the drain reads of the run's VllmConfig (``RunConfig``: each part read once, on first use; a
+        pipeline process is shipped the parts, read in the engine's process: ``RunConfig.__getstate__``)."""
+        facts = self.run_facts.get(run_id)
+        if facts is None:
+            from spectrace.tracer.verify.run_config import RunConfig
+
+            if len(self.run_facts) >= 16:
+                self.run_facts.pop(next(iter(self.run_facts)))
+            facts = self.run_facts[run_id] = RunConfig(self.run_configs.get(run_id), lambda: self.runtime_layers)
+        return facts
 
     # -- the hooks' side (vLLM's threads) ----------------------------------------------
 
@@ -191,7 +225,7 @@ class Capture:
         zero, and the collector ran nearly as often (BENCHMARKS.md)."""
         try:
             self.release.popleft()
-        except (IndexError, AttributeError):  # nothing waiting; a pipeline process (None)
+        except (IndexError, AttributeError):  # nothing waiting
             pass
 
     def add_worker_step(self, run_id: str | None, rank: int | None, drafts, sampled, row_of: dict | None) -> None:
@@ -239,7 +273,7 @@ class Capture:
         waiting from the last call with records no step came to take (tracing paused, an idle engine): it is freed
         here. A call without records changes nothing (an idle engine keeps at most one call's records)."""
         release = self.release
-        if release is None or not any(batches):  # a pipeline process (no hooks: freed where they are); nothing new
+        if release is None or not any(batches):  # nothing new
             return
         release.clear()
         for batch in batches:
@@ -248,3 +282,6 @@ class Capture:
     def take_dropped(self) -> int:
         dropped, self.dropped_steps = self.dropped_steps, 0
         return dropped
+
+
+VerifyCapture = Capture  # the name runtime.start(make_capture=...) callers know

@@ -1,6 +1,6 @@
 """What the drain reads of one run's ``VllmConfig`` (``RunConfig``), read once and shipped as plain values.
 
-The engine core keeps each run's ``VllmConfig`` (``VerifyCapture.note_config``); the drain needs four parts of it:
+The engine core keeps each run's ``VllmConfig`` (``Capture.note_config``); the drain needs four parts of it:
 the context (boundaries, root causes, method, parallel drafting: the static judge, ``audit.judge``), the
 generation_config sampling defaults, the prefix-cache facts and the scheduler facts.
 """

@@ -1,7 +1,7 @@
 """The verification drain: what the hooks captured, turned into rows, counts and findings.
 
-Runs on the pipeline's flush thread (its first source, ``Runtime._drain_verification``),
-never on vLLM's. Per flush: the engine core's steps (``EngineStep``) become ``verify_steps``
+Runs on the pipeline's flush thread (its first source), never on vLLM's: in the collector, over the records a
+source holds (the hooks' capture in the traced process, or the collector's inbox of shipments). Per flush: the engine core's steps (``EngineStep``) become ``verify_steps``
 rows, per-position counts by context range (``verify_counts``), acceptance lengths and
 one-token draft rows; the worker's steps (``WorkerStep``) the worker-side counts; the
 worker's step times (``StepTiming``) ``speculation_steps``. Each batch of records goes to the
@@ -30,11 +30,11 @@ import pyarrow as pa
 
 from spectrace import acceptance, slices
 from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
-from spectrace.tracer import audit_live, runtime
-from spectrace.tracer.verify import columns
-from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, Capture, ReadRequest, RequestNote
+from spectrace.tracer import audit_live
+from spectrace.collector import columns
+from spectrace.collector.timings import StepTimes
+from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, ReadRequest, RequestNote
 from spectrace.tracer.verify.run_config import RunConfig
-from spectrace.tracer.verify.timings import StepTimes
 from spectrace.tracer.wire import drafts_total
 from spectrace.values import SliceCounts
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
@@ -42,23 +42,24 @@ from spectrace.vllm_objects.requests import defaults_in_force, request_parameter
 log = logging.getLogger("vllm.spectrace")
 
 
-class VerifyCapture(Capture):
-    """The per-process capture (:class:`Capture`, what the hooks append to) and its background
-    drain: rows, counts, metrics and findings, from the flush thread.
+class Drain:
+    """The verification drain over one source of records: rows, counts, value records and findings, from the
+    flush thread.
 
-    One per :class:`~spectrace.tracer.runtime.Runtime` (``rt.verify``): a forked child
-    builds its own, with fresh locks and queues.
+    ``source``: where the records wait, with the capture's ``take_*`` methods, ``request_flags``,
+    ``request_traces``, ``config_of`` and ``let_go``: the hooks' own capture
+    (``spectrace.tracer.verify.capture.Capture``) where the flush runs in the traced process
+    (``SPECTRACE_PIPELINE=thread``), or the collector's :class:`~spectrace.collector.inbox.Inbox`, which the
+    shipments fill, in a pipeline process. One per :class:`~spectrace.tracer.runtime.Runtime` that flushes
+    (``rt.drain``): a forked child builds its own, with fresh locks.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, source) -> None:
+        self.source = source
         self.judge: RunJudge | None = None  # built on the first drain, with the runtime's settings
         self._span_countdown = 0
         self._sampler = np.random.default_rng(0)  # SPECTRACE_STEP_SAMPLE's draws
         self._lock = threading.RLock()
-        self.run_configs: dict[str, object] = {}  # run id -> its VllmConfig (engine core)
-        self.run_facts: dict[str, RunConfig] = {}  # run id -> what the drain reads of its VllmConfig (read once)
-        self.runtime_layers: dict | None = None  # role -> layer rows, when a worker loaded the models in this process
         # what k pays (spectrace.speedup), per (run, rank): the worker's per-position accepted counts and
         # request-steps, and its step sums, both over the whole run
         self.step_times = StepTimes()  # the worker's step times: decode/chunk steps, does speculation pay, what k pays
@@ -68,24 +69,25 @@ class VerifyCapture(Capture):
 
     # -- background ------------------------------------------------------------
 
-    def drain(self, rt: "runtime.Runtime") -> None:
+    def drain(self, rt) -> None:
         with self._lock:
             if self.judge is None:
                 settings = rt.settings
                 self.judge = RunJudge(collapse_threshold=settings.collapse_threshold,
                                       collapse_window_tokens=settings.collapse_window_tokens,
                                       collapse_min_tokens=settings.collapse_min_tokens)
-            finished = self.take_finished()  # first: the steps before each are in the engine steps taken next
-            engine = self.take_engine_steps()
-            worker = self.take_worker_steps()
-            dropped = self.take_dropped()
-            for note in self.take_new_requests():
+            source = self.source
+            finished = source.take_finished()  # first: the steps before each are in the engine steps taken next
+            engine = source.take_engine_steps()
+            worker = source.take_worker_steps()
+            dropped = source.take_dropped()
+            for note in source.take_new_requests():
                 if len(self.requests) >= MAX_ACTIVE_SLICES:  # never verified (finished first, or no drafts)
                     self.requests.pop(next(iter(self.requests)))
                 self.requests[note.request_id] = note
             if dropped:
                 rt.pipeline.count_dropped(dropped)
-            proposals = self.take_proposals()
+            proposals = source.take_proposals()
             if engine:
                 self._drain_engine(rt, engine)
             for run_id, ts, requests in finished:
@@ -93,13 +95,13 @@ class VerifyCapture(Capture):
             if proposals or engine:
                 self._drain_budget(rt, proposals, engine)
             yielded = self._drain_worker(rt, worker) if worker else {}
-            host = self.take_host_steps()
+            host = source.take_host_steps()
             if host:  # before the worker's timings: the live estimate prices this flush's host steps too
                 self.step_times.drain_host(rt, host)
-            timings = self.take_timings()
+            timings = source.take_timings()
             if timings:
                 self.step_times.drain(rt, timings, yielded, self.judge, self._emit)
-            self.let_go(engine, worker, proposals, host)  # counted: vLLM's threads drop them (capture)
+            source.let_go(engine, worker, proposals, host)  # counted: vLLM's threads drop them (capture)
             judge = self.judge
             for run_id in list(judge.runs):  # the run's configs are read only where a rule needs them
                 scheduler = lambda run_id=run_id: self.config_of(run_id).scheduler()  # noqa: E731
@@ -243,7 +245,7 @@ class VerifyCapture(Capture):
         if rt.settings.record_tokens:
             tokens = counted.tokens.tolist()
             draft_ids = [json.dumps(tokens[s:s + length]) for s, length in zip(starts.tolist(), lengths.tolist())]
-        flags = self.request_flags
+        flags = self.source.request_flags
         pairs = list(map(flags.get, ids, repeat(NO_FLAGS)))
         greedy, structured = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
         rt.pipeline.extend_columns("verify_steps", {
@@ -337,7 +339,7 @@ class VerifyCapture(Capture):
 
     def _links(self, request_ids: list[str]) -> list:
         """Span links to the ``llm_request`` traces of these requests (when vLLM traces)."""
-        if not self.request_traces:
+        if not self.source.request_traces:
             return []
         from opentelemetry import trace as trace_api
         from opentelemetry.trace import Link
@@ -346,7 +348,7 @@ class VerifyCapture(Capture):
         propagator = TraceContextTextMapPropagator()
         links = []
         for req_id in request_ids:
-            headers = self.request_traces.get(req_id)
+            headers = self.source.request_traces.get(req_id)
             if not headers:
                 continue
             context = trace_api.get_current_span(propagator.extract(headers)).get_span_context()
@@ -382,28 +384,9 @@ class VerifyCapture(Capture):
 
     # -- the run's acceptance curve: context ranges, cliffs, dummy drafts --------------
 
-    def note_config(self, run_id: str | None, vllm_config) -> None:
-        """Keep the run's VllmConfig (engine core): its boundaries are read in the drain."""
-        if run_id is None:
-            return
-        if len(self.run_configs) >= 16:
-            self.run_configs.pop(next(iter(self.run_configs)))
-        self.run_configs[run_id] = vllm_config
-        self.run_facts.pop(run_id, None)  # read anew from this config
-
-    def note_layout(self, runtime_layers: dict) -> None:
-        """What the models a worker loaded in this process run (role -> layer rows): the judge's layout facts."""
-        self.runtime_layers = runtime_layers
-
     def config_of(self, run_id: str | None) -> "RunConfig":
-        """What the drain reads of the run's VllmConfig (each part read once, on first use; a pipeline
-        process is handed the parts, read in the engine's process: ``RunConfig.__getstate__``)."""
-        facts = self.run_facts.get(run_id)
-        if facts is None:
-            if len(self.run_facts) >= 16:
-                self.run_facts.pop(next(iter(self.run_facts)))
-            facts = self.run_facts[run_id] = RunConfig(self.run_configs.get(run_id), lambda: self.runtime_layers)
-        return facts
+        """What the drain reads of the run's VllmConfig (the source's: read in the engine's process)."""
+        return self.source.config_of(run_id)
 
     def _curve(self, rt, run_id: str) -> RunCurve:
         curve, new = self.judge.curve(run_id, self.config_of(run_id).context)

@@ -1,13 +1,15 @@
 """The pipeline process: one per traced engine process with ``SPECTRACE_PIPELINE=process``.
 
 Started by the engine process's shipper (``spectrace.tracer.shipper``) as
-``python -m spectrace.tracer.pipeline_process``; reads frames (a length, a pickle) on stdin:
+``python -m spectrace.collector.process``; reads frames (a length, a pickle) on stdin:
 
 1. the first: the engine's settings and identity (pid, host): every row, segment name and
    exposition file it writes is the engine's (``spectrace.identity.adopt``);
-2. then one message every ship interval: the engine's records and state, applied to a real
-   :class:`~spectrace.tracer.runtime.Runtime` whose flush thread does what the engine's own would
-   have done (the verification drain, the judges, every sink, compaction);
+2. then one typed shipment (``spectrace.tracer.wire.Shipment``) every ship interval: the engine's records and
+   state, applied to a real :class:`~spectrace.tracer.runtime.Runtime` under the engine's identity, whose collector
+   (``spectrace.collector.collector.Collector``: the code the thread shape runs in the traced process) drains the
+   shipped records from an :class:`~spectrace.collector.inbox.Inbox` on its flush thread (the judges, every sink,
+   compaction);
 3. EOF (the engine exited, or was killed): the runtime's shutdown (the engine/worker agreement,
    a last flush, the sinks closed), then exit. The agreement of the run still going is judged only after the
    engine's last message (``final``: it closed in order): an engine killed, or ended by ``os._exit``, may have
@@ -54,11 +56,10 @@ def apply(rt, shipment) -> None:
         _apply_spans(rt, shipment.spans)
     for table, rows in shipment.rows.items():
         rt.pipeline.extend(table, rows)
-    capture = rt.verify
-    if capture is not None:
-        _apply_capture(capture, shipment)
-        for exclude in shipment.agreements:
-            capture.check_agreement(rt, exclude=exclude)
+    if rt.drain is not None:
+        rt.drain.source.add(shipment)  # the Inbox: the drain takes the shipped records from it
+    for exclude in shipment.agreements:
+        rt.shape.check_agreement(exclude=exclude)
 
 
 def _apply_state(rt, state, Run) -> None:
@@ -104,26 +105,6 @@ def _apply_spans(rt, spans: list) -> None:
                 processor.on_end(span)
             except Exception as exc:
                 rt.count_error("pipeline.spans", exc)
-
-
-def _apply_capture(capture, shipment) -> None:
-    with capture._lock:  # one drain at a time: the records of a shipment arrive together
-        capture.run_facts.update(shipment.configs)
-        for request, flags, traces in shipment.requests:
-            capture.new_requests.append(request)
-            if flags is not None:
-                capture.request_flags[request.request_id] = flags
-            if traces:
-                capture.request_traces[request.request_id] = traces
-        capture.finished.extend(shipment.finished)
-        capture.engine_steps.extend(shipment.engine)
-        capture.worker_steps.extend(shipment.worker)
-        for timing in shipment.timings:  # finished on the engine's side: the drain here takes every one
-            timing.done = True
-        capture.worker_timings.extend(shipment.timings)
-        capture.proposals.extend(shipment.proposals)
-        capture.host_steps.extend(shipment.host)
-        capture.dropped_steps += shipment.dropped_steps
 
 
 def _write_losses(rt, init: dict) -> None:
@@ -228,11 +209,10 @@ def main() -> int:
     init = pickle.loads(frame)
     identity.adopt(init["pid"])
 
+    from spectrace.collector.inbox import Inbox
     from spectrace.tracer import runtime
-    from spectrace.tracer.verify import VerifyCapture
 
-    rt = runtime.Runtime(replace(init["settings"], pipeline="thread", enabled=True), make_capture=VerifyCapture)
-    rt.verify.release = None  # no vLLM thread here to let go of the drained records: they are freed as drained
+    rt = runtime.Runtime(replace(init["settings"], pipeline="thread", enabled=True), source=Inbox())
     rt.runs.clear()
     rt.run = None
     _write_losses(rt, init)
