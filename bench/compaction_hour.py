@@ -31,9 +31,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from spectrace.settings import Settings
 from spectrace.collector import process as pipeline_process
-from spectrace.tracer import runtime
+from spectrace.recorder import runtime
 from spectrace.collector.inbox import Inbox
-from spectrace.tracer.wire import loads_shipment
+from spectrace.recorder.wire import loads_shipment
 
 frames_path, minutes, work = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 frames = pickle.loads(frames_path.read_bytes())[20:]  # bench/pipeline_replay's warm-up left out

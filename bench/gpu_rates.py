@@ -50,7 +50,7 @@ Shapes (``--shapes``):
   shipper, a real pipeline process does the rest; ``--ship-phases`` times the shipper's phases with its thread's
   CPU clock, ``--ship-interval`` sets ``SPECTRACE_SHIP_INTERVAL``, ``--ship-pauses off`` drops its pauses for the GIL.
 (The ``child`` shape of results before 2026-12-07 was a prototype with a shipper of its own; the production shape
-uses the product's shipper, ``spectrace.tracer.shipper``, and its pipeline process, ``spectrace.collector.process``.)
+uses the product's shipper, ``spectrace.recorder.shipper``, and its pipeline process, ``spectrace.collector.process``.)
 
 Probes (``--probe``, the production shape only, combinable; ``PROBES`` says what each changes): variants that say
 where a slowdown of the engine's own work comes from -- tracing paused in both windows (``null``), the hooks' records
@@ -86,10 +86,10 @@ from bench.common import SCRATCH, freeze_heap, loadavg, write_result
 
 # -- spectrace's entry points this benchmark drives: the one place to update when they move -----------
 from spectrace.settings import Settings
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import VerifyCapture
-from spectrace.tracer.verify.hooks import _timed as wrap_timed
-from spectrace.tracer.verify import wrap_add_request, wrap_bookkeeping_sync, wrap_execute_model, wrap_update_from_output
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import VerifyCapture
+from spectrace.recorder.verify.hooks import _timed as wrap_timed
+from spectrace.recorder.verify import wrap_add_request, wrap_bookkeeping_sync, wrap_execute_model, wrap_update_from_output
 
 
 def settings_for(store: Path) -> Settings:
@@ -477,7 +477,7 @@ def time_ship_phases() -> Callable[[], dict]:
     pauses for the GIL; writing the frame; reading acknowledgements. Returns a function that reads them:
     {phase: (cpu_ms, calls)}."""
     from bench import profile_flush
-    from spectrace.tracer import shipper
+    from spectrace.recorder import shipper
 
     timed = profile_flush.timed
     pause = timed("pickle: pauses for the GIL", time.sleep)
@@ -509,7 +509,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
 
         profile = "in the pipeline process"
         if args.ship_pauses == "off":
-            from spectrace.tracer import wire
+            from spectrace.recorder import wire
 
             wire.YIELD_S = 0
         ship_phases = time_ship_phases() if args.ship_phases else None

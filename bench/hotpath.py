@@ -84,7 +84,7 @@ def active_runtime(store):
     process's (``pipeline="thread"``: the drain measured here is the one a pipeline process runs, and the hooks
     append the same records in either shape)."""
     from spectrace.settings import Settings
-    from spectrace.tracer import runtime, verify
+    from spectrace.recorder import runtime, verify
 
     rt = runtime.Runtime(Settings(enabled=True, dir=store, pipeline="thread"), verify.VerifyCapture)
     rt.set_run(runtime.Run(run_id="bench-hotpath", traceparent=""))
@@ -102,7 +102,7 @@ def _time(fn, n: int) -> float:
 def measure(batch: int, k: int, *, reps: int, n: int, rt) -> dict:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from spectrace.tracer import verify
+    from spectrace.recorder import verify
 
     capture = rt.verify
     so, mro, book, stats_args = build_inputs(batch, k)
@@ -198,7 +198,7 @@ def _clear(capture) -> None:
 
 def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
     """Background cost per step: drain ``steps`` engine + worker steps, then write them."""
-    from spectrace.tracer import verify
+    from spectrace.recorder import verify
 
     capture = rt.verify
     so, mro, book, _ = build_inputs(batch, k)

@@ -59,8 +59,8 @@ def stand_in_messages(batch: int, messages: int, store: Path, take, steps: int =
     from dataclasses import replace
 
     from bench import gpu_rates
-    from spectrace.tracer import runtime
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.recorder import runtime
+    from spectrace.recorder.verify import VerifyCapture
 
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
@@ -84,7 +84,7 @@ def stand_in_messages(batch: int, messages: int, store: Path, take, steps: int =
 def record(batch: int, messages: int, path) -> dict:
     """The stand-in engine's shipped messages at ``batch``, as the frames the shipper wrote (the pipeline process's
     start frame, written when it started, is not among them)."""
-    from spectrace.tracer import shipper as shipper_module
+    from spectrace.recorder import shipper as shipper_module
 
     frames: list[bytes] = []
     write = shipper_module.write_frame
@@ -112,8 +112,8 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     profile_flush.instrument()
     from spectrace.settings import Settings
     from spectrace.collector import process as pipeline_process
-    from spectrace.tracer import runtime
-    from spectrace.tracer.wire import loads_shipment
+    from spectrace.recorder import runtime
+    from spectrace.recorder.wire import loads_shipment
     from spectrace.collector.inbox import Inbox
 
     frames = pickle.loads(path.read_bytes())  # every one a message (each carries the engine's state)

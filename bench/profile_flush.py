@@ -58,7 +58,7 @@ def instrument() -> None:
 
     from spectrace import pipeline
     from spectrace.store import compaction, writer as segments
-    from spectrace.tracer import runtime
+    from spectrace.recorder import runtime
 
     for name in ("flush", "maintain"):
         setattr(pipeline.Pipeline, name, timed(f"Pipeline.{name}", getattr(pipeline.Pipeline, name)))

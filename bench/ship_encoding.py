@@ -40,7 +40,7 @@ from bench.pipeline_replay import STEPS_A_MESSAGE, stand_in_messages
 def messages(batch: int, n: int, steps: int = STEPS_A_MESSAGE) -> list[dict]:
     """``n`` messages the real shipper collected from the stand-in engine at ``batch``, k 7, their engine and worker
     steps as the hooks recorded them (``Shipper._steps`` not applied: each way converts them itself)."""
-    from spectrace.tracer.shipper import Shipper
+    from spectrace.recorder.shipper import Shipper
 
     convert = Shipper._steps
     Shipper._steps = staticmethod(lambda engine, worker: (engine, worker))
@@ -53,14 +53,14 @@ def messages(batch: int, n: int, steps: int = STEPS_A_MESSAGE) -> list[dict]:
 
 def _dumps(message: dict) -> bytes:
     """A message (a shipment's fields, some converted) as the shipper pickles a shipment (``wire.dumps_shipment``)."""
-    from spectrace.tracer import wire
+    from spectrace.recorder import wire
 
     return wire.dumps_shipment(wire.Shipment(**message))
 
 
 def dicts(message: dict) -> dict:
     """The message as shipped before the packing: the cached requests' two fields, the draft dicts as they are."""
-    from spectrace.tracer.verify.capture import Cached
+    from spectrace.recorder.verify.capture import Cached
 
     out = dict(message)
     if "engine" in out:
@@ -71,7 +71,7 @@ def dicts(message: dict) -> dict:
 
 def packed(message: dict) -> dict:
     """The message as shipped (``Shipper._steps``)."""
-    from spectrace.tracer.shipper import Shipper
+    from spectrace.recorder.shipper import Shipper
 
     out = dict(message)
     out["engine"], out["worker"] = Shipper._steps(message.get("engine", []), message.get("worker", []))
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         parser.error("--batch, --messages and --steps must be at least 1, --rounds at least 2")
     import numpy as np
 
-    from spectrace.tracer import wire
+    from spectrace.recorder import wire
 
     wire.YIELD_S = 0  # the pauses are the same either way; pickling alone is compared
     print(f"collecting {args.messages} messages at batch {args.batch} ...", flush=True)

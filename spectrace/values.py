@@ -5,7 +5,7 @@ the hook error counts and the records dropped are not stored as rows of a table 
 ``attention_layout``, ``hidden_state_taps``, ``speculation_steps``, ``request_slices``, ``internal_errors``), but
 ``/metrics`` shows them. Whoever computes one hands it to the pipeline (``Pipeline.note``); it travels in the flush's
 :class:`~spectrace.pipeline.Batch` (``batch.values``) and, from an engine process, in the typed shipment
-(``spectrace.tracer.wire.Shipment.values``) as the same object; :class:`~spectrace.sinks.metrics.MetricsSink` turns
+(``spectrace.recorder.wire.Shipment.values``) as the same object; :class:`~spectrace.sinks.metrics.MetricsSink` turns
 each into its instrument's series. Nothing else touches an instrument.
 
 ``run_id``: the run whose common labels the series carry (None: the process's current run).

@@ -17,8 +17,8 @@ import pytest
 from spectrace.settings import Settings
 from spectrace.sinks.memory import MemorySink
 from spectrace.testing import memory_runtime
-from spectrace.tracer import runtime, verify
-from spectrace.tracer.verify import EngineStep, WorkerStep
+from spectrace.recorder import runtime, verify
+from spectrace.recorder.verify import EngineStep, WorkerStep
 
 RUN = "run-counting"
 VOLATILE = ("schema_version", "ts", "pid", "host")  # clock, process and machine: not the rules'
@@ -109,7 +109,7 @@ def test_worker_counts_and_agreement_with_the_engine_core(traced):
 
 def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
     from spectrace import speedup
-    from spectrace.tracer.verify.capture import StepTiming
+    from spectrace.recorder.verify.capture import StepTiming
 
     rt, sink = traced
     capture = rt.verify
@@ -132,7 +132,7 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
 
 
 def test_decode_steps_hold_the_step_times_of_decode_only_shapes_and_chunk_steps_the_rest(traced):
-    from spectrace.tracer.verify.capture import StepTiming
+    from spectrace.recorder.verify.capture import StepTiming
 
     rt, sink = traced
     capture = rt.verify
@@ -254,7 +254,7 @@ def test_host_steps_sum_per_run_and_role_and_join_an_engine_steps_chunks(traced)
     """What k pays prices the host time outside the worker (issue #36): the engine core's steps count the tokens
     they sampled (rows' lengths, or one a row), the frontend's the tokens of the outputs it processed, and
     AsyncLLM's chunks of one engine step (the same timestamp) are one step."""
-    from spectrace.tracer.verify.capture import ENGINE, FRONTEND, HostStep
+    from spectrace.recorder.verify.capture import ENGINE, FRONTEND, HostStep
 
     rt, sink = traced
     out = lambda *lens: [SimpleNamespace(new_token_ids=[0] * n) for n in lens]  # noqa: E731

@@ -9,7 +9,7 @@ import time
 
 import spectrace.store
 from spectrace.settings import Settings
-from spectrace.tracer import runtime, verify
+from spectrace.recorder import runtime, verify
 
 
 def _wait(pid: int, timeout_s: float = 60.0) -> int:

@@ -15,8 +15,8 @@ import pytest
 import spectrace.store
 from spectrace.settings import Settings
 from spectrace.testing import fresh_run_env
-from spectrace.tracer import runtime, verify
-from spectrace.tracer.verify import hooks
+from spectrace.recorder import runtime, verify
+from spectrace.recorder.verify import hooks
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 
 RUN = "held-run"

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import spectrace.store
 from spectrace.settings import Settings
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import EngineStep, VerifyCapture
-from spectrace.tracer.verify.capture import ReadRequest, RequestNote, WorkerStep
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import EngineStep, VerifyCapture
+from spectrace.recorder.verify.capture import ReadRequest, RequestNote, WorkerStep
 
 RUN = "run-shipped"
 
@@ -118,8 +118,8 @@ def test_an_idle_process_sends_nothing_and_its_next_records_still_arrive(tmp_pat
 
 
 def test_a_shipment_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
-    from spectrace.tracer import wire
-    from spectrace.tracer.verify.capture import HostStep, StepTiming
+    from spectrace.recorder import wire
+    from spectrace.recorder.verify.capture import HostStep, StepTiming
     from spectrace.values import RunInfo
 
     drafts = {"a": [1, 2], "b": [3]}
@@ -156,7 +156,7 @@ def test_a_payload_of_another_version_or_not_a_shipment_is_refused():
 
     import pytest
 
-    from spectrace.tracer import wire
+    from spectrace.recorder import wire
 
     with pytest.raises(ValueError, match="shipment version 0, this collector reads 1"):
         wire.loads_shipment(wire.dumps_shipment(wire.Shipment(seq=1, version=0)))
@@ -165,8 +165,8 @@ def test_a_payload_of_another_version_or_not_a_shipment_is_refused():
 
 
 def test_reading_new_requests_pauses_for_the_gil(tmp_path, monkeypatch):
-    from spectrace.tracer import shipper as shipper_module
-    from spectrace.tracer import wire
+    from spectrace.recorder import shipper as shipper_module
+    from spectrace.recorder import wire
 
     rt = _start(tmp_path)
     try:
@@ -188,8 +188,8 @@ def test_reading_new_requests_pauses_for_the_gil(tmp_path, monkeypatch):
 
 
 def test_draft_dicts_travel_packed_once_with_pauses_for_the_gil(tmp_path, monkeypatch):
-    from spectrace.tracer import shipper as shipper_module
-    from spectrace.tracer import wire
+    from spectrace.recorder import shipper as shipper_module
+    from spectrace.recorder import wire
 
     rt = _start(tmp_path, record_tokens=True)
     try:

@@ -12,8 +12,8 @@ import pytest
 
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 from spectrace.settings import Settings
-from spectrace.tracer import runtime, verify
-from spectrace.tracer.verify import hooks_v2 as verify_v2
+from spectrace.recorder import runtime, verify
+from spectrace.recorder.verify import hooks_v2 as verify_v2
 
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.worker.gpu.async_utils import AsyncOutput  # noqa: E402

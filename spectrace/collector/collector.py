@@ -3,15 +3,15 @@
 One code path wherever the flush runs (``SPECTRACE_PIPELINE``, chosen once, at the runtime's start-up):
 
 - ``thread``: in the traced process, on a flush thread; the source is the hooks' own capture
-  (``spectrace.tracer.verify.capture.Capture``);
+  (``spectrace.recorder.verify.capture.Capture``);
 - ``process``: in the pipeline process (``spectrace.collector.process``) the engine's shipper started; the source is
-  the :class:`~spectrace.collector.inbox.Inbox` the typed shipments fill (``spectrace.tracer.wire.Shipment``).
+  the :class:`~spectrace.collector.inbox.Inbox` the typed shipments fill (``spectrace.recorder.wire.Shipment``).
 
 The flush, in this order (``spectrace.pipeline``): the verification drain (``spectrace.collector.drain``: rows,
 counts, value records and the run judge's findings), the hook error counts, the metric counters; then every sink
 (first the metrics sink, ``spectrace.sinks.metrics.MetricsSink``, which alone turns the batch's records into
 instruments), then the sinks' maintenance. The engine side of the other shape is
-``spectrace.tracer.shipper.ShipperShape``: a runtime holds one of the two (``Runtime.shape``), and nothing else
+``spectrace.recorder.shipper.ShipperShape``: a runtime holds one of the two (``Runtime.shape``), and nothing else
 asks which.
 """
 
@@ -83,7 +83,7 @@ class Collector:
         """This process writes the store: it takes this host's exited shippers' loss ledgers, as a pipeline process
         does at its start (not a forked child: its parent took them)."""
         if first:
-            from spectrace.tracer import losses
+            from spectrace.recorder import losses
 
             losses.write_claimed(self.rt, self.rt.host)
 

@@ -22,7 +22,7 @@ from itertools import chain, compress, repeat
 
 import numpy as np
 
-from spectrace.tracer.wire import PackedDrafts
+from spectrace.recorder.wire import PackedDrafts
 
 _INT = np.int64
 

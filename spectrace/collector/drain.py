@@ -30,12 +30,12 @@ import pyarrow as pa
 
 from spectrace import acceptance, slices
 from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
-from spectrace.tracer import audit_live
+from spectrace.recorder import audit_live
 from spectrace.collector import columns
 from spectrace.collector.timings import StepTimes
-from spectrace.tracer.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, ReadRequest, RequestNote
-from spectrace.tracer.verify.run_config import RunConfig
-from spectrace.tracer.wire import drafts_total
+from spectrace.recorder.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, ReadRequest, RequestNote
+from spectrace.recorder.verify.run_config import RunConfig
+from spectrace.recorder.wire import drafts_total
 from spectrace.values import SliceCounts
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
@@ -48,9 +48,9 @@ class Drain:
 
     ``source``: where the records wait, with the capture's ``take_*`` methods, ``request_flags``,
     ``request_traces``, ``config_of`` and ``let_go``: the hooks' own capture
-    (``spectrace.tracer.verify.capture.Capture``) where the flush runs in the traced process
+    (``spectrace.recorder.verify.capture.Capture``) where the flush runs in the traced process
     (``SPECTRACE_PIPELINE=thread``), or the collector's :class:`~spectrace.collector.inbox.Inbox`, which the
-    shipments fill, in a pipeline process. One per :class:`~spectrace.tracer.runtime.Runtime` that flushes
+    shipments fill, in a pipeline process. One per :class:`~spectrace.recorder.runtime.Runtime` that flushes
     (``rt.drain``): a forked child builds its own, with fresh locks.
     """
 

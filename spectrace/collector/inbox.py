@@ -1,6 +1,6 @@
 """The collector's side of a shipment: the records an engine process shipped, waiting for the drain.
 
-A pipeline process has no hooks, so it has no capture: each shipment (``spectrace.tracer.wire.Shipment``) is put
+A pipeline process has no hooks, so it has no capture: each shipment (``spectrace.recorder.wire.Shipment``) is put
 here (:meth:`Inbox.add`), and the drain (``spectrace.collector.drain.Drain``) takes from it what it takes from the
 hooks' capture where the flush runs in the traced process: the same ``take_*`` methods, flags, trace headers and
 run configs (``RunConfig``, read in the engine's process and shipped once per run). Records are freed here as they
@@ -33,7 +33,7 @@ class Inbox:
 
     def add(self, shipment) -> None:
         """One shipment's records, in the order the drain takes them."""
-        from spectrace.tracer.verify.capture import MAX_REQUEST_FLAGS
+        from spectrace.recorder.verify.capture import MAX_REQUEST_FLAGS
 
         with self._lock:
             self.run_facts.update(shipment.configs)
@@ -60,7 +60,7 @@ class Inbox:
     def config_of(self, run_id: str | None):
         facts = self.run_facts.get(run_id)
         if facts is None:  # a run whose config never came (its engine core is not in the shipping process)
-            from spectrace.tracer.verify.run_config import RunConfig
+            from spectrace.recorder.verify.run_config import RunConfig
 
             facts = self.run_facts[run_id] = RunConfig(None)
         return facts

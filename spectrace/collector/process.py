@@ -1,12 +1,12 @@
 """The pipeline process: one per traced engine process with ``SPECTRACE_PIPELINE=process``.
 
-Started by the engine process's shipper (``spectrace.tracer.shipper``) as
+Started by the engine process's shipper (``spectrace.recorder.shipper``) as
 ``python -m spectrace.collector.process``; reads frames (a length, a pickle) on stdin:
 
 1. the first: the engine's settings and identity (pid, host): every row, segment name and
    exposition file it writes is the engine's (``spectrace.identity.adopt``);
-2. then one typed shipment (``spectrace.tracer.wire.Shipment``) every ship interval: the engine's records and
-   state, applied to a real :class:`~spectrace.tracer.runtime.Runtime` under the engine's identity, whose collector
+2. then one typed shipment (``spectrace.recorder.wire.Shipment``) every ship interval: the engine's records and
+   state, applied to a real :class:`~spectrace.recorder.runtime.Runtime` under the engine's identity, whose collector
    (``spectrace.collector.collector.Collector``: the code the thread shape runs in the traced process) drains the
    shipped records from an :class:`~spectrace.collector.inbox.Inbox` on its flush thread (the judges, every sink,
    compaction);
@@ -40,7 +40,7 @@ FAULT = "pipeline_process"  # SPECTRACE_INJECT_FAULT name of the pipeline proces
 def apply(rt, shipment) -> None:
     """One shipment (``wire.Shipment``) into the runtime: state first, then what the engine's hooks and code
     recorded, each field as the record type it holds."""
-    from spectrace.tracer.runtime import Run
+    from spectrace.recorder.runtime import Run
 
     if shipment.state is not None:
         _apply_state(rt, shipment.state, Run)
@@ -89,7 +89,7 @@ def _apply_spans(rt, spans: list) -> None:
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     import spectrace
-    from spectrace.tracer.wire import rebuild_span
+    from spectrace.recorder.wire import rebuild_span
 
     if rt.provider is None:
         rt._build_telemetry(rt.role_order[0] if rt.role_order else None)
@@ -111,10 +111,10 @@ def _write_losses(rt, init: dict) -> None:
     """Records shippers lost, into the store's ``internal_errors`` (hook ``losses.HOOK``, ``count`` the records) and
     this pipeline's ``dropped``: what this engine's earlier pipeline process never wrote (the shipper's count, in the
     start message), and the ledgers of this host's engine processes that exited with a count no pipeline process
-    took (``spectrace.tracer.losses``; each removed once the flush that wrote it is done)."""
+    took (``spectrace.recorder.losses``; each removed once the flush that wrote it is done)."""
     import time
 
-    from spectrace.tracer import losses
+    from spectrace.recorder import losses
 
     def row(pid, host, run_id, records, why):
         rt.pipeline.append("internal_errors", {**rt.common("process"), "run_id": run_id, "pid": pid, "host": host,
@@ -145,7 +145,7 @@ class Acks:
     def send(self, seq: int, stats: dict) -> None:
         """One frame in one write of at most PIPE_BUF bytes on a non-blocking pipe: whole or not at all (an
         engine that does not read is never waited for; a later acknowledgement covers this one)."""
-        from spectrace.tracer.wire import FRAME
+        from spectrace.recorder.wire import FRAME
 
         payload = pickle.dumps((seq, stats))
         if len(payload) + FRAME.size > 4096:
@@ -201,7 +201,7 @@ def main() -> int:
     inp = sys.stdin.buffer
 
     from spectrace import identity
-    from spectrace.tracer.wire import loads_shipment, read_frame
+    from spectrace.recorder.wire import loads_shipment, read_frame
 
     frame = read_frame(inp)
     if frame is None:
@@ -210,7 +210,7 @@ def main() -> int:
     identity.adopt(init["pid"])
 
     from spectrace.collector.inbox import Inbox
-    from spectrace.tracer import runtime
+    from spectrace.recorder import runtime
 
     rt = runtime.Runtime(replace(init["settings"], pipeline="thread", enabled=True), source=Inbox())
     rt.runs.clear()

@@ -13,7 +13,7 @@ import numpy as np
 
 from spectrace import speedup
 from spectrace.values import Speedup
-from spectrace.tracer.verify.capture import WORKER, HostStep, StepTiming, host_tokens
+from spectrace.recorder.verify.capture import WORKER, HostStep, StepTiming, host_tokens
 
 
 class StepTimes:

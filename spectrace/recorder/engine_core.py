@@ -3,9 +3,9 @@
 vLLM 0.32 site: ``v1/engine/core.py::EngineCore._initialize_kv_caches`` runs once
 per engine start, after the workers have loaded the model; it asks them for
 their KV-cache specs (layer name -> spec). The per-layer spec itself is read on
-the worker (``spectrace.tracer.layout``); here the engine core joins the run and
+the worker (``spectrace.recorder.layout``); here the engine core joins the run and
 spans the KV-cache set-up. A data-parallel engine's core moves to the engine's own run first
-(``spectrace.tracer.run_agreement.join_dp_engine``) and writes its ``runs`` row.
+(``spectrace.recorder.run_agreement.join_dp_engine``) and writes its ``runs`` row.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 
 import spectrace
 from spectrace.vllm_objects.configs import run_info
-from spectrace.tracer.around import around
-from spectrace.tracer import run_agreement, runtime
-from spectrace.tracer.hooks import Hook
+from spectrace.recorder.around import around
+from spectrace.recorder import run_agreement, runtime
+from spectrace.recorder.hooks import Hook
 
 ROLE = "engine_core"
 

@@ -24,7 +24,7 @@ Offline engines (the ``LLM`` class) have no API server: ``LLMEngine.from_engine_
 the standalone endpoint on ``SPECTRACE_PROMETHEUS_PORT``. Neither has a headless node
 (``vllm serve --headless``: the workers of a multi-node engine, or headless DP engines): its
 launcher resolves the config with ``headless=True`` (``EngineArgs.create_engine_config``, hooked in
-``spectrace.tracer.frontend``), which starts the same standalone endpoint there, on the same fixed
+``spectrace.recorder.frontend``), which starts the same standalone endpoint there, on the same fixed
 port, for the series of every process of that node.
 """
 
@@ -34,8 +34,8 @@ import weakref
 from typing import Any
 
 from spectrace.sinks import exposition
-from spectrace.tracer import runtime
-from spectrace.tracer.hooks import Hook
+from spectrace.recorder import runtime
+from spectrace.recorder.hooks import Hook
 
 _registries: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _api_server = False

@@ -13,7 +13,7 @@ from spectrace import audit
 from spectrace.values import LayoutVerdicts
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
-from spectrace.tracer import audit_live
+from spectrace.recorder import audit_live
 
 
 def record_runtime_layout(rt, worker: Any, role: str, rank: int | None, span: Any = None) -> None:

@@ -51,7 +51,7 @@ def audit_resolution(rt, info: dict[str, Any], models: list[dict[str, Any]], vll
     """Config audit of one run's resolution (frontend): ``audit.judge`` on what the frontend knows.
 
     The frontend builds no model, so ``runtime_layers`` stays ``None``: the layout is
-    judged where it runs (the worker, ``tracer.layout``).
+    judged where it runs (the worker, ``recorder.layout``).
     """
     judged = audit.judge(
         audit.RunFacts(

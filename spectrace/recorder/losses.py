@@ -1,6 +1,6 @@
 """Records an engine process's shipper could not hand to a pipeline process, kept where the store cannot lose them.
 
-The shipper (``spectrace.tracer.shipper``) counts every record it could not hand over: messages a pipeline process
+The shipper (``spectrace.recorder.shipper``) counts every record it could not hand over: messages a pipeline process
 never acknowledged before it died or was stopped, messages written to no pipeline process (restarts exhausted, a pipe
 that stayed full). A pipeline process it starts again is told the count and writes it; a count no pipeline process
 took (the last one died, or was stopped at the engine's exit) must outlive both. So the shipper keeps it in two places

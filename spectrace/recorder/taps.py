@@ -14,7 +14,7 @@ from spectrace.console import EVIDENCE_ITEMS
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import taps as read_taps
 from spectrace.vllm_objects.configs import model_runner
-from spectrace.tracer import audit_live
+from spectrace.recorder import audit_live
 
 RULE = "EagleModelMixin.aux_hidden_state_layers of the loaded target (set by the model runner)"
 

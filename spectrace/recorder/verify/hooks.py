@@ -1,6 +1,6 @@
 """The per-step verification hooks (V1 model runner and the engine core's scheduler).
 
-Hot path: each hook appends one record (``spectrace.tracer.verify.capture``) of references
+Hot path: each hook appends one record (``spectrace.recorder.verify.capture``) of references
 and ints vLLM already holds on the host; no device synchronisation, no per-request Python
 loop on the engine's thread. Everything else happens in the drain, on the flush thread or in
 the pipeline process. Each per-step hook call also drops one record the shipper sent or the
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import time
 
-from spectrace.tracer import runtime
-from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import (
+from spectrace.recorder import runtime
+from spectrace.recorder.hooks import Hook
+from spectrace.recorder.verify.capture import (
     ENGINE,
     FRONTEND,
     MAX_BUFFERED_STEPS,

@@ -1,9 +1,9 @@
 """The verification capture: what the per-step hooks append, and nothing else.
 
-The hooks (``spectrace.tracer.verify.hooks``) run on vLLM's threads, once per engine or
+The hooks (``spectrace.recorder.verify.hooks``) run on vLLM's threads, once per engine or
 worker step. They append one record per step to a bounded deque here, holding only what
 vLLM already holds on the host (references to its per-step objects, ints, lists of ints);
-the shipper (``spectrace.tracer.shipper``) takes them every ship interval for a pipeline
+the shipper (``spectrace.recorder.shipper``) takes them every ship interval for a pipeline
 process, or, where the flush runs in this process (``SPECTRACE_PIPELINE=thread``), the
 collector's drain (``spectrace.collector.drain``) takes them on the flush thread. This is the
 engine's side only: a pipeline process keeps the records it is shipped in an inbox of its own
@@ -208,7 +208,7 @@ class Capture:
         pipeline process is shipped the parts, read in the engine's process: ``RunConfig.__getstate__``)."""
         facts = self.run_facts.get(run_id)
         if facts is None:
-            from spectrace.tracer.verify.run_config import RunConfig
+            from spectrace.recorder.verify.run_config import RunConfig
 
             if len(self.run_facts) >= 16:
                 self.run_facts.pop(next(iter(self.run_facts)))

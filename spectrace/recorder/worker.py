@@ -3,14 +3,14 @@
 vLLM 0.32 site: ``v1/worker/gpu_worker.py::Worker.load_model`` (``CPUWorker``
 inherits it) builds and loads target and drafter on the worker. After it returns,
 the layers hold what they will really execute. Before it runs, the distributed environment is
-up: the ranks agree on one run there (``spectrace.tracer.run_agreement``).
+up: the ranks agree on one run there (``spectrace.recorder.run_agreement``).
 """
 
 from __future__ import annotations
 
-from spectrace.tracer.around import around
-from spectrace.tracer import layout, run_agreement, runtime, taps, weights
-from spectrace.tracer.hooks import Hook
+from spectrace.recorder.around import around
+from spectrace.recorder import layout, run_agreement, runtime, taps, weights
+from spectrace.recorder.hooks import Hook
 
 ROLE = "worker"
 

@@ -1,7 +1,7 @@
 """Installing and removing wrappers around vLLM callables.
 
 A :class:`Hook` names its target as ``"module:Qualified.name"``; which versions
-it fits is data in :mod:`spectrace.tracer.support`. Installing checks that the
+it fits is data in :mod:`spectrace.recorder.support`. Installing checks that the
 target exists in the installed vLLM (a missing one: ``missing``) and that the
 installed version and the site's source fit the hook (else ``unsupported``);
 either is reported (one log line + a ``hooks`` row), never silently skipped,
@@ -15,7 +15,7 @@ Wrappers are built by a factory ``make(original, name) -> wrapper`` (``name`` is
 hook's, which its errors are counted under and ``SPECTRACE_INJECT_FAULT`` names). A
 wrapper calls the original exactly once with the caller's arguments and returns its
 result or raises its exception unchanged; spectrace's own work inside it runs under
-:func:`spectrace.tracer.runtime.guard` (or, on the per-step hot path, the same
+:func:`spectrace.recorder.runtime.guard` (or, on the per-step hot path, the same
 try/except inline).
 """
 
@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spectrace.tracer import support
+from spectrace.recorder import support
 
 log = logging.getLogger("vllm.spectrace")
 

@@ -1,13 +1,13 @@
 """The wire between an engine process and its pipeline process: one typed :class:`Shipment`, in frames.
 
 Both sides of ``SPECTRACE_PIPELINE=process`` depend on this module and on nothing of each other: the engine's
-shipper (``spectrace.tracer.shipper``) writes, the pipeline process (``spectrace.collector.process``) reads.
+shipper (``spectrace.recorder.shipper``) writes, the pipeline process (``spectrace.collector.process``) reads.
 
 - A frame is a length (8 bytes, network order) and a payload; EOF, or a frame cut short, ends the stream.
 - A shipment is one :class:`Shipment` (a dataclass with a :data:`VERSION`), pickled by :func:`dumps_shipment`: its
   per-step records (:data:`PARTS`) in groups, with a pause for the GIL between groups, so that an engine thread that
   woke while it pickles waits at most a group. Its fields hold the record types the hooks made
-  (``spectrace.tracer.verify.capture``: ``EngineStep``, ``WorkerStep``, ``StepTiming``, ``Proposal``,
+  (``spectrace.recorder.verify.capture``: ``EngineStep``, ``WorkerStep``, ``StepTiming``, ``Proposal``,
   ``HostStep``, ``ReadRequest``), the value records only the metrics sink reads (``spectrace.values``), rows of
   ``spectrace.records`` tables and the process's state (:class:`ProcessState`); the far side gets the same types
   back, never a method name to call.
@@ -218,7 +218,7 @@ VERSION = 1  # Shipment's layout; loads_shipment refuses another
 
 @dataclass
 class RunState:
-    """A run as the engine process knows it (``spectrace.tracer.runs.Run`` without its live span)."""
+    """A run as the engine process knows it (``spectrace.recorder.runs.Run`` without its live span)."""
 
     run_id: str
     traceparent: str
@@ -242,7 +242,7 @@ class ShippedRequest(NamedTuple):
     """A request as the engine process read it once its prefill was known (``ReadRequest``), with its flags
     (greedy, structured output) and W3C trace headers where it had them."""
 
-    request: Any  # spectrace.tracer.verify.capture.ReadRequest
+    request: Any  # spectrace.recorder.verify.capture.ReadRequest
     flags: tuple[bool, bool] | None
     traces: dict[str, str] | None
 

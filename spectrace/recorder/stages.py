@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from spectrace.tracer import api_server, engine_core, frontend, ray_carry, runtime, verify, worker
-from spectrace.tracer.verify import hooks_v2 as verify_v2
-from spectrace.tracer.hooks import Hook
+from spectrace.recorder import api_server, engine_core, frontend, ray_carry, runtime, verify, worker
+from spectrace.recorder.verify import hooks_v2 as verify_v2
+from spectrace.recorder.hooks import Hook
 
 
 def all_hooks() -> list[Hook]:
@@ -13,6 +13,6 @@ def all_hooks() -> list[Hook]:
 
 def start() -> runtime.Runtime:
     """This process's runtime with every hook installed (``spectrace.plugin`` calls it); spectrace's
-    variables made to reach Ray workers (``spectrace.tracer.ray_carry``)."""
+    variables made to reach Ray workers (``spectrace.recorder.ray_carry``)."""
     ray_carry.carry_to_ray_workers()
     return runtime.start(hooks=all_hooks(), make_capture=verify.VerifyCapture)

@@ -50,9 +50,9 @@ from spectrace import identity, redact
 from spectrace.values import Dropped, ErrorCounts, RunInfo
 from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
-from spectrace.tracer.hooks import Hook, HookSet
-from spectrace.tracer import support
-from spectrace.tracer.runs import Run, new_run_id, vllm_version  # callers name them runtime.Run, .vllm_version
+from spectrace.recorder.hooks import Hook, HookSet
+from spectrace.recorder import support
+from spectrace.recorder.runs import Run, new_run_id, vllm_version  # callers name them runtime.Run, .vllm_version
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -74,8 +74,8 @@ class Runtime:
     """One process's tracing state.
 
     ``make_capture`` builds the per-process verification capture the hooks append to
-    (``spectrace.tracer.verify.capture.Capture``), so a forked child gets its own. ``shape``: where the records go,
-    chosen once here from ``SPECTRACE_PIPELINE``: ``spectrace.tracer.shipper.ShipperShape`` (to a pipeline
+    (``spectrace.recorder.verify.capture.Capture``), so a forked child gets its own. ``shape``: where the records go,
+    chosen once here from ``SPECTRACE_PIPELINE``: ``spectrace.recorder.shipper.ShipperShape`` (to a pipeline
     process) or ``spectrace.collector.collector.Collector`` (the flush on a thread here, over ``source``: the
     hooks' capture, or a pipeline process's inbox).
     """
@@ -109,13 +109,13 @@ class Runtime:
         self.agreement_at_exit = True  # a pipeline process whose engine ended without its last message: False
         self.pending_start_line: tuple[int, str] | None = None  # the start-up line, until vLLM's log is set up
         self.verify = make_capture() if make_capture is not None else None  # what the hooks append to
-        # model loads in this process (tracer.weights): the one in progress, and the last per model role
+        # model loads in this process (recorder.weights): the one in progress, and the last per model role
         self.weight_loads: dict[str, Any] = {}
         # The one choice of shape, made here: a shipper to a pipeline process (the records leave this process), or
         # the collector on a flush thread of this process, draining ``source`` (the hooks' capture; a pipeline
         # process passes its inbox of shipments).
         if settings.pipeline == "process":
-            from spectrace.tracer.shipper import ShipperShape
+            from spectrace.recorder.shipper import ShipperShape
 
             self.shape = ShipperShape(self)
         else:

@@ -3,7 +3,7 @@
 In the style of opentelemetry-python-contrib's ``_instruments``: every hook names
 the package and the version range its site was written and tested against
 (:data:`SUPPORT`, hook name -> :class:`Support`). Installing a hook
-(:meth:`spectrace.tracer.hooks.HookSet.install`) first asks :func:`check`:
+(:meth:`spectrace.recorder.hooks.HookSet.install`) first asks :func:`check`:
 
 - the installed version must lie in the hook's range;
 - where the wrapper relies on a site's shape, the installed *source* must still

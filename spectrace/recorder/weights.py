@@ -12,7 +12,7 @@ vLLM 0.32 sites:
   being loaded, before vLLM's own check (``track_weights_loading``) adds its exempt names to it.
   EAGLE3's and DFlash's ``load_weights`` return nothing to vLLM, so vLLM's check never sees them.
 
-After ``Worker.load_model`` (``tracer.worker``), :func:`record_model_weights` writes one
+After ``Worker.load_model`` (``recorder.worker``), :func:`record_model_weights` writes one
 ``model_weights`` row per model and judges the drafter (``spectrace.audit``): parameters no tensor
 reached, tensors nothing loaded, the RoPE its rotary modules run with against the target's. When
 vLLM refuses the load, :func:`record_failed_load` judges what was captured until then.
@@ -29,9 +29,9 @@ from spectrace.audit.draft_settings import audit_draft_settings
 from spectrace.audit.dtype import declared_dtype
 from spectrace.audit.rope import audit_rope, rope_of, runtime_rope
 from spectrace.audit.weights import audit_weights, unloaded_parameters, unused_tensors
-from spectrace.tracer import audit_live
-from spectrace.tracer.around import around
-from spectrace.tracer.hooks import Hook
+from spectrace.recorder import audit_live
+from spectrace.recorder.around import around
+from spectrace.recorder.hooks import Hook
 from spectrace.vllm_objects import layers as read_layers
 from spectrace.vllm_objects import rope as read_rope
 from spectrace.vllm_objects import weights as read_weights

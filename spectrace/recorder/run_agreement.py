@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from spectrace.settings import ACTIVE_RUN_ENV
-from spectrace.tracer.runtime import Run
+from spectrace.recorder.runtime import Run
 
 log = logging.getLogger("vllm.spectrace")
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import time
 
-from spectrace.tracer import runtime
-from spectrace.tracer.hooks import Hook
-from spectrace.tracer.verify.capture import WORKER
-from spectrace.tracer.verify.hooks import wrap_execute_model
+from spectrace.recorder import runtime
+from spectrace.recorder.hooks import Hook
+from spectrace.recorder.verify.capture import WORKER
+from spectrace.recorder.verify.hooks import wrap_execute_model
 
 _DRAFTS = "_spectrace_drafts"  # set on an AsyncOutput: its rows' draft counts
 

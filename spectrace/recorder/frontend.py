@@ -27,9 +27,9 @@ from spectrace.console import RECORDED_ITEMS, bounded
 from spectrace.request_ids import client_ids
 from spectrace.values import RunInfo
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
-from spectrace.tracer import api_server, audit_live, runtime
-from spectrace.tracer.around import around
-from spectrace.tracer.hooks import Hook
+from spectrace.recorder import api_server, audit_live, runtime
+from spectrace.recorder.around import around
+from spectrace.recorder.hooks import Hook
 
 ROLE = "frontend"
 

@@ -5,11 +5,11 @@
 
 A traced engine-core or worker process at a GPU engine's rates cannot afford the flush on its own
 GIL (BENCHMARKS.md, "At GPU rates"). With ``SPECTRACE_PIPELINE=process`` its :class:`Runtime
-<spectrace.tracer.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
+<spectrace.recorder.runtime.Runtime>` keeps the hooks (they append what vLLM holds, as before) and
 this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.25 s; backing off to
 :data:`IDLE_WAIT_S` while nothing is recorded), takes what the hooks and the low-rate code
 buffered and writes it, pickled in groups of records with short pauses between them that hand
-the GIL to a waiting engine thread (the wire format: ``spectrace.tracer.wire``), to one pipeline
+the GIL to a waiting engine thread (the wire format: ``spectrace.recorder.wire``), to one pipeline
 process it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the
 real runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and
 the exposition file are the engine's) and does everything else: the verification drain, every
@@ -31,7 +31,7 @@ as before. Every record not handed over is counted here (``lost_records``), what
 pipeline process is told and counts it in ``dropped``; a count no pipeline process took (the last one died,
 restarts exhausted, one stopped at the engine's exit) goes to this process's own exposition file and to a
 ledger in the store that the next pipeline process on this host writes into the store
-(``spectrace.tracer.losses``), and the engine's exit logs the totals. Past the restarts the shipper keeps
+(``spectrace.recorder.losses``), and the engine's exit logs the totals. Past the restarts the shipper keeps
 taking (and counting) what the hooks buffer, and says once, as an error, that tracing stopped for this process
 and why. (It does not fall back to the in-process flush: docs/architecture.md says why.) The engine's exit
 ends the pipeline process by EOF after a last flush and waits for it a bounded time (:data:`EXIT_WAIT_S`;
@@ -52,10 +52,10 @@ import time
 from collections import defaultdict, deque
 from typing import Any
 
-from spectrace.pipeline import Pipeline
-from spectrace.tracer import losses, wire
-from spectrace.tracer.verify.capture import Cached, ReadRequest, host_tokens
-from spectrace.tracer.wire import FRAME, dumps_shipment, read_frame, span_values
+from spectrace.buffer import RowBuffer
+from spectrace.recorder import losses, wire
+from spectrace.recorder.verify.capture import Cached, ReadRequest, host_tokens
+from spectrace.recorder.wire import FRAME, dumps_shipment, read_frame, span_values
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -140,12 +140,14 @@ class ShipperShape:
 # -- the engine side's pipeline -----------------------------------------------------
 
 
-class ShippingPipeline(Pipeline):
-    """The engine process's pipeline: the same bounded buffer and counters the hooks append to, no
-    sources and no sinks here; its thread ships instead of flushing (:class:`Shipper`)."""
+class ShippingPipeline(RowBuffer):
+    """The engine process's pipeline: the same bounded buffer and counters the hooks append to
+    (``spectrace.buffer.RowBuffer``: no numpy, pyarrow or sink in this process), no sources and no sinks here; its
+    shipper's thread ships instead of flushing (:class:`Shipper`)."""
 
     def __init__(self, settings, rt) -> None:
-        super().__init__(flush_interval_s=settings.ship_interval_s, max_buffer_rows=settings.max_buffer_rows)
+        super().__init__(max_buffer_rows=settings.max_buffer_rows)
+        self.flush_interval_s = settings.ship_interval_s
         self.dropped_taken = 0  # of ``dropped``, what the shipper already handed on
         self.shipper = Shipper(rt, settings, self)
 
@@ -170,9 +172,6 @@ class ShippingPipeline(Pipeline):
     def start(self) -> None:
         self.shipper.start()
 
-    def _loop(self) -> None:  # never used: the shipper's thread ships
-        pass
-
     def check_agreement(self, exclude: str | None) -> None:
         """The engine/worker agreement of every run but ``exclude``, judged by the pipeline process in order with the
         records (``Shipment.agreements``)."""
@@ -185,7 +184,8 @@ class ShippingPipeline(Pipeline):
         """The pipeline process's counters and sinks' stats at its last acknowledged flush, this process's
         drops added, and the shipper's own."""
         remote = self.shipper.remote_stats
-        out = {**super().stats(), **remote}
+        out = {"dropped": self.dropped, "buffer_dropped": self.buffer_dropped, "flushes": 0, "rows_flushed": 0,
+               "errors": {}, **remote}
         untaken = self.dropped - self.dropped_taken  # refused by this process's full buffer, not shipped yet
         out["dropped"] = remote.get("dropped", 0) + untaken  # what was shipped, the pipeline process counted
         out["buffer_dropped"] = remote.get("buffer_dropped", 0) + untaken

@@ -7,7 +7,7 @@ The frontend, engine-core and worker hooks that open a span or record what a cal
     Hook("worker.load_model", "...:Worker.load_model",
          around(before=start_span, after=[("worker.layout", record_layout), (None, end_span)], failed=end_span_failed))
 
-Every step runs under :func:`spectrace.tracer.runtime.guard` (caught, counted under its hook
+Every step runs under :func:`spectrace.recorder.runtime.guard` (caught, counted under its hook
 name, logged once): only the wrapped call stands outside, called once with the caller's
 arguments; its result is returned and its exception re-raised unchanged.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from spectrace.tracer import runtime
+from spectrace.recorder import runtime
 
 After = tuple[str | None, Callable[..., None]]
 

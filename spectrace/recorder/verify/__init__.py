@@ -7,10 +7,9 @@
 - ``run_config``: what the drain reads of a run's ``VllmConfig``, once (shipped to a pipeline process as values).
 """
 
-from spectrace.tracer.verify.capture import ENGINE, MAX_BUFFERED_STEPS, WORKER, EngineStep, StepTiming, WorkerStep  # noqa: F401
-from spectrace.audit.run_judge import RunCurve  # noqa: F401
-from spectrace.tracer.verify.capture import VerifyCapture  # noqa: F401
-from spectrace.tracer.verify.hooks import (  # noqa: F401
+from spectrace.recorder.verify.capture import ENGINE, MAX_BUFFERED_STEPS, WORKER, EngineStep, StepTiming, WorkerStep  # noqa: F401
+from spectrace.recorder.verify.capture import VerifyCapture  # noqa: F401
+from spectrace.recorder.verify.hooks import (  # noqa: F401
     HOOKS,
     wrap_add_request,
     wrap_bookkeeping_sync,

@@ -1,0 +1,1 @@
+"""Everything that hooks vLLM. Imported only when SPECTRACE=1."""
