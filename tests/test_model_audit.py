@@ -289,3 +289,55 @@ def test_inert_parameters_read_dflashs_flag():
     assert inert_parameters(built) == {"model.mask_embedding"}
     built.model.has_separate_mask_embedding = True
     assert inert_parameters(built) == set() and inert_parameters(object()) == set()
+
+
+# -- the drafter's own head (vllm-ascend#11374) ------------------------------------------------
+
+# the published pair of vllm-ascend#11374: RedHatAI/Qwen3-8B-speculator.dflash ships its own head of shape
+# [draft_vocab_size = 32000, hidden 4096] next to Qwen3-8B's lm_head [vocab_size = 151936, 4096]
+# (https://github.com/vllm-project/vllm-ascend/pull/9795: "draft_vocab_size=32000 vs target vocab_size=151936")
+DRAFT_HEAD = {"lm_head.weight": ("BF16", (32000, 4096)), "layers.0.self_attn.q_proj.weight": ("BF16", (4096, 4096))}
+QWEN3_8B = {"lm_head.weight": ("BF16", (151936, 4096)), "model.embed_tokens.weight": ("BF16", (151936, 4096))}
+
+
+def test_a_draft_head_of_another_shape_replaced_by_the_targets_is_an_error():
+    from spectrace.audit.weights import audit_head, target_head_shape
+
+    [finding] = audit_head("draft", tensors=DRAFT_HEAD, shared={"lm_head": "target"}, has_own_lm_head=False,
+                           target_shape=target_head_shape(QWEN3_8B))
+    assert (finding.code, finding.severity, finding.component) == ("DRAFT_HEAD_REPLACED", "error", "weights")
+    assert finding.evidence["draft_shape"] == [32000, 4096] and finding.evidence["target_shape"] == [151936, 4096]
+    assert "32000 × 4096" in finding.message and "151936 × 4096" in finding.message
+    # the same, whatever the flag said: a head of another shape cannot be a copy
+    assert audit_head("draft", tensors=DRAFT_HEAD, shared={"lm_head": "target"}, has_own_lm_head=True,
+                      target_shape=(151936, 4096))[0].severity == "error"
+
+
+def test_the_quiet_twins_of_a_replaced_head():
+    from spectrace.audit.weights import audit_head, target_head_shape
+
+    same = {"lm_head.weight": ("F32", (512, 128))}
+    # kept: the drafter computes with its own head
+    assert audit_head("draft", tensors=DRAFT_HEAD, shared={"lm_head": "own"}, has_own_lm_head=True,
+                      target_shape=(151936, 4096)) == []
+    # no head in the checkpoint (DFlash, EAGLE trained on the target's): the target's is the one it learnt with
+    assert audit_head("draft", tensors={"fc.weight": ("BF16", (4096, 12288))}, shared={"lm_head": "target"},
+                      has_own_lm_head=False, target_shape=(151936, 4096)) == []
+    # a copy vLLM compared (the flag set by load_weights, then torch.equal): shared to save memory
+    assert audit_head("draft", tensors=same, shared={"lm_head": "target"}, has_own_lm_head=True,
+                      target_shape=(512, 128)) == []
+    # MTP in the target's checkpoint: its tensors are the target's (tensors=None), and draft_model shares nothing
+    assert audit_head("draft", tensors=None, shared={"lm_head": "target"}, has_own_lm_head=None,
+                      target_shape=(512, 128)) == []
+    assert audit_head("draft", tensors=DRAFT_HEAD, shared={}, has_own_lm_head=None, target_shape=(512, 128)) == []
+    # tied target: its head is its input embedding
+    assert target_head_shape({"model.embed_tokens.weight": ("BF16", (151936, 2048))}) == (151936, 2048)
+
+
+def test_a_same_shape_head_replaced_without_a_comparison_is_a_warning():
+    from spectrace.audit.weights import audit_head
+
+    [finding] = audit_head("draft", tensors={"lm_head.weight": ("F32", (512, 128))}, shared={"lm_head": "target"},
+                           has_own_lm_head=False, target_shape=(512, 128))
+    assert finding.severity == "warning" and "without vLLM comparing" in finding.message
+    assert "compare the drafter's lm_head.weight" in finding.fix

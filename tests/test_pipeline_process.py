@@ -255,7 +255,7 @@ def test_an_engine_killed_with_a_step_in_flight_is_not_judged_a_disagreement(tmp
         shipper._thread.join(timeout=10)
         shipper._closed = True
         proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == "unknown"  # it exited; its status is its adopter's (recorder.detached)
     finally:
         runtime.stop()
     assert _disagreements(tmp_path / "store") == 0
@@ -263,3 +263,54 @@ def test_an_engine_killed_with_a_step_in_flight_is_not_judged_a_disagreement(tmp
     assert con.execute("select count(*) from verify_steps where run_id = ? and process_role = 'engine_core'",
                        [RUN]).fetchone()[0] == 6  # what it shipped is written
     assert "ended without its last message" in capfd.readouterr().err
+
+
+# a stand-in for the pipeline process: what it read until EOF, written to a file once its stdin closes
+ECHO = """
+import sys
+data = sys.stdin.buffer.read()
+open(OUT, "wb").write(data)
+"""
+PARENT = """
+import sys, time
+from spectrace.recorder import detached
+child = detached.launch(sys.executable, "echo_until_eof", dict(__import__("os").environ))
+child.stdin.write(b"records taken, not written yet")
+child.stdin.flush()
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_pipeline_process_outlives_a_kill_of_the_engines_whole_tree(tmp_path):
+    """vLLM's shutdown SIGKILLs the engine core and every process psutil finds under it (kill_process_tree); the
+    pipeline process is not among them, reads EOF once the engine is gone and writes what it had taken."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from spectrace.recorder.detached import Detached
+
+    out = tmp_path / "out.bin"
+    (tmp_path / "echo_until_eof.py").write_text(ECHO.replace("OUT", repr(str(out))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        tree = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        assert pid not in tree and psutil.pid_exists(pid)  # not the engine's child, nor its child's
+        for victim in tree + [parent.pid]:  # as vllm.utils.system_utils.kill_process_tree does
+            os.kill(victim, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.read_bytes() == b"records taken, not written yet"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    # the shipper's handle on a process it did not fork: exited, its status not ours to read
+    handle = Detached(SimpleNamespace(stdin=None, stdout=None), pid)
+    assert handle.wait(timeout=30) == "unknown" and handle.poll() == "unknown"

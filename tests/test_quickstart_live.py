@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def blocks() -> dict[str, str]:
 
 
 def test_the_page_marks_every_step():
-    assert set(blocks()) == {"serve", "requests", "look"}
+    assert set(blocks()) == {"serve", "requests", "look", "again", "compare"}
     assert "python -m vllm.entrypoints.openai.api_server" in blocks()["serve"]
     assert "--kv-cache-memory-bytes" in blocks()["serve"] and "export SPECTRACE=1" in blocks()["serve"]
 
@@ -50,9 +51,55 @@ def _lines(block: str) -> list[str]:
     return [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip() and not line.startswith("#")]
 
 
+class _Server:
+    """A quickstart ``serve`` block running in ``here``: up on ``port`` once ``/health`` answers; ``stop()`` is
+    Ctrl-C (vLLM's exit flushes the store), then a kill if it hangs."""
+
+    def __init__(self, block: str, port: int, here: Path, env: dict, log_name: str):
+        self.port, self.log_path = port, here / log_name
+        self.log = open(self.log_path, "w")
+        command = block.replace("--port 8000", f"--host 127.0.0.1 --port {port}")
+        self.process = subprocess.Popen(["bash", "-c", command], cwd=here, env=env, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+        def up():
+            if self.process.poll() is not None:
+                raise AssertionError(f"the quickstart's server exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+            except OSError:
+                return False
+
+        try:
+            wait_until(up, 600, "the quickstart's server", interval_s=1.0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+def _requests(block: str, port: int, here: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", block.replace("127.0.0.1:8000", f"127.0.0.1:{port}")], cwd=here,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def quickstart(zoo, cache_root, tmp_path_factory):
-    """The served quickstart: the server up, the requests' output, then each ``look`` command's output."""
+    """The served quickstart: the server up, the requests' output, then each ``look`` command's output; then the
+    second server of ``again``, the same requests, and the ``compare`` command's output."""
     steps = blocks()
     port = free_port()
     here = tmp_path_factory.mktemp("quickstart")
@@ -61,24 +108,10 @@ def quickstart(zoo, cache_root, tmp_path_factory):
     env.pop("SPECTRACE", None)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    serve = steps["serve"].replace("--port 8000", f"--host 127.0.0.1 --port {port}")
-    log = open(here / "vllm.log", "w")
-    server = subprocess.Popen(["bash", "-c", serve], cwd=here, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
     seen: dict = {"dir": here, "env": env}
+    server = _Server(steps["serve"], port, here, env, "vllm.log")
     try:
-        def up():
-            if server.poll() is not None:
-                raise AssertionError(f"the quickstart's server exited:\n{(here / 'vllm.log').read_text()[-3000:]}")
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
-            except OSError:
-                return False
-
-        wait_until(up, 600, "the quickstart's server", interval_s=1.0)
-        requests = steps["requests"].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
-        seen["requests"] = subprocess.run([sys.executable, "-c", requests], cwd=here, env=env, capture_output=True,
-                                          text=True, timeout=300)
+        seen["requests"] = _requests(steps["requests"], port, here, env)
         seen["choices"] = subprocess.run([sys.executable, "-c", N_CHOICES.replace("PORT", str(port))], cwd=here,
                                          env=env, capture_output=True, text=True, timeout=300)
         export = next(line for line in _lines(steps["serve"]) if line.startswith("export "))
@@ -101,20 +134,24 @@ def quickstart(zoo, cache_root, tmp_path_factory):
         seen["look"] = [(line, _run(f"{export}; {line.replace('127.0.0.1:8000', f'127.0.0.1:{port}')}", here, env))
                         for line in _lines(steps["look"])]
         seen["metrics"] = page()
-        seen["log"] = (here / "vllm.log").read_text()
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGINT)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=30)
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        log.close()
+        server.stop()
+    seen["log"] = (here / "vllm.log").read_text()
+    # The second server stopped right after its requests, before its pipeline processes wrote anything (a flush
+    # interval longer than the run): vLLM's Ctrl-C SIGKILLs the engine core's whole process tree at once
+    # (--shutdown-timeout 0), and what the pipeline processes took must still reach the store (recorder.detached)
+    again = _Server(steps["again"], port, here, {**env, "SPECTRACE_FLUSH_INTERVAL": "10m"}, "vllm-again.log")
+    try:
+        seen["again"] = _requests(steps["requests"], port, here, env)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            seen["again_vllm_drafted"] = sum(float(v) for v in re.findall(
+                r"^vllm:spec_decode_num_draft_tokens_total(?:\{[^}]*\})? (\S+)$", response.read().decode(), re.M))
+        time.sleep(2.0)  # a few ship intervals (0.25 s): everything the engine recorded has left it
+    finally:
+        again.stop()
+    seen["again_stored"] = _run("spectrace query --dir ./spectrace-data-k5 --format csv "
+                                "'select coalesce(sum(drafted), 0) from acceptance_by_position'", here, env)
+    seen["compare"] = [(line, _run(line, here, env)) for line in _lines(steps["compare"])]
     return seen
 
 
@@ -184,6 +221,29 @@ def test_one_speed_up_on_report_top_and_metrics(quickstart):
     assert "not measured" in report and "vs k in force (fit)" in report
 
 
+def test_a_second_run_and_diff_as_written(quickstart):
+    """The page's before-and-after: the same requests against k = 5 into a second store, and ``spectrace diff``
+    of the two stores compares k 3 with k 5 per position, each side its own run."""
+    assert quickstart["again"].returncode == 0, quickstart["again"].stderr[-2000:]
+    # nothing lost to vLLM's shutdown: the store has every draft vLLM counted before the Ctrl-C
+    stored = quickstart["again_stored"]
+    assert stored.returncode == 0, stored.stderr
+    assert quickstart["again_vllm_drafted"] > 0
+    assert float(stored.stdout.split()[-1]) == quickstart["again_vllm_drafted"], stored.stdout
+    ((line, done),) = quickstart["compare"]
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (line, done.stderr[-2000:])
+    text = done.stdout
+    heads = [l for l in text.splitlines() if l.startswith(("  A  run ", "  B  run "))]
+    assert len(heads) == 2 and "dflash, k = 3" in heads[0] and "dflash, k = 5" in heads[1], text
+    assert "spectrace-data-k5" in heads[1] and "spectrace-data-k5" not in heads[0], text
+    table = text[text.index("Acceptance by draft position"):text.index("Mean acceptance length")]
+    rows = {l.split()[0]: l.split()[1:] for l in table.splitlines() if re.match(r"^\d+ ", l)}
+    assert sorted(rows) == ["0", "1", "2", "3", "4"], text  # B drafts 5 positions
+    assert all(rows[p][0] != "—" and rows[p][3] != "—" for p in "012"), text  # both runs drafted 0-2
+    assert all(rows[p][:3] == ["—"] * 3 and rows[p][3].isdigit() for p in "34"), text  # only B past 2
+    assert "Mean acceptance length: A " in text, text
+
+
 def test_the_store_and_the_report_keep_the_response_id_and_its_two_choices(quickstart):
     """An ``n=2`` completion: ``request_spec_decode`` has the response id the client got (not vLLM's
     ``cmpl-…-0``) once per choice, with the choice indexes the client got; the report lists both that way."""
@@ -199,6 +259,14 @@ def test_the_store_and_the_report_keep_the_response_id_and_its_two_choices(quick
     found = [line.split(",") for line in rows.stdout.splitlines()[1:] if line]
     assert [(r[0], r[1]) for r in found] == [(response_id, "0"), (response_id, "1")], rows.stdout
     assert len({r[2] for r in found}) == 2  # two engine requests behind the one id
+    attr = "json_extract_string(attributes, '$.\"spectrace.request.{}\"')".format
+    sql = (f"select {attr('choice_index')} as choice, {attr('id')}, process_role from spans "
+           f"where name = 'spectrace.request.output' and {attr('response_id')} = '{response_id}' order by choice")
+    spans = _run(f"{export}; spectrace query --format csv {shlex.quote(sql)}", quickstart["dir"], quickstart["env"])
+    assert spans.returncode == 0, spans.stderr
+    # the frontend's span per choice: the client's id and index, and the engine request it was
+    assert [line.split(",") for line in spans.stdout.splitlines()[1:] if line] == \
+        [["0", found[0][2], "frontend"], ["1", found[1][2], "frontend"]], spans.stdout
     report = quickstart["report"].stdout
     listed = [line.split()[:2] for line in report.splitlines() if line.strip().startswith(response_id)]
     assert sorted(listed) == [[response_id, "0"], [response_id, "1"]], report

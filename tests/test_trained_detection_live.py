@@ -210,3 +210,23 @@ def test_the_zoos_speculators_drafters_served_as_published_are_quiet_in_the_stor
                              capture_output=True, text=True, timeout=120)
         assert top.returncode == 0, top.stderr
         assert "ERROR" not in top.stdout and "WARNING" not in top.stdout, top.stdout[:2000]
+
+
+def test_trained_drafters_with_heads_of_their_own_keep_them_and_are_quiet(served, scratch):
+    """DRAFT_HEAD_REPLACED's quiet twins on a real run (vllm-ascend#11374's shape): the trained EAGLE-3 drafter ships a
+    head of its own (the target's 512 rows, trained apart from it) and, reduced to the draft vocabulary with its map,
+    one of fewer rows than the target's, as RedHatAI/Qwen3-8B-speculator.dflash does (32,000 of 151,936); vLLM 0.32
+    keeps both (it shares only a head it found equal). The DFlash drafter ships none: it computes with the target's."""
+    from spectrace.vllm_objects.weights import read_manifest
+
+    con, results = served
+    rows = {}
+    for name in ("eagle3", "eagle3-mapped", "dflash"):
+        (lm_head,) = con.execute("select lm_head from model_weights where run_id = ? and model_role = 'draft'",
+                                 [results[name].run_id]).fetchone()
+        replaced = con.execute("select count(*) from findings where run_id = ? and code = 'DRAFT_HEAD_REPLACED'",
+                               [results[name].run_id]).fetchone()[0]
+        rows[name] = (lm_head, replaced)
+    assert rows == {"eagle3": ("own", 0), "eagle3-mapped": ("own", 0), "dflash": ("target", 0)}, rows
+    mapped = read_manifest(scratch / "trained-detection" / "mapped")  # the fixture's "eagle3-mapped" drafter
+    assert mapped.tensors["lm_head.weight"][1][0] == len(trained.draft_vocabulary()) < 512  # fewer rows, kept

@@ -322,6 +322,17 @@ DRAFT_TENSORS_UNUSED = _code(
     "check the tensor names against the drafter class vLLM builds: mis-named or skipped tensors leave parameters "
     "at their initial values",
 )
+DRAFT_HEAD_REPLACED = _code(
+    "DRAFT_HEAD_REPLACED", "weights", ("error", "warning"),
+    "error when the drafter's own head has another shape than the target's (it cannot be a copy); warning when vLLM "
+    "replaced a head of the same shape without comparing the two",
+    "the drafter's checkpoint ships a head of its own (`lm_head.weight`) but the loaded drafter computes its logits "
+    "with the target's `lm_head` module: the head it was trained with is unused (vLLM shares the target's head to "
+    "save memory when the drafter has none, or when the two are equal; a proposer that shares it otherwise "
+    "replaces a trained head)",
+    "serve the drafter with its own head: on a vLLM or platform build that shares it regardless, report it there; "
+    "until then, a checkpoint without `lm_head.weight` trained on the target's head is the one that matches",
+)
 ROPE_MISMATCH = _code(
     "ROPE_MISMATCH", "rope", ("error",),
     "error: the method's trainers build the drafter's RoPE from the target's (speculators and SpecForge DFlash, "
@@ -450,6 +461,12 @@ CAUSES: tuple[Cause, ...] = (
         (DRAFT_WEIGHTS_UNLOADED, DRAFT_TENSORS_UNUSED,),
         '`DRAFT_WEIGHTS_UNLOADED`, `DRAFT_TENSORS_UNUSED`',
         '[vllm#35548](https://github.com/vllm-project/vllm/issues/35548), [#37667](https://github.com/vllm-project/vllm/issues/37667), [#47091](https://github.com/vllm-project/vllm/issues/47091), [#49552](https://github.com/vllm-project/vllm/issues/49552), [#43455](https://github.com/vllm-project/vllm/issues/43455)',
+    ),
+    Cause(
+        "a drafter's own `lm_head` (a 32,000-row draft head) overwritten by the target's at load: 25 % acceptance fell to 1.7 %",
+        (DRAFT_HEAD_REPLACED,),
+        '`DRAFT_HEAD_REPLACED` (`model_weights.lm_head`)',
+        '[vllm-ascend#11374](https://github.com/vllm-project/vllm-ascend/issues/11374)',
     ),
     Cause(
         "the drafter's `embed_tokens` / `lm_head` kept or replaced by the target's through a weight-equality test that can differ per rank",

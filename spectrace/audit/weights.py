@@ -122,3 +122,74 @@ def audit_weights(
             )
         )
     return findings
+
+
+def head_tensor(tensors: dict[str, Any] | None) -> tuple[str, tuple[int, ...]] | None:
+    """The drafter checkpoint's own head, ``(name, shape)``: a top-level ``lm_head.weight`` (what vLLM's drafters
+    load into ``lm_head``; MTP's per-layer ``shared_head.head`` is the target's by design)."""
+    for name, entry in (tensors or {}).items():
+        if name.split(".")[-2:] == ["lm_head", "weight"] and not name.startswith("model.layers."):
+            shape = entry[1] if isinstance(entry, tuple) and len(entry) == 2 else None
+            return name, tuple(shape) if shape is not None else ()
+    return None
+
+
+def target_head_shape(tensors: dict[str, Any] | None) -> tuple[int, ...] | None:
+    """The target checkpoint's head shape: its ``lm_head.weight``, else its input embedding (tied)."""
+    named = {name: entry[1] for name, entry in (tensors or {}).items() if isinstance(entry, tuple) and len(entry) == 2}
+    for name in ("lm_head.weight", "language_model.lm_head.weight", "model.embed_tokens.weight",
+                 "model.language_model.embed_tokens.weight", "embed_tokens.weight"):
+        if name in named:
+            return tuple(named[name])
+    return None
+
+
+def _dims(shape: tuple[int, ...] | None) -> str:
+    return " × ".join(map(str, shape)) if shape else "?"
+
+
+def audit_head(
+    role: str,
+    *,
+    tensors: dict[str, Any] | None,
+    shared: dict[str, str | None] | None,
+    has_own_lm_head: bool | None,
+    target_shape: tuple[int, ...] | None,
+) -> list[Finding]:
+    """``DRAFT_HEAD_REPLACED``: a head in the drafter's checkpoint, and the target's ``lm_head`` module in the loaded
+    drafter (vllm-ascend#11374).
+
+    vLLM 0.32 shares the target's head when the drafter has none or when the two are equal: V1's
+    ``_maybe_share_lm_head`` and V2's ``_should_share`` compare them (``torch.equal``) once the drafter's
+    ``load_weights`` flagged ``has_own_lm_head``. So a shared head of the same shape with the flag set is a copy
+    (quiet); one of another shape cannot be (error); one of the same shape shared with the flag unset was never
+    compared (warning). ``tensors``: the drafter's own checkpoint (None: in the target's, as MTP, or unread).
+    """
+    if role != "draft" or (shared or {}).get("lm_head") != "target":
+        return []
+    head = head_tensor(tensors)
+    if head is None:
+        return []
+    name, shape = head
+    evidence = {"tensor": name, "draft_shape": list(shape), "target_shape": list(target_shape) if target_shape else None,
+                "has_own_lm_head": has_own_lm_head, "shared_with_target": dict(shared or {})}
+
+    if target_shape is not None and shape and tuple(shape) != tuple(target_shape):
+        return [codes.finding(
+            codes.DRAFT_HEAD_REPLACED, severity="error", model_role=role,
+            message=f"the drafter's checkpoint ships a head of its own ({name}, {_dims(shape)}) but the loaded drafter "
+            f"computes its logits with the target's lm_head ({_dims(target_shape)}): the head it was trained with is "
+            "unused and its drafts come from a head it never learnt (vllm-ascend#11374: 25 % acceptance fell to 1.7 %)",
+            evidence=evidence,
+        )]
+    if has_own_lm_head:
+        return []  # vLLM compared the two and found them equal: a copy, shared to save memory
+    return [codes.finding(
+        codes.DRAFT_HEAD_REPLACED, severity="warning", model_role=role,
+        message=f"the drafter's checkpoint ships a head of its own ({name}, {_dims(shape)}) and the loaded drafter uses "
+        "the target's lm_head instead, without vLLM comparing the two (the drafter class never flagged its own head): "
+        "if the checkpoint's head differs from the target's, its drafts come from a head it was not trained with",
+        evidence=evidence,
+        fix="compare the drafter's lm_head.weight with the target's: if they differ, the drafter needs a vLLM build "
+        "that keeps its own head",
+    )]

@@ -22,7 +22,7 @@ from spectrace.audit import codes
 from spectrace.audit.dtype import declared_dtype, dtype_name
 from spectrace.audit.fields import relink as relink_fields
 from spectrace.audit.rope import rope_of
-from spectrace.audit.weights import audit_weights
+from spectrace.audit.weights import audit_head, audit_weights, target_head_shape
 from spectrace.console import bounded
 from spectrace.doctor import sandbox
 from spectrace.doctor.inputs import DoctorInputError, _check_speculators, _positive_int, load_declared, model_methods
@@ -436,7 +436,8 @@ def _build(
                 built[role] = read_layers.attention_layers(model, config)
                 if role == "draft":
                     own = not same_model(str(model_config.model), str(vllm_config.model_config.model))
-                    findings += _weights_audit(report, model, manifests["draft"], spec.method, model_config, own)
+                    findings += _weights_audit(report, model, manifests["draft"], spec.method, model_config, own,
+                                               target_manifest=manifests["target"])
                 if use_taps:
                     kept[role] = model
                 del model
@@ -481,7 +482,8 @@ def _build(
 
 
 def _weights_audit(
-    report: Report, model: Any, manifest: Manifest, method: str | None, model_config: Any, own_checkpoint: bool
+    report: Report, model: Any, manifest: Manifest, method: str | None, model_config: Any, own_checkpoint: bool,
+    target_manifest: Manifest | None = None,
 ) -> list[Any]:
     """The live run's weight audit (``spectrace.recorder.weights``) on the meta-built drafter: vLLM's own
     ``load_weights`` fed meta tensors of the checkpoint's header shapes."""
@@ -502,6 +504,10 @@ def _weights_audit(
     findings = audit_weights("draft", tensors=tensors, parameters=parameters, loaded=loaded, shared=shared,
                              quantization=str(quantization) if quantization is not None else None,
                              inert=inert_parameters(model))
+    own = getattr(model, "has_own_lm_head", None)
+    target = target_manifest if target_manifest is not None and target_manifest.error is None else None
+    findings += audit_head("draft", tensors=tensors, shared=shared, has_own_lm_head=own if isinstance(own, bool) else None,
+                           target_shape=target_head_shape(target.tensors) if target is not None else None)
     for finding in findings:
         finding.evidence["vllm_rule"] = RULE_WEIGHTS
     return findings

@@ -102,15 +102,30 @@ def _request_finished(rt, processor, req_state, finish_reason, *args, **kwargs) 
     response_id, choice = client_ids(str(getattr(req_state, "external_req_id", None) or req_state.request_id),
                                      getattr(req_state, "request_index", 0),
                                      getattr(getattr(parent, "sampling_params", None), "n", 1))
+    now = time.time_ns()
+    output_tokens = detokenizer.num_output_tokens() if detokenizer is not None else None
+    reason = str(finish_reason) if finish_reason is not None else None
     rt.record("request_outputs", {
-        "ts": time.time_ns(),
+        "ts": now,
         "request_id": str(req_state.request_id),
         "external_request_id": response_id,
         "choice_index": choice,
-        "output_tokens": detokenizer.num_output_tokens() if detokenizer is not None else None,
-        "finish_reason": str(finish_reason) if finish_reason is not None else None,
+        "output_tokens": output_tokens,
+        "finish_reason": reason,
         "vllm_spec_decode": json.dumps(metrics.to_dict()) if metrics is not None else None,
     }, role=ROLE, run=run)
+    # The request as the client saw it, from its arrival to now; the engine core's ``spectrace.request`` span
+    # carries the same ``spectrace.request.id`` (vLLM's internal id) and the drafts' counts.
+    arrival = getattr(req_state, "arrival_time", None)
+    start = int(arrival * 1e9) if isinstance(arrival, (int, float)) and 0 < arrival * 1e9 <= now else now
+    attributes = {"spectrace.request.id": str(req_state.request_id), "spectrace.request.response_id": response_id,
+                  "spectrace.request.choice_index": choice}
+    if output_tokens is not None:
+        attributes["spectrace.request.output_tokens"] = int(output_tokens)
+    if reason is not None:
+        attributes["spectrace.request.finish_reason"] = reason
+    rt.start_span("spectrace.request.output", role=ROLE, run=run, start_time=start,
+                  attributes=attributes).end(end_time=now)
 
 
 # OutputProcessor._update_stats_from_finished: once per finished request (never per step)

@@ -10,7 +10,8 @@ this shipper: a thread that, every ``SPECTRACE_SHIP_INTERVAL`` (0.25 s; backing 
 :data:`IDLE_WAIT_S` while nothing is recorded), takes what the hooks and the low-rate code
 buffered and writes it, pickled in groups of records with short pauses between them that hand
 the GIL to a waiting engine thread (the wire format: ``spectrace.recorder.wire``), to one pipeline
-process it started (``subprocess``: fork-exec, never a fork of the engine). That process runs the
+process it started (``subprocess``: fork-exec, never a fork of the engine; through a launcher, so that it is
+not in the engine's process tree, which vLLM's shutdown SIGKILLs whole: ``spectrace.recorder.detached``). That process runs the
 real runtime under the engine's identity (pid, host, roles, ranks, run: rows, segment names and
 the exposition file are the engine's) and does everything else: the verification drain, every
 judge, Arrow, every sink, compaction, the OpenTelemetry providers and the Prometheus exposition.
@@ -53,7 +54,7 @@ from collections import defaultdict, deque
 from typing import Any
 
 from spectrace.buffer import RowBuffer
-from spectrace.recorder import losses, wire
+from spectrace.recorder import detached, losses, wire
 from spectrace.recorder.verify.capture import Cached, ReadRequest, host_tokens
 from spectrace.recorder.wire import FRAME, dumps_shipment, read_frame, span_values
 
@@ -202,7 +203,7 @@ class Shipper:
         self.pipeline = pipeline
         self.spans: deque = deque()
         self.agreements: deque = deque()  # runs begun: the agreement of every other run to judge (Shipment.agreements)
-        self.proc: subprocess.Popen | None = None
+        self.proc: detached.Detached | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
         self.idle_skips = 0  # wakes that found nothing to send
@@ -263,10 +264,8 @@ class Shipper:
         env = dict(os.environ)
         env.pop("SPECTRACE", None)  # the pipeline process traces nothing itself
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spectrace.collector.process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                env=env, close_fds=True,
-            )
+            # forked by a launcher, out of the engine's process tree: vLLM's shutdown SIGKILLs that tree (recorder.detached)
+            self.proc = detached.launch(sys.executable, "spectrace.collector.process", env)
             os.set_blocking(self.proc.stdin.fileno(), False)  # every write is bounded (_write)
             init = {"settings": self.settings, "pid": self.rt.pid, "host": self.rt.host, "lost": self._lost_unreported,
                     "started": self.started, "run": self.rt.run.run_id if self.rt.run is not None else None}

@@ -28,7 +28,7 @@ from spectrace import audit
 from spectrace.audit.draft_settings import audit_draft_settings
 from spectrace.audit.dtype import declared_dtype
 from spectrace.audit.rope import audit_rope, rope_of, runtime_rope
-from spectrace.audit.weights import audit_weights, unloaded_parameters, unused_tensors
+from spectrace.audit.weights import audit_head, audit_weights, target_head_shape, unloaded_parameters, unused_tensors
 from spectrace.recorder import audit_live
 from spectrace.recorder.around import around
 from spectrace.recorder.hooks import Hook
@@ -139,7 +139,7 @@ def record_model_weights(rt, worker: Any, role: str, rank: int | None, span: Any
     spec = vllm_config.speculative_config
     method = spec.method if spec is not None else None
     shared = read_weights.shared_with_target(models["draft"], models["target"])
-    rows, findings = [], []
+    rows, findings, manifests = [], [], {}
     for model_role, model_config in configs.items():
         model = models.get(model_role)
         if model is None:
@@ -150,6 +150,7 @@ def record_model_weights(rt, worker: Any, role: str, rank: int | None, span: Any
             model_role, model_config, model, load, shared if model_role == "draft" else {}, own_checkpoint
         )
         rows.append(row)
+        manifests[model_role] = manifest if manifest.error is None and own_checkpoint else None
         if model_role == "draft":
             # a drafter in the target's checkpoint (MTP) leaves the target's tensors to the target
             findings += audit_weights(
@@ -161,6 +162,13 @@ def record_model_weights(rt, worker: Any, role: str, rank: int | None, span: Any
                 quantization=row["quantization"],
                 inert=read_weights.inert_parameters(model),
             )
+    if models.get("draft") is not None and "draft" in manifests:
+        # the drafter's own head against the module it computes its logits with (after vLLM's sharing)
+        own = getattr(models["draft"], "has_own_lm_head", None)
+        target = manifests.get("target")
+        findings += audit_head("draft", tensors=manifests["draft"].tensors if manifests["draft"] else None,
+                               shared=shared, has_own_lm_head=own if isinstance(own, bool) else None,
+                               target_shape=target_head_shape(target.tensors) if target else None)
     findings += _runtime_rope(method, configs, models)
     # draft settings the loaded runner ignores (speculative max_model_len, draft TP): the runtime answers
     settings = draft_runtime(vllm_config, runner)
