@@ -159,8 +159,10 @@ def _pipelines_of(store: Path) -> list[int]:
 
 
 def _pipeline_children(parent: int) -> list[int]:
-    """The pipeline processes ``parent`` started."""
-    return _pipeline_processes(lambda entry: int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent)
+    """The pipeline processes ``parent`` started: each names it in its environment (it is not its child: it was
+    started outside the engine's process tree, spectrace.tracer.detached)."""
+    mark = f"SPECTRACE_PIPELINE_OF={parent}".encode()
+    return _pipeline_processes(lambda entry: mark in (entry / "environ").read_bytes().split(b"\0"))
 
 
 def _running(pid: int) -> bool:

@@ -194,6 +194,9 @@ class ShippingPipeline(RowBuffer):
         return out
 
 
+PIPELINE_OF = "SPECTRACE_PIPELINE_OF"  # the traced process's pid, in its pipeline process's environment (not a setting)
+
+
 class Shipper:
     """Takes what the engine's process buffered and hands it to its pipeline process (module docstring)."""
 
@@ -263,6 +266,8 @@ class Shipper:
                     pass
         env = dict(os.environ)
         env.pop("SPECTRACE", None)  # the pipeline process traces nothing itself
+        # whose it is, in its environment (/proc/PID/environ): it is nobody's child in the engine's tree (detached)
+        env[PIPELINE_OF] = str(self.rt.pid)
         try:
             # forked by a launcher, out of the engine's process tree: vLLM's shutdown SIGKILLs that tree (recorder.detached)
             self.proc = detached.launch(sys.executable, "spectrace.collector.process", env)
