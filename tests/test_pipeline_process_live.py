@@ -160,7 +160,7 @@ def _pipelines_of(store: Path) -> list[int]:
 
 def _pipeline_children(parent: int) -> list[int]:
     """The pipeline processes ``parent`` started: each names it in its environment (it is not its child: it was
-    started outside the engine's process tree, spectrace.tracer.detached)."""
+    started outside the engine's process tree, spectrace.recorder.detached)."""
     mark = f"SPECTRACE_PIPELINE_OF={parent}".encode()
     return _pipeline_processes(lambda entry: mark in (entry / "environ").read_bytes().split(b"\0"))
 
