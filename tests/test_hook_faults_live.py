@@ -9,7 +9,7 @@ import pytest
 
 import spectrace.store
 from spectrace.testing.engine import method_specs, run_engines
-from spectrace.recorder import stages
+from spectrace.tracer import stages
 
 pytestmark = pytest.mark.vllm
 
