@@ -122,7 +122,7 @@ def faulted(zoo, scratch, cache_root, metrics_dir):
         seen["pids"] = {str(p) for p in server.pids()}
         seen["log"] = server.log()
     finally:
-        server.kill()  # SIGKILL: no process removes its file, as after a crash
+        server.kill(pipelines=True)  # SIGKILL, the pipeline processes too: no process removes its file (a crash)
         server.stop()
     seen["left"] = _file_pids(metrics_dir)
     return seen

@@ -85,9 +85,12 @@ def test_named_query_is_the_python_model(k_runs):
     for name, result in drafting.items():
         py = [r for r in from_store(con, result.run_id) if not r["extrapolated"]]
         mine = [r for r in sql if r[0] == result.run_id and r[1] == "all" and r[2] == "all"]
-        assert [(r["k"], r["in_force"], r["expected_length"], r["emitted_length"], r["step_ms"], r["host_ms"],
-                 r["speedup"], r["step_source"], r["chunk_share"]) for r in py] == \
-            [row[3:] for row in mine], name
+        # each side rounds to 4 places from float sums taken in its own order, so a value on a rounding edge may
+        # differ in the last place (25.7767 against 25.7768 once in CI): equal to 1e-4, the rest exactly
+        assert [(r["k"], r["in_force"], r["step_source"]) for r in py] == [(row[3], row[4], row[10]) for row in mine]
+        assert [(r["expected_length"], r["emitted_length"], r["step_ms"], r["host_ms"], r["speedup"],
+                 r["chunk_share"]) for r in py] == \
+            [pytest.approx(row[5:10] + row[11:12], abs=1.01e-4) for row in mine], name
         assert {r["step_source"] for r in py} == {"baseline"}, name  # target-k0 measured step(0)
         ranges = {r[1] for r in sql if r[0] == result.run_id}
         assert "0-512" in ranges  # the context ranges of the run (all of this run's contexts are short)

@@ -102,10 +102,34 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
             return response.read().decode()
 
-    def kill(self) -> None:
+    def pipelines(self) -> set[int]:
+        """The pipeline processes of the server's processes. They run outside its session (setsid,
+        spectrace.tracer.detached) and each names its traced process in ``SPECTRACE_PIPELINE_OF``."""
+        import os
+
+        marks = {f"SPECTRACE_PIPELINE_OF={pid}".encode() for pid in self.pids()}
+        found = set()
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if marks & set(environ.read().split(b"\0")):
+                        found.add(int(entry))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def kill(self, pipelines: bool = False) -> None:
+        """SIGKILL the session; with ``pipelines``, first its pipeline processes too (a crash of everything:
+        otherwise they outlive their engines, drain, and remove their exposition files as they exit)."""
         import os
         import signal
 
+        if pipelines and self.process is not None:
+            for pid in self.pipelines():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=60)
