@@ -40,7 +40,17 @@ def test_the_latest_row_of_a_code_and_role_is_the_one_that_stands():
 
 
 def test_effect_is_what_the_metrics_sink_applies():
-    assert active.effect(RECOVERED) == (COLLAPSE, False)
-    assert active.effect(COLLAPSE) == (COLLAPSE, True)
-    assert active.effect(codes.SPECULATION_NOT_PAYING) == (codes.SPECULATION_NOT_PAYING, True)
-    assert set(active.CLEARS) <= set(codes.REGISTRY) and set(active.CLEARS.values()) <= set(codes.REGISTRY)
+    assert active.effect(RECOVERED) == ((COLLAPSE,), False)
+    assert active.effect(COLLAPSE) == ((COLLAPSE,), True)
+    assert active.effect(codes.SPECULATION_NOT_PAYING) == ((codes.SPECULATION_NOT_PAYING,), True)
+    assert set(active.CLEARS) <= set(codes.REGISTRY)
+    assert {c for cleared in active.CLEARS.values() for c in cleared} <= set(codes.REGISTRY)
+
+
+def test_a_restoration_clears_the_time_signature_it_ends_and_nothing_else():
+    step, decay, restored = codes.ACCEPTANCE_STEP_CHANGE, codes.ACCEPTANCE_DECAY, codes.ACCEPTANCE_RESTORED
+    rows = [row(COLLAPSE), row(step, severity="warning"), row(restored, severity="info")]
+    assert active.statuses(rows) == [Status(True), Status(False, cleared_by=restored), Status(False, clears=step)]
+    rows = [row(decay, severity="warning"), row(restored, severity="info"), row(step, severity="warning")]
+    assert active.statuses(rows) == [Status(False, cleared_by=restored), Status(False, clears=decay), Status(True)]
+    assert active.effect(restored) == ((step, decay), False)

@@ -188,6 +188,33 @@ ACCEPTANCE_RECOVERED = _code(
     "live acceptance came back above the threshold",
     "",
 )
+# -- acceptance in time (spectrace.audit.rules.drift)
+ACCEPTANCE_STEP_CHANGE = _code(
+    "ACCEPTANCE_STEP_CHANGE", "verification", ("warning",),
+    "warning (an `ACCEPTANCE_COLLAPSE` beside it when the new level is also below the floor)",
+    "acceptance stepped down at a moment of the run and stayed down, against the run's own level for the same "
+    "context ranges and draft positions; the evidence has when (`onset_ts_ns`), the rates before and after, and the "
+    "requests that ran across the change (`carried_requests`: their own acceptance before and after shows it is the "
+    "engine, not the requests' mix)",
+    "look at what changed at that moment: a weight reload or update, a LoRA swap, a drafter or target redeployed, "
+    "a cache reset, a configuration pushed to the fleet",
+)
+ACCEPTANCE_DECAY = _code(
+    "ACCEPTANCE_DECAY", "verification", ("warning",),
+    "warning",
+    "acceptance declines steadily with time, not with the context or the draft position (the fit is stratified by "
+    "both): the evidence has when the decline began (`onset_ts_ns`), its slope per hour, and the levels at its start "
+    "and now",
+    "look at what accumulates while the server runs: a cache or state that is never reset (prefix cache, drafter "
+    "KV), memory fragmentation, a drift of the traffic's language or domain away from the drafter's training data; "
+    "a restart that restores acceptance says it is state",
+)
+ACCEPTANCE_RESTORED = _code(
+    "ACCEPTANCE_RESTORED", "verification", ("info",),
+    "info (caused by `ACCEPTANCE_STEP_CHANGE` or `ACCEPTANCE_DECAY`)",
+    "acceptance came back to its level before the step change or decay (`recovered_ts_ns`)",
+    "",
+)
 # -- hidden-state taps
 TAP_DEFAULTED = _code(
     "TAP_DEFAULTED", "taps", ("warning", "info"),
@@ -615,6 +642,15 @@ CAUSES: tuple[Cause, ...] = (
         "`TAP_CONVENTION` (evidence `producer`, `ids_to_declare`), `TAP_MISMATCH`",
         "[vllm#43671](https://github.com/vllm-project/vllm/issues/43671), [SpecForge configs/gpt-oss-20B-eagle3.json]"
         "(https://github.com/sgl-project/SpecForge/blob/a6b6b02/configs/gpt-oss-20B-eagle3.json) (#58)",
+    ),
+    Cause(
+        "acceptance that changes with time, not with the request: it falls to 0 % after the server has run a while "
+        "(vllm-ascend), or steps down at a reload, a LoRA swap or a cache reset; the collapse detector compares "
+        "against an absolute floor, not the run's own level, and says nothing of when",
+        (ACCEPTANCE_DECAY, ACCEPTANCE_STEP_CHANGE, ACCEPTANCE_RESTORED),
+        "`ACCEPTANCE_DECAY`, `ACCEPTANCE_STEP_CHANGE` (evidence `onset_ts_ns`, `carried_requests`), then "
+        "`ACCEPTANCE_RESTORED`",
+        "[vllm-ascend#10118](https://github.com/vllm-project/vllm-ascend/issues/10118) (#58)",
     ),
     Cause(
         "draft settings accepted and never applied: `speculative_config.max_model_len` a no-op in V1 (20–73 k-token "

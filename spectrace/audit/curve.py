@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from spectrace.audit import codes
+from spectrace.audit.rules import drift
 from spectrace.audit.rules.speedup_figure import SPEEDUP_UNMEASURED
 from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
 from spectrace.audit.findings import Finding
@@ -227,6 +229,7 @@ def k_better_finding(rows: list[dict[str, Any]], *, margin: float = K_BETTER_MAR
 # present is its ``caused_by``): those that make every draft wrong first, then those whose cost depends on the
 # drafter and the context (a dropped window costs nothing below it, a RoPE base more the longer the context)
 COLLAPSE_SUSPECTS = (codes.DRAFT_VOCAB_MAP_MISSING, codes.DRAFT_VOCAB_MAP_INVALID, codes.DRAFT_WEIGHTS_UNLOADED,
+                     codes.DRAFT_HEAD_REPLACED, codes.METHOD_DOWNGRADED, codes.TAP_CONVENTION,
                      codes.DRAFT_DTYPE_LOSSY, codes.SWA_DROPPED, codes.ROPE_MISMATCH, codes.ROPE_DIFFERS,
                      codes.TAP_DEFAULTED, codes.CAUSAL_INFERRED)
 # static findings that are info because the configs cannot tell "trained so" from "misdeclared" (their evidence says
@@ -286,4 +289,46 @@ def collapse_finding(event: Any, suspects: Iterable[str] = ()) -> Finding:
             else ""
         ),
         caused_by=(likely[0] if likely else None) if collapse else codes.ACCEPTANCE_COLLAPSE,
+    )
+
+
+def _utc(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def drift_finding(event: Any, ranks: Iterable[int] = ()) -> Finding:
+    """``ACCEPTANCE_STEP_CHANGE``, ``ACCEPTANCE_DECAY`` or ``ACCEPTANCE_RESTORED`` (``event``: a
+    ``spectrace.audit.rules.drift.DriftEvent``); ``ranks``: the worker ranks the run's counts came from."""
+    ev = dict(event.evidence)
+    ranks = sorted(set(ranks))
+    if event.kind == drift.RESTORED:
+        ev["onset"], ev["recovered"] = _utc(ev["onset_ts_ns"]), _utc(ev["recovered_ts_ns"])
+        what = "step change" if ev["signature"] == drift.STEP else "decay"
+        return codes.finding(
+            codes.ACCEPTANCE_RESTORED, model_role="draft", evidence=ev,
+            caused_by=codes.ACCEPTANCE_STEP_CHANGE if ev["signature"] == drift.STEP else codes.ACCEPTANCE_DECAY,
+            message=f"acceptance is back to its level before the {what} of {ev['onset']}: {ev['rate_now']:.1%} "
+                    f"(before it: {ev['rate_before']:.1%}) since {ev['recovered']}",
+        )
+    ev["onset"] = _utc(ev["onset_ts_ns"])
+    ev["ranks"] = ranks
+    if ev["carried_requests"]:
+        within = (f"; the {ev['carried_requests']} requests that ran across it accepted {ev['carried_rate_before']:.1%} "
+                  f"before and {ev['carried_rate_after']:.1%} after: the engine changed, not the requests")
+    else:
+        within = "; no request ran across it, so a change in the requests' mix is not ruled out (see the request slices)"
+    where = f" on every rank ({', '.join(map(str, ranks))})" if len(ranks) > 1 else ""
+    if event.kind == drift.STEP:
+        return codes.finding(
+            codes.ACCEPTANCE_STEP_CHANGE, model_role="draft", evidence=ev,
+            message=f"acceptance stepped down at {ev['onset']}{where}: {ev['rate_before']:.1%} before, "
+                    f"{ev['rate_after']:.1%} after ({ev['after_level']:.2f} of the run's usual level for the same "
+                    f"contexts and positions, {ev['before_level']:.2f} before){within}",
+        )
+    return codes.finding(
+        codes.ACCEPTANCE_DECAY, model_role="draft", evidence=ev,
+        message=f"acceptance has been declining since {ev['onset']}{where}: {ev['slope_per_hour']:+.2f} of the run's "
+                f"level per hour, from {ev['start_level']:.2f} to {ev['end_level']:.2f} (the same contexts and "
+                f"positions); {ev['rate_before'] if ev['rate_before'] is not None else ev['rate_after']:.1%} "
+                f"before, {ev['rate_after']:.1%} since{within}",
     )

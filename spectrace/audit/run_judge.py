@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from spectrace.audit.rules import acceptance, slices
+from spectrace.audit.rules import acceptance, drift, slices
 from spectrace.audit import codes
 from spectrace.audit.curve import (
     collapse_finding,
+    drift_finding,
     raised_findings,
     context_cliff_finding,
     dummy_drafts_finding,
@@ -87,6 +88,16 @@ class RunJudge:
             return []
         collapse = collapse_finding(event, records.curve.roots if records.curve is not None else ())
         return [collapse, *raised_findings(collapse)]
+
+    def observe_drift(self, run_id: str, ts_ns: int, strata: dict[tuple[str, int], tuple[int, int]],
+                      requests: dict[str, tuple[int, int]], k: int) -> list[Finding]:
+        """The engine core's verified drafts of a flush, per (context range, position) and per request:
+        ACCEPTANCE_STEP_CHANGE or ACCEPTANCE_DECAY with its start, then ACCEPTANCE_RESTORED (rules.drift)."""
+        events = self.run(run_id).drift.observe(ts_ns, strata, requests, k)
+        if not events:
+            return []
+        ranks = sorted({rank for source, run, rank in self.totals if source == WORKER and run == run_id and rank is not None})
+        return [drift_finding(event, ranks) for event in events]
 
     def curve_findings(self, run_id: str) -> list[Finding]:
         """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS over the curve so far."""
@@ -195,10 +206,11 @@ class RunJudge:
 class RunRecords:
     """What one run's rules keep between batches, and what was already reported."""
 
-    __slots__ = ("collapse", "curve", "slices", "budget", "switches", "reported")
+    __slots__ = ("collapse", "drift", "curve", "slices", "budget", "switches", "reported")
 
     def __init__(self, collapse: acceptance.CollapseDetector) -> None:
         self.collapse = collapse
+        self.drift = drift.DriftDetector()
         self.curve: RunCurve | None = None  # built on the first counts, from the run's configs
         self.slices = RunSlices()
         self.budget = RunBudget()

@@ -385,6 +385,7 @@ def _acceptance(con, run_id: str, plot: str | None, verdicts: StoreVerdicts) -> 
     ).fetchall()
     lines.append("Collapse timeline: none" if not episodes else "Collapse timeline:")
     lines += _timeline(episodes)
+    lines += _in_time(con, run_id)
     if plot:
         from spectrace.queries import plot as plotting
 
@@ -555,6 +556,38 @@ def _step_shapes(con, run_id: str) -> list[str]:
     if all(r[6] is not None for r in rows):  # stores written before switches were counted hold NULL
         steps, switched = sum(r[2] for r in rows), sum(r[6] for r in rows)
         lines.append(f"  k switched in {switched} of {steps} verified steps ({ratio(switched, steps)})")
+    return lines
+
+
+TIME_SIGNATURES = (codes.ACCEPTANCE_STEP_CHANGE, codes.ACCEPTANCE_DECAY, codes.ACCEPTANCE_RESTORED)
+
+
+def _in_time(con, run_id: str) -> list[str]:
+    """The run's acceptance in time (spectrace.audit.rules.drift): each step change or decay with its start, the
+    requests it spanned, and its recovery; "steady" when none was found."""
+    import json
+
+    rows = con.execute(
+        f"select code, evidence from findings where run_id = ? and code in ({', '.join('?' * len(TIME_SIGNATURES))}) "
+        "order by ts", [run_id, *TIME_SIGNATURES]).fetchall()
+    if not rows:
+        return ["Acceptance in time: steady (no step change, no decay, against the run's own level)"]
+    lines = ["Acceptance in time:"]
+    for code, evidence in rows:
+        ev = json.loads(evidence) if isinstance(evidence, str) else (evidence or {})
+        if code == codes.ACCEPTANCE_RESTORED:
+            lines.append(f"  {ev.get('recovered', '?')} restored: {number(ev.get('rate_now'), '.1%')} "
+                         f"(before the {'step' if ev.get('signature') == 'step' else 'decay'}: "
+                         f"{number(ev.get('rate_before'), '.1%')})")
+            continue
+        kind = "stepped down" if code == codes.ACCEPTANCE_STEP_CHANGE else "began to decay"
+        carried = ev.get("carried_requests") or 0
+        within = (f"; {carried} requests across it: {number(ev.get('carried_rate_before'), '.1%')} -> "
+                  f"{number(ev.get('carried_rate_after'), '.1%')}" if carried else "; no request across it")
+        lines.append(f"  {ev.get('onset', '?')} {kind}: {number(ev.get('rate_before'), '.1%')} -> "
+                     f"{number(ev.get('rate_after'), '.1%')}{within}")
+    if rows[-1][0] != codes.ACCEPTANCE_RESTORED:
+        lines.append("  (not restored)")
     return lines
 
 

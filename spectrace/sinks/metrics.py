@@ -331,8 +331,9 @@ class MetricsSink(Sink):
 
     def _findings(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
         for r in rows:  # the one rule of what is active (a recovery clears its collapse), as top and report read it
-            code, present = active.effect(r["code"])
-            metrics.finding(code, r["severity"], r["model_role"], labels, present=present)
+            targets, present = active.effect(r["code"])
+            for code in targets:
+                metrics.finding(code, r["severity"], r["model_role"], labels, present=present)
 
     # table -> (its handler, the columns it reads)
     _TABLES = {

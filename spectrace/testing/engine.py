@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,15 @@ class EngineSpec:
     repeat_until_file: str | None = None  # stop repeating once this file exists; the linger still runs in full
     extra_llm_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling: list[dict[str, Any]] | None = None  # per prompt: SamplingParams fields over the greedy default (cycled)
+    # Serve a stream instead of one batch: this many requests (the prompts cycled), as many in flight as there are
+    # prompts, a new one as one finishes, through the engine's step loop (vLLM's LLMEngine.step), and with
+    # ``drafter_changes`` applied between steps (acceptance that changes in time, tests/test_drift_live.py)
+    stream_requests: int = 0
+    # [{"at_step": N, "noise": s, "seed": i}, {"at_step": M, "restore": true}]: the drafter's own weights changed in
+    # place in the worker before engine step N: restored to what was loaded (``restore``), then plus s times the mean
+    # magnitude of each tensor in normal noise drawn from seed i (a reload gone wrong); the target's weights (and so
+    # greedy output) are never touched
+    drafter_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -71,6 +81,7 @@ class EngineResult:
     # per prompt (last generate call): the request id the user sees, its output tokens, vLLM's own per-request
     # speculative metrics (RequestSpecDecodeMetrics.to_dict) where --per-request-spec-decode-metrics kept them
     requests: list[dict[str, Any]] = field(default_factory=list)
+    drafter_changed_ns: list[int] = field(default_factory=list)  # when each of EngineSpec.drafter_changes was made
 
 
 K = 3  # draft tokens per step in the standard runs
@@ -250,6 +261,12 @@ def _child(request: dict[str, Any]) -> None:
                 result.tokens = _generate_async(kwargs, spec, params)
             else:
                 llm = LLM(**kwargs)
+            if spec.stream_requests:
+                outputs = _stream(llm, spec, params, result.drafter_changed_ns)
+                result.tokens = [list(o.outputs[0].token_ids) for o in outputs]
+                result.requests = [_request(o) for o in outputs]
+                result.metrics = _spec_metrics(llm)
+            elif not spec.async_engine:
                 timings, cpu_timings = [], []
                 with _sync_counter(spec.count_syncs) as syncs:
                     for i in range(max(spec.repeat, 1)):
@@ -281,6 +298,65 @@ def _child(request: dict[str, Any]) -> None:
         _flush_spectrace()
         results[-1]["exporter"] = _exporter_stats()
     out.write_text(json.dumps(results))
+
+
+def _stream(llm, spec: EngineSpec, params, changed_ns: list[int]) -> list:
+    """``spec.stream_requests`` requests through the engine's step loop, ``len(spec.prompts)`` in flight, with
+    ``spec.drafter_changes`` made between steps (their times appended to ``changed_ns``); the outputs in request
+    order."""
+    engine = llm.llm_engine
+    changes = sorted(spec.drafter_changes, key=lambda c: c["at_step"])
+    finished: dict[str, Any] = {}
+    submitted = 0
+
+    def submit() -> None:
+        nonlocal submitted
+        i = submitted
+        engine.add_request(str(i), spec.prompts[i % len(spec.prompts)], params[i % len(params)] if isinstance(
+            params, list) else params)
+        submitted += 1
+
+    for _ in range(min(len(spec.prompts), spec.stream_requests)):
+        submit()
+    step = 0
+    while engine.has_unfinished_requests():
+        while changes and changes[0]["at_step"] <= step:
+            change = changes.pop(0)
+            llm.collective_rpc(_change_drafter, args=(float(change.get("noise", 0.0)), bool(change.get("restore")),
+                                                      int(change.get("seed", step))))
+            changed_ns.append(time.time_ns())
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+                if submitted < spec.stream_requests:
+                    submit()
+        step += 1
+    return [finished[str(i)] for i in range(submitted)]
+
+
+def _change_drafter(worker, noise: float, restore: bool, seed: int) -> int:
+    """In the worker (vLLM's collective_rpc): add noise to the drafter's own parameters, or restore them as loaded.
+    Parameters the drafter shares with the target (an embedding, a head) are left alone. Returns how many changed."""
+    import torch
+
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+    model = runner.drafter.model
+    shared = {p.data_ptr() for p in runner.model.parameters()}
+    saved = getattr(runner, "_spectrace_loaded_drafter", None)
+    if saved is None:
+        saved = runner._spectrace_loaded_drafter = {
+            name: p.detach().clone() for name, p in model.named_parameters() if p.data_ptr() not in shared}
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in saved:
+                continue
+            if restore:
+                p.copy_(saved[name])
+            if noise:
+                scale = float(saved[name].abs().mean()) or 1.0
+                p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * (noise * scale))
+    return len(saved)
 
 
 def _request(output) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Which findings are active: the one rule ``/metrics``, ``spectrace top`` (URL or store) and ``spectrace report`` read.
 
 A finding row says something was found, and it stays found for the run, with one exception: a row that ends an
-earlier one. ``ACCEPTANCE_RECOVERED`` clears the ``ACCEPTANCE_COLLAPSE`` of the same model role before it, and is
-itself an event, never active (a collapse that recovered leaves nothing active; a collapse after it is active
-again). A later row of the same code and model role takes the earlier one's place (its severity is the one that
+earlier one. ``ACCEPTANCE_RECOVERED`` clears the ``ACCEPTANCE_COLLAPSE`` of the same model role before it, and
+``ACCEPTANCE_RESTORED`` an ``ACCEPTANCE_STEP_CHANGE`` or ``ACCEPTANCE_DECAY``; such a row is itself an event, never
+active (a collapse that recovered leaves nothing active; a collapse after it is active again). A later row of the same code and model role takes the earlier one's place (its severity is the one that
 stands). Pure: rows in, in the order they were recorded, states out.
 """
 
@@ -14,15 +14,16 @@ from typing import Any, Iterable, Mapping
 
 from spectrace.audit import codes
 
-# a finding code -> the code whose earlier finding (same model role) it clears
-CLEARS = {codes.ACCEPTANCE_RECOVERED: codes.ACCEPTANCE_COLLAPSE}
+# a finding code -> the codes whose earlier findings (same model role) it clears
+CLEARS = {codes.ACCEPTANCE_RECOVERED: (codes.ACCEPTANCE_COLLAPSE,),
+          codes.ACCEPTANCE_RESTORED: (codes.ACCEPTANCE_STEP_CHANGE, codes.ACCEPTANCE_DECAY)}
 
 
-def effect(code: str) -> tuple[str, bool]:
-    """What a row of ``code`` does to the active findings: ``(code it sets or clears, whether it is active)``.
+def effect(code: str) -> tuple[tuple[str, ...], bool]:
+    """What a row of ``code`` does to the active findings: ``(codes it sets or clears, whether it is active)``.
     ``MetricsSink`` applies it to its gauges a flush at a time; :func:`statuses` folds it over a run's rows."""
     cleared = CLEARS.get(code)
-    return (cleared, False) if cleared is not None else (code, True)
+    return (cleared, False) if cleared is not None else ((code,), True)
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,15 @@ def statuses(rows: Iterable[Mapping[str, Any]]) -> list[Status]:
     cleared: dict[int, str] = {}
     clearing: dict[int, str] = {}
     for i, row in enumerate(rows):
-        target, present = effect(row["code"])
-        key = _key(row, target)
+        targets, present = effect(row["code"])
         if present:
-            standing[key] = i
-        else:
-            clearing[i] = target
+            standing[_key(row, targets[0])] = i
+            continue
+        clearing[i] = targets[0]
+        for target in targets:
+            key = _key(row, target)
             if key in standing:
+                clearing[i] = target
                 cleared[standing.pop(key)] = row["code"]
     active = set(standing.values())
     return [Status(i in active, cleared.get(i), clearing.get(i)) for i in range(len(rows))]

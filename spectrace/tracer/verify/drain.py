@@ -142,8 +142,15 @@ class VerifyCapture(Capture):
                     {**common, "run_id": run_id, "ts": time.time_ns(), "rows": shapes["rows"], "repeated_rows": shapes["repeated"],
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
-            self._count(rt, ENGINE, run_id, None, arr, marks)
+            strata = self._count(rt, ENGINE, run_id, None, arr, marks)
             flush = counted.per_request()
+            drifted = self.judge.observe_drift(run_id, int(counted.ts.max()), strata, dict(zip(
+                flush.ids, zip(flush.drafted.tolist(), flush.accepted.tolist()))), int(counted.drafted.max()))
+            if drifted:
+                run = rt.run_by_id(run_id)
+                with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
+                             attributes={"spectrace.event": drifted[0].code}) as span:
+                    audit_live.emit_findings(rt, drifted, role=ENGINE, span=span, run=run)
             totals = self.request_totals
             first_ts = int(counted.ts[0])
             for req_id, n, d, a, e, h in zip(flush.ids, flush.steps.tolist(), flush.drafted.tolist(),
@@ -281,7 +288,8 @@ class VerifyCapture(Capture):
 
     def _count(
         self, rt, source: str, run_id: str, rank: int | None, batch: np.ndarray, marks: list | None = None
-    ) -> None:
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """The flush's counts as rows, and to the judge; returns them per (context range, position)."""
         arr = np.asarray(batch, dtype=np.int64)
         drafted, accepted, ctx = arr[:, 0], arr[:, 1], arr[:, 2]
         k = int(drafted.max())
@@ -293,6 +301,7 @@ class VerifyCapture(Capture):
         now = time.time_ns()
         common = rt.common(source, rank, run_id=run_id)
         rows = []
+        strata: dict[tuple[str, int], tuple[int, int]] = {}
         for r in np.unique(ranges):
             mask = ranges == r
             d_at, a_at = acceptance.position_counts(drafted[mask], accepted[mask], k)
@@ -302,6 +311,7 @@ class VerifyCapture(Capture):
             for position in range(k):
                 if d_at[position] == 0 and a_at[position] == 0:
                     continue
+                strata[(labels[int(r)], position)] = (int(d_at[position]), int(a_at[position]))
                 rows.append(
                     {
                         **common,
@@ -333,6 +343,7 @@ class VerifyCapture(Capture):
                     audit_live.emit_findings(rt, findings, role=ENGINE, span=span, run=run)
         else:  # what k pays: the worker's counts beside its step times
             self.step_times.accepted(run_id, rank, a_all, len(batch))
+        return strata
 
     def _links(self, request_ids: list[str]) -> list:
         """Span links to the ``llm_request`` traces of these requests (when vLLM traces)."""

@@ -1,0 +1,293 @@
+"""Acceptance that changes with time, not with the request: a step change at a moment (a weight reload, a LoRA swap,
+a cache reset, a redeploy) and a slow decay (vllm-ascend#10118: acceptance falls to 0 % after a while), each with the
+time it began, the requests it spanned, and its recovery. Pure: counts and times in, events out.
+
+The collapse detector (``acceptance.CollapseDetector``) says when acceptance is below an absolute floor; this says
+*when* it moved, against the run's own level, however high that level is.
+
+Method. The run's verified drafts are cut into time blocks of about ``block_tokens`` drafted tokens each (whole
+flushes; adjacent blocks merged, and the block size doubled, once there are ``max_blocks``, so an hours-long run
+keeps a bounded, coarser history). Within a block, counts are kept per *stratum*, a (context range, draft position)
+pair: acceptance falls with the position and with the context, so a run whose requests grow longer, or draft
+deeper, accepts less for that reason alone. Every comparison is stratified:
+
+- each block's *level* is its accepted tokens over what it would have accepted at the run's pooled rate of each of
+  its strata (1.0: the run's usual acceptance for what it drafted);
+- the variance of a level counts a request-step's ``k`` drafts as one trial (a rejection ends the step; the same
+  rule as ``slices``): ``var = k * sum(n p (1 - p)) / expected^2``;
+- three shapes are fitted to the levels by weighted least squares: flat; a *step* (one level, then another, from a
+  block boundary on); a *decay* (flat, then a straight decline from a block boundary, the run's start included).
+  The better of step and decay is the signature when it explains at least ``z**2`` (chi-square units) more than
+  flat, better than the other shape by ``margin`` (until then it waits for more blocks), and its level at the end
+  is at most ``1 - drop`` of its level at the start. A step that stays flat after the
+  change fits a step better than a line; a steady decline fits a line better than one step.
+
+Time, not the request. A request that has verify steps on both sides of the change (``carried``) is its own
+control: its acceptance before and after is in the evidence. When no request spans the change, the evidence says
+the requests' mix is not ruled out (the request slices compare the mix).
+
+Recovery. Once a signature fired, each later block is compared with the stratified rates before its start; two
+blocks in a row back at ``1 - drop / 2`` of that level or above are a recovery (``ACCEPTANCE_RESTORED``), and the
+detector starts afresh from there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+STEP, DECAY, RESTORED = "step", "decay", "restored"
+
+MAX_REQUESTS_PER_BLOCK = 4096  # request ids a block keeps counts for (the carried requests' evidence); more: uncounted
+
+
+@dataclass
+class Block:
+    start_ns: int
+    end_ns: int
+    strata: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (range, position) -> [drafted, accepted]
+    requests: dict[str, list[int]] = field(default_factory=dict)  # request -> [drafted, accepted]
+    drafted: int = 0
+    accepted: int = 0
+
+    def add(self, ts_ns: int, strata: dict[tuple[str, int], tuple[int, int]], requests: dict[str, tuple[int, int]]) -> None:
+        self.end_ns = max(self.end_ns, ts_ns)
+        for key, (d, a) in strata.items():
+            cell = self.strata.setdefault(key, [0, 0])
+            cell[0] += d
+            cell[1] += a
+            self.drafted += d
+            self.accepted += a
+        for request, (d, a) in requests.items():
+            cell = self.requests.get(request)
+            if cell is None:
+                if len(self.requests) >= MAX_REQUESTS_PER_BLOCK:
+                    continue
+                cell = self.requests[request] = [0, 0]
+            cell[0] += d
+            cell[1] += a
+
+    def strata_total(self) -> list[int]:
+        return [self.drafted, self.accepted]
+
+    def merge(self, other: "Block") -> "Block":
+        merged = Block(self.start_ns, other.end_ns)
+        for block in (self, other):
+            merged.add(block.end_ns, {key: tuple(cell) for key, cell in block.strata.items()},
+                       {request: tuple(cell) for request, cell in block.requests.items()})
+        merged.end_ns = other.end_ns
+        return merged
+
+
+@dataclass
+class DriftEvent:
+    kind: str  # STEP | DECAY | RESTORED
+    evidence: dict[str, Any]
+
+
+def _pooled(blocks: list[Block]) -> dict[tuple[str, int], float]:
+    sums: dict[tuple[str, int], list[int]] = {}
+    for block in blocks:
+        for key, (d, a) in block.strata.items():
+            cell = sums.setdefault(key, [0, 0])
+            cell[0] += d
+            cell[1] += a
+    return {key: a / d for key, (d, a) in sums.items() if d}
+
+
+def _level(block: Block, rates: dict[tuple[str, int], float], k: int) -> tuple[float, float, float] | None:
+    """(level, its variance, expected accepted) of ``block`` against ``rates``; None where nothing is comparable."""
+    expected = variance = observed = 0.0
+    for key, (d, a) in block.strata.items():
+        p = rates.get(key)
+        if p is None or not d:
+            continue
+        expected += d * p
+        variance += d * p * (1 - p)
+        observed += a
+    if expected <= 0:
+        return None
+    # a block whose strata all accept everything (or nothing) has no binomial spread: a floor of one trial
+    variance = max(variance * k, 1.0)
+    return observed / expected, variance / expected ** 2, expected
+
+
+def _wls_flat(y: list[float], w: list[float], lo: int, hi: int) -> tuple[float, float]:
+    sw = sum(w[lo:hi])
+    mean = sum(wi * yi for wi, yi in zip(w[lo:hi], y[lo:hi])) / sw
+    return mean, sum(wi * (yi - mean) ** 2 for wi, yi in zip(w[lo:hi], y[lo:hi]))
+
+
+def _wls_hinge(y: list[float], w: list[float], t: list[float], t0: float) -> tuple[float, float, float]:
+    """``y = c + s * max(0, t - t0)``, weighted: (c, s, sse)."""
+    x = [max(0.0, ti - t0) for ti in t]
+    sw = sum(w)
+    sx = sum(wi * xi for wi, xi in zip(w, x))
+    sy = sum(wi * yi for wi, yi in zip(w, y))
+    sxx = sum(wi * xi * xi for wi, xi in zip(w, x))
+    sxy = sum(wi * xi * yi for wi, xi, yi in zip(w, x, y))
+    det = sw * sxx - sx * sx
+    if det <= 1e-12 * max(sw * sxx, 1.0):
+        c, s = sy / sw, 0.0
+    else:
+        s = (sw * sxy - sx * sy) / det
+        c = (sy - s * sx) / sw
+    return c, s, sum(wi * (yi - c - s * xi) ** 2 for wi, xi, yi in zip(w, x, y))
+
+
+def _rate(cells: list[list[int]]) -> float | None:
+    d = sum(c[0] for c in cells)
+    return round(sum(c[1] for c in cells) / d, 4) if d else None
+
+
+@dataclass
+class DriftDetector:
+    """Step changes and slow decays of one run's acceptance in time (module docstring)."""
+
+    block_tokens: int = 200
+    max_blocks: int = 48
+    min_blocks: int = 6  # closed blocks before anything is judged
+    min_side_blocks: int = 2  # blocks on each side of a step, after a decay's start
+    z: float = 5.0  # the bar, in standard deviations: a scan over every boundary needs a strict one
+    drop: float = 0.3  # the level at the end at most 1 - drop of the level at the start
+    margin: float = 9.0  # chi-square units one shape must fit better than the other (3 standard deviations)
+    min_carried_tokens: int = 20  # drafted on each side for a request to count as carried across the change
+    blocks: list[Block] = field(default_factory=list)
+    current: Block | None = None
+    fired: DriftEvent | None = None  # the signature in force (until restored)
+    _reference: dict[tuple[str, int], float] | None = None  # the stratified rates before the fired signature began
+    _good: int = 0  # blocks in a row back at the reference level
+    k: int = 1  # the most drafts per request-step seen (the variance's trial size)
+
+    def observe(self, ts_ns: int, strata: dict[tuple[str, int], tuple[int, int]],
+                requests: dict[str, tuple[int, int]] | None = None, k: int = 1) -> list[DriftEvent]:
+        """One flush of the run's verified drafts: counts per (context range, position), and per request."""
+        if not strata or not any(d for d, _ in strata.values()):
+            return []
+        self.k = max(self.k, int(k))
+        if self.current is None:
+            self.current = Block(ts_ns, ts_ns)
+        self.current.add(ts_ns, strata, requests or {})
+        if self.current.drafted < self.block_tokens:
+            return []
+        closed, self.current = self.current, None
+        self.blocks.append(closed)
+        if len(self.blocks) >= self.max_blocks:
+            self.blocks = [a.merge(b) for a, b in zip(self.blocks[::2], self.blocks[1::2])] + (
+                [self.blocks[-1]] if len(self.blocks) % 2 else [])
+            self.block_tokens *= 2
+        if self.fired is not None:
+            return self._recovery(closed)
+        event = self.judge()
+        if event is not None:
+            self.fired = event
+        return [event] if event is not None else []
+
+    # -- the fit --------------------------------------------------------------------------
+
+    def judge(self) -> DriftEvent | None:
+        """The signature the closed blocks show now, or None."""
+        blocks = self.blocks
+        if len(blocks) < self.min_blocks:
+            return None
+        rates = _pooled(blocks)
+        levels = [_level(b, rates, self.k) for b in blocks]
+        if any(level is None for level in levels):
+            return None
+        y = [level[0] for level in levels]
+        w = [1.0 / level[1] for level in levels]
+        t0 = blocks[0].start_ns
+        t = [((b.start_ns + b.end_ns) / 2 - t0) / 1e9 for b in blocks]
+        n = len(blocks)
+        _, sse_flat = _wls_flat(y, w, 0, n)
+        best_step = None
+        for j in range(self.min_side_blocks, n - self.min_side_blocks + 1):
+            before, sse_b = _wls_flat(y, w, 0, j)
+            after, sse_a = _wls_flat(y, w, j, n)
+            if best_step is None or sse_b + sse_a < best_step[0]:
+                best_step = (sse_b + sse_a, j, before, after)
+        best_decay = None
+        for j in range(0, n - self.min_side_blocks):
+            start = t[0] if j == 0 else (t[j - 1] + t[j]) / 2
+            c, s, sse = _wls_hinge(y, w, t, start)
+            if s < 0 and (best_decay is None or sse < best_decay[0]):
+                best_decay = (sse, j, c, s, start)
+        if best_step is None:
+            return None
+        sse_step, j, before, after = best_step
+        step_gain = sse_flat - sse_step
+        decay_gain = sse_flat - best_decay[0] if best_decay is not None else -1.0
+        bar = self.z ** 2
+        # both shapes beat flat right after a change (a steep line through the first blocks after a step fits as
+        # well as the step): the signature is named once one of them is clearly the better fit, by ``margin``
+        if max(step_gain, decay_gain) >= bar and abs(step_gain - decay_gain) < self.margin:
+            return None
+        if decay_gain > step_gain and decay_gain >= bar:
+            _, j, c, s, start = best_decay
+            end = c + s * (t[-1] - start)
+            if c <= 0 or end > (1 - self.drop) * c:
+                return None
+            return DriftEvent(DECAY, self._evidence(j, DECAY, {
+                "start_level": round(c, 4), "end_level": round(max(end, 0.0), 4),
+                "slope_per_hour": round(s * 3600, 4), "chi2_gain": round(decay_gain, 1)}))
+        if step_gain >= bar and before > 0 and after <= (1 - self.drop) * before:
+            return DriftEvent(STEP, self._evidence(j, STEP, {
+                "before_level": round(before, 4), "after_level": round(after, 4), "chi2_gain": round(step_gain, 1)}))
+        return None
+
+    def _evidence(self, j: int, kind: str, fit: dict[str, Any]) -> dict[str, Any]:
+        """What a signature beginning at block ``j`` says: when, the rates around it, the requests it spanned."""
+        blocks = self.blocks
+        before_blocks, after_blocks = blocks[:j], blocks[j:]
+        self._reference = _pooled(before_blocks) if before_blocks else _pooled(blocks[:1])
+        self._good = 0
+        before_requests: dict[str, list[int]] = {}
+        after_requests: dict[str, list[int]] = {}
+        for side, group in ((before_requests, before_blocks), (after_requests, after_blocks)):
+            for block in group:
+                for request, (d, a) in block.requests.items():
+                    cell = side.setdefault(request, [0, 0])
+                    cell[0] += d
+                    cell[1] += a
+        carried = sorted(r for r in set(before_requests) & set(after_requests)
+                         if before_requests[r][0] >= self.min_carried_tokens
+                         and after_requests[r][0] >= self.min_carried_tokens)
+        onset = blocks[j] if j < len(blocks) else blocks[-1]
+        evidence: dict[str, Any] = {
+            "signature": kind,
+            "onset_ts_ns": onset.start_ns,
+            "onset_after_ts_ns": blocks[j - 1].end_ns if j > 0 else onset.start_ns,  # the change lies between these
+            "rate_before": _rate([b.strata_total() for b in before_blocks]) if before_blocks else None,
+            "rate_after": _rate([b.strata_total() for b in after_blocks]),
+            "drafted_before": sum(b.drafted for b in before_blocks),
+            "drafted_after": sum(b.drafted for b in after_blocks),
+            "blocks": len(blocks),
+            "requests_after": len(after_requests),
+            "carried_requests": len(carried),
+            "carried_rate_before": _rate([before_requests[r] for r in carried]) if carried else None,
+            "carried_rate_after": _rate([after_requests[r] for r in carried]) if carried else None,
+            "z": self.z,
+            **fit,
+        }
+        return evidence
+
+    def _recovery(self, block: Block) -> list[DriftEvent]:
+        level = _level(block, self._reference or {}, self.k)
+        if level is None:
+            return []
+        self._good = self._good + 1 if level[0] >= 1 - self.drop / 2 else 0
+        if self._good < 2:
+            return []
+        fired, self.fired = self.fired, None
+        event = DriftEvent(RESTORED, {
+            "signature": fired.evidence["signature"],
+            "onset_ts_ns": fired.evidence["onset_ts_ns"],
+            "recovered_ts_ns": self.blocks[-2].start_ns if len(self.blocks) >= 2 else block.start_ns,
+            "level": round(level[0], 4),
+            "rate_now": _rate([block.strata_total()]),
+            "rate_before": fired.evidence.get("rate_before"),
+        })
+        self.blocks = self.blocks[-2:]  # afresh from the recovery
+        self._reference = None
+        return [event]
