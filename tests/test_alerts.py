@@ -293,6 +293,37 @@ def test_a_synthetic_runs_measured_errors_are_no_config_error_alert_but_its_conf
 
 
 @needs_promtool
+def test_acceptance_shifted_alert_fires_on_a_step_or_decay_until_restored_and_not_for_synthetic(tmp_path):
+    """The time signatures (spectrace.audit.rules.drift) on the runtime gauge: present, the alert fires; cleared by
+    ACCEPTANCE_RESTORED (the gauge's series goes), it resolves; a synthetic run's signature is no alert."""
+    def signature(code, instance, values):
+        labels = dict(DEPLOYMENT, instance=instance, run_id="run-1", code=code, severity="warning", model_role="draft")
+        return {"series": promql.RUNTIME_FINDING + _labels(**labels), "values": values}
+
+    synthetic = dict(DEPLOYMENT, instance="synthetic:8000", run_id="run-1", code="SYNTHETIC_ACCEPTANCE",
+                     severity="warning", model_role="draft")
+    series = [signature("ACCEPTANCE_STEP_CHANGE", "a:8000", "_ _ 1 1 1 1 stale"),
+              signature("ACCEPTANCE_DECAY", "b:8000", "1 1 1 1 1 1 1 1 1 1"),
+              signature("ACCEPTANCE_DECAY", "synthetic:8000", "1 1 1 1 1 1 1 1 1 1"),
+              {"series": promql.CONFIG_FINDING + _labels(**synthetic), "values": "1 1 1 1 1 1 1 1 1 1"},
+              signature("ACCEPTANCE_COLLAPSE", "c:8000", "1 1 1 1 1 1 1 1 1 1")]  # another alert's
+    shifted = alerts.rule("SpectraceAcceptanceShifted")
+
+    def labels(code, instance):
+        return dict(DEPLOYMENT, instance=instance, run_id="run-1", code=code, model_role="draft")
+
+    _run_unit_test(tmp_path, alerts.TEST, "5s", series, [
+        {"eval_time": "5s", "alertname": shifted.name, "exp_alerts": [
+            _expected_alert(shifted, labels("ACCEPTANCE_DECAY", "b:8000"), "")]},
+        {"eval_time": "15s", "alertname": shifted.name, "exp_alerts": [
+            _expected_alert(shifted, labels("ACCEPTANCE_STEP_CHANGE", "a:8000"), ""),
+            _expected_alert(shifted, labels("ACCEPTANCE_DECAY", "b:8000"), "")]},
+        {"eval_time": "40s", "alertname": shifted.name, "exp_alerts": [  # the step change restored
+            _expected_alert(shifted, labels("ACCEPTANCE_DECAY", "b:8000"), "")]},
+    ])
+
+
+@needs_promtool
 def test_a_tap_code_said_as_info_is_no_tap_alert(tmp_path):
     """TAP_CONVENTION info (who trained the drafter cannot be told) is said, not alerted on; its error is."""
     series = [_finding("TAP_CONVENTION", "info", "1 1 1 1 1 1")]

@@ -526,7 +526,7 @@ def _one_line_error(capsys) -> str:
 def test_push_creates_folder_dashboards_and_rules_and_is_idempotent(grafana, token_env, capsys):
     assert main(["dashboards", "push", "--url", grafana.url]) == 0
     out = capsys.readouterr().out
-    assert "created" in out and "5 rules on data source prom-main" in out
+    assert "created" in out and "6 rules on data source prom-main" in out
     assert grafana.problems == []
     assert set(grafana.folders) == {"spectrace"} and grafana.folders["spectrace"]["title"] == "Spectrace"
     assert set(grafana.dashboards) == {build.ACCEPTANCE_UID, build.CONFIGURATION_UID}

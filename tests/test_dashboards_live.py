@@ -80,6 +80,10 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
                 if not prom.api("query", query=query)["result"]:
                     empty.append((dashboard, title, query))
             healthy_states = _alert_states(prom, base)
+            # every alert expression evaluated on the real series (a rule Prometheus cannot evaluate says err)
+            health = wait_until(lambda: (h := {r["name"]: (r.get("health"), r.get("lastError") or "") for g in prom.api(
+                "rules")["groups"] for r in g["rules"] if r.get("type") == "alerting"}) and all(
+                v[0] != "unknown" for v in h.values()) and h, 60, "every alert rule evaluated")
         finally:
             (scratch / "dash-self.stop").touch()
             runner.join(timeout=300)
@@ -98,3 +102,4 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
         assert results["draft_seeded"].ok, results["draft_seeded"].error
     assert [t for _, t, _ in empty] == []
     assert "firing" not in healthy_states and "pending" not in healthy_states
+    assert set(health) == {r.name for r in alerts.RULES} and all(v == ("ok", "") for v in health.values()), health

@@ -16,7 +16,7 @@ import pytest
 
 import spectrace.store
 from spectrace.audit import codes
-from spectrace.queries import report
+from spectrace.queries import named, report
 from spectrace.testing.engine import EngineSpec, run_engines
 
 pytestmark = pytest.mark.vllm
@@ -114,3 +114,16 @@ def test_the_target_was_never_touched(runs):
     """Greedy verification: the drafter's changes change what is accepted, never what is generated."""
     _, results = runs
     assert results["step"].tokens == results["steady"].tokens == results["decay"].tokens
+
+
+def test_the_named_query_lists_each_signature_and_its_restoration(runs):
+    """``spectrace query --named acceptance_in_time`` (the alert's SQL twin) over the three runs' store."""
+    con, results = runs
+    rows = con.execute(named.load("acceptance_in_time")).fetchall()
+    by_run = {row[0]: row for row in rows}
+    assert set(by_run) == {results["step"].run_id, results["decay"].run_id}, rows
+    step, decay = by_run[results["step"].run_id], by_run[results["decay"].run_id]
+    assert step[1] == codes.ACCEPTANCE_STEP_CHANGE and step[8] is not None  # restored
+    assert decay[1] == codes.ACCEPTANCE_DECAY and decay[8] is None  # not restored
+    found = _signatures(con, results["step"].run_id)[0][1]
+    assert (step[3], step[4], step[5]) == (found["rate_before"], found["rate_after"], found["carried_requests"])

@@ -175,6 +175,12 @@ def _tap_mismatch_value(p: Profile) -> str:
     return _findings('code=~"' + "|".join(promql.TAP_CODES) + '"', 'severity="error"')
 
 
+def _time_signature_value(p: Profile) -> str:
+    # drawn acceptance (a synthetic sampler) moves when its knob does: no health signal either
+    runtime = promql.series(promql.RUNTIME_FINDING, ['code=~"' + "|".join(promql.TIME_CODES) + '"'])
+    return f"max {promql.by(_FINDING_LABELS)} ({runtime} {_not_synthetic()})"
+
+
 def _request_finding_value(p: Profile) -> str:
     return _findings('code=~"' + "|".join(promql.REQUEST_CODES) + '"')
 
@@ -284,6 +290,26 @@ RULES: tuple[AlertRule, ...] = (
             "target depth; acceptance drops without an error. Run: spectrace query --named tap_mismatch."
         ),
         named_query="tap_mismatch",
+    ),
+    AlertRule(
+        name="SpectraceAcceptanceShifted",
+        uid="spectrace-acceptance-shifted",
+        severity="warning",
+        value=_time_signature_value,
+        op=">",
+        threshold=0,
+        for_="finding_for",
+        summary="Draft acceptance on {{ $labels.instance }} changed in time: {{ $labels.code }}",
+        description=(
+            "spectrace found {{ $labels.code }} for " + _DEPLOYMENT_TEXT + " (run {{ $labels.run_id }}): acceptance "
+            "stepped down at a moment (ACCEPTANCE_STEP_CHANGE) or has been declining steadily "
+            "(ACCEPTANCE_DECAY), against the run's own level for the same contexts and draft positions, and has not "
+            "come back (ACCEPTANCE_RESTORED clears it). Likely cause: something changed at that moment (a weight "
+            "reload or update, a LoRA swap, a drafter or target redeployed, a cache reset), or state that builds up "
+            "while the server runs; the finding's evidence has when it began and whether the requests in flight "
+            "across it accepted less too. Run: spectrace query --named acceptance_in_time, then spectrace report."
+        ),
+        named_query="acceptance_in_time",
     ),
     AlertRule(
         name="SpectraceRequestsCostAcceptance",

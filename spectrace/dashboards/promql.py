@@ -54,6 +54,9 @@ CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+
 
 # the tap findings that mean the drafter reads the wrong hidden states (errors; TAP_DEFAULTED is a warning)
 TAP_CODES = codes.codes(component="taps", severity="error")
+# acceptance that moved in time, against the run's own level (spectrace.audit.rules.drift); ACCEPTANCE_RESTORED clears
+# them on the gauge (the active rule), so a series present is a change not restored
+TIME_CODES = (codes.ACCEPTANCE_STEP_CHANGE, codes.ACCEPTANCE_DECAY)
 # the findings about requests and the scheduler: a slice the drafter cannot see, the token budget
 REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, *codes.codes(component="scheduler"))
 
