@@ -31,7 +31,7 @@ def test_query_help_lists_every_named_query_with_what_it_answers(capsys):
     out = capsys.readouterr().out
     listed = out.split("named queries (--named NAME):\n", 1)[1].splitlines()
     rows = {line.split()[0]: line for line in listed if not line.startswith(" " * 3)}
-    assert sorted(rows) == named.names() and len(rows) == 7
+    assert sorted(rows) == named.names() and len(rows) == 8
     assert "Runs whose acceptance collapsed: position-0" in rows["acceptance_collapse"]
     assert max(map(len, listed)) <= 100
 

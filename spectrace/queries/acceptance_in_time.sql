@@ -1,7 +1,8 @@
--- Acceptance that changed in time (spectrace.audit.rules.drift): each ACCEPTANCE_STEP_CHANGE or ACCEPTANCE_DECAY the
--- live detector recorded, when it began, the rates before and after, the requests that ran across it (their own
--- rates before and after: the engine changed, not the requests), and when acceptance was restored (the run's next
--- ACCEPTANCE_RESTORED; NULL: not restored). The SQL twin of the SpectraceAcceptanceShifted alert.
+-- Runs whose acceptance stepped down or decays in time: each ACCEPTANCE_STEP_CHANGE or ACCEPTANCE_DECAY, when it
+-- began, the rates before and after, and when it was restored (NULL: not restored). The live detector's findings
+-- (spectrace.audit.rules.drift), with the requests that ran across the change (their own rates before and after:
+-- the engine changed, not the requests); restored_at is the run's next ACCEPTANCE_RESTORED. The SQL twin of the
+-- SpectraceAcceptanceShifted alert.
 SELECT f.run_id,
        f.code,
        json_extract_string(f.evidence, '$.onset') AS onset,
