@@ -124,3 +124,21 @@ def test_nothing_drafted_is_nothing_observed():
     detector = drift.DriftDetector()
     assert detector.observe(1, {}, {}) == [] and detector.observe(2, {("0-512", 0): (0, 0)}) == []
     assert detector.current is None
+
+
+def test_each_event_becomes_its_finding_with_when_and_where():
+    from spectrace.audit import codes
+    from spectrace.audit.curve import drift_finding
+
+    step = _run(lambda i: (BROKEN if 50 <= i < 90 else HEALTHY, "0-512", ("a", "b")), flushes=130)
+    found = [drift_finding(event, ranks=[0, 1]) for _, event in step]
+    assert [f.code for f in found] == [codes.ACCEPTANCE_STEP_CHANGE, codes.ACCEPTANCE_RESTORED]
+    assert found[0].severity == "warning" and found[0].evidence["ranks"] == [0, 1]
+    assert "on every rank (0, 1)" in found[0].message and "the engine changed, not the requests" in found[0].message
+    assert found[0].evidence["onset"].endswith(" UTC") and found[0].evidence["onset"] in found[0].message
+    assert found[1].severity == "info" and found[1].caused_by == codes.ACCEPTANCE_STEP_CHANGE
+    # a decline from the run's very start has no rate before it
+    event = drift.DriftEvent(drift.DECAY, {**step[0][1].evidence, "signature": drift.DECAY, "rate_before": None,
+                                           "start_level": 1.2, "end_level": 0.5, "slope_per_hour": -3.0})
+    decay = drift_finding(event)
+    assert decay.code == codes.ACCEPTANCE_DECAY and "from the run's start" in decay.message

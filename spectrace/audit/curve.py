@@ -325,10 +325,10 @@ def drift_finding(event: Any, ranks: Iterable[int] = ()) -> Finding:
                     f"{ev['rate_after']:.1%} after ({ev['after_level']:.2f} of the run's usual level for the same "
                     f"contexts and positions, {ev['before_level']:.2f} before){within}",
         )
+    before = (f"{ev['rate_before']:.1%} before, " if ev["rate_before"] is not None else "from the run's start, ")
     return codes.finding(
         codes.ACCEPTANCE_DECAY, model_role="draft", evidence=ev,
         message=f"acceptance has been declining since {ev['onset']}{where}: {ev['slope_per_hour']:+.2f} of the run's "
                 f"level per hour, from {ev['start_level']:.2f} to {ev['end_level']:.2f} (the same contexts and "
-                f"positions); {ev['rate_before'] if ev['rate_before'] is not None else ev['rate_after']:.1%} "
-                f"before, {ev['rate_after']:.1%} since{within}",
+                f"positions); {before}{ev['rate_after']:.1%} since{within}",
     )

@@ -144,8 +144,12 @@ class VerifyCapture(Capture):
                 )
             strata = self._count(rt, ENGINE, run_id, None, arr, marks)
             flush = counted.per_request()
-            drifted = self.judge.observe_drift(run_id, int(counted.ts.max()), strata, dict(zip(
-                flush.ids, zip(flush.drafted.tolist(), flush.accepted.tolist()))), int(counted.drafted.max()))
+            try:  # a rule's fault is counted and costs no record of the flush
+                drifted = self.judge.observe_drift(run_id, int(counted.ts.max()), strata, dict(zip(
+                    flush.ids, zip(flush.drafted.tolist(), flush.accepted.tolist()))), int(counted.drafted.max()))
+            except Exception as exc:
+                rt.count_error("drain.drift", exc)
+                drifted = []
             if drifted:
                 run = rt.run_by_id(run_id)
                 with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
