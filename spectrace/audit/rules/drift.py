@@ -33,9 +33,10 @@ detector starts afresh from there.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 STEP, DECAY, RESTORED = "step", "decay", "restored"
 
@@ -113,27 +114,28 @@ def _level(block: Block, rates: dict[tuple[str, int], float], k: int) -> tuple[f
     return observed / expected, variance / expected ** 2, expected
 
 
-def _wls_flat(y: list[float], w: list[float], lo: int, hi: int) -> tuple[float, float]:
-    sw = sum(w[lo:hi])
-    mean = sum(wi * yi for wi, yi in zip(w[lo:hi], y[lo:hi])) / sw
-    return mean, sum(wi * (yi - mean) ** 2 for wi, yi in zip(w[lo:hi], y[lo:hi]))
+def _step_fits(y: np.ndarray, w: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighted two-level fits with the break at each j in ``lo .. hi``: (sse, level before, level after) per j,
+    from prefix sums."""
+    cw, cwy, cwy2 = (np.concatenate(([0.0], np.cumsum(v))) for v in (w, w * y, w * y * y))
+    j = np.arange(lo, hi + 1)
+    before_w, before_wy, before_wy2 = cw[j], cwy[j], cwy2[j]
+    after_w, after_wy, after_wy2 = cw[-1] - before_w, cwy[-1] - before_wy, cwy2[-1] - before_wy2
+    sse = (before_wy2 - before_wy ** 2 / before_w) + (after_wy2 - after_wy ** 2 / after_w)
+    return sse, before_wy / before_w, after_wy / after_w
 
 
-def _wls_hinge(y: list[float], w: list[float], t: list[float], t0: float) -> tuple[float, float, float]:
-    """``y = c + s * max(0, t - t0)``, weighted: (c, s, sse)."""
-    x = [max(0.0, ti - t0) for ti in t]
-    sw = sum(w)
-    sx = sum(wi * xi for wi, xi in zip(w, x))
-    sy = sum(wi * yi for wi, yi in zip(w, y))
-    sxx = sum(wi * xi * xi for wi, xi in zip(w, x))
-    sxy = sum(wi * xi * yi for wi, xi, yi in zip(w, x, y))
+def _hinge_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, starts: np.ndarray):
+    """``y = c + s * max(0, t - t0)``, weighted, for each t0 in ``starts``: (c, s, sse) per start."""
+    x = np.maximum(0.0, t[None, :] - starts[:, None])
+    sw, sy, syy = w.sum(), (w * y).sum(), (w * y * y).sum()
+    sx, sxx, sxy = x @ w, (x * x) @ w, x @ (w * y)
     det = sw * sxx - sx * sx
-    if det <= 1e-12 * max(sw * sxx, 1.0):
-        c, s = sy / sw, 0.0
-    else:
-        s = (sw * sxy - sx * sy) / det
-        c = (sy - s * sx) / sw
-    return c, s, sum(wi * (yi - c - s * xi) ** 2 for wi, xi, yi in zip(w, x, y))
+    flat = det <= 1e-12 * np.maximum(sw * sxx, 1.0)
+    s = np.where(flat, 0.0, (sw * sxy - sx * sy) / np.where(flat, 1.0, det))
+    c = (sy - s * sx) / sw
+    sse = syy - 2 * c * sy - 2 * s * sxy + c * c * sw + 2 * c * s * sx + s * s * sxx
+    return c, s, sse
 
 
 def _rate(cells: list[list[int]]) -> float | None:
@@ -195,26 +197,26 @@ class DriftDetector:
         levels = [_level(b, rates, self.k) for b in blocks]
         if any(level is None for level in levels):
             return None
-        y = [level[0] for level in levels]
-        w = [1.0 / level[1] for level in levels]
+        y = np.array([level[0] for level in levels])
+        w = 1.0 / np.array([level[1] for level in levels])
         t0 = blocks[0].start_ns
-        t = [((b.start_ns + b.end_ns) / 2 - t0) / 1e9 for b in blocks]
+        t = np.array([((b.start_ns + b.end_ns) / 2 - t0) / 1e9 for b in blocks])
         n = len(blocks)
-        _, sse_flat = _wls_flat(y, w, 0, n)
-        best_step = None
-        for j in range(self.min_side_blocks, n - self.min_side_blocks + 1):
-            before, sse_b = _wls_flat(y, w, 0, j)
-            after, sse_a = _wls_flat(y, w, j, n)
-            if best_step is None or sse_b + sse_a < best_step[0]:
-                best_step = (sse_b + sse_a, j, before, after)
-        best_decay = None
-        for j in range(0, n - self.min_side_blocks):
-            start = t[0] if j == 0 else (t[j - 1] + t[j]) / 2
-            c, s, sse = _wls_hinge(y, w, t, start)
-            if s < 0 and (best_decay is None or sse < best_decay[0]):
-                best_decay = (sse, j, c, s, start)
-        if best_step is None:
+        sse_flat = float((w * y * y).sum() - (w * y).sum() ** 2 / w.sum())
+        lo, hi = self.min_side_blocks, n - self.min_side_blocks
+        if hi < lo:
             return None
+        sse, before, after = _step_fits(y, w, lo, hi)
+        at = int(np.argmin(sse))
+        best_step = (float(sse[at]), lo + at, float(before[at]), float(after[at]))
+        # a decline from each block boundary (the run's start included), up to min_side_blocks before the end
+        starts = np.concatenate(([t[0]], (t[:n - self.min_side_blocks - 1] + t[1:n - self.min_side_blocks]) / 2))
+        c, slope, sse = _hinge_fits(y, w, t, starts)
+        sse = np.where(slope < 0, sse, np.inf)
+        best_decay = None
+        if np.isfinite(sse).any():
+            at = int(np.argmin(sse))
+            best_decay = (float(sse[at]), at, float(c[at]), float(slope[at]), float(starts[at]))
         sse_step, j, before, after = best_step
         step_gain = sse_flat - sse_step
         decay_gain = sse_flat - best_decay[0] if best_decay is not None else -1.0
@@ -225,7 +227,7 @@ class DriftDetector:
             return None
         if decay_gain > step_gain and decay_gain >= bar:
             _, j, c, s, start = best_decay
-            end = c + s * (t[-1] - start)
+            end = c + s * (float(t[-1]) - start)
             if c <= 0 or end > (1 - self.drop) * c:
                 return None
             return DriftEvent(DECAY, self._evidence(j, DECAY, {
