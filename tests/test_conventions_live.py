@@ -86,6 +86,9 @@ def test_sglang_convention_ids_are_named_with_the_ids_to_declare(served):
     assert fix.startswith('declare "eagle_aux_hidden_state_layer_ids": [1, 2, 3] at the top level')
     assert json.loads(evidence)["producer"] == "specforge"
     assert taps["TAP_MISMATCH"][:2] == ("info", "TAP_CONVENTION")
+    from spectrace.queries import report
+
+    assert f"  each tap captures: {RESIDUAL}" in report.render(con, run_id=run).splitlines()  # the report says it too
 
 
 def test_the_quiet_twins_tap_what_the_drafter_was_trained_on(served):

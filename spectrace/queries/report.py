@@ -280,7 +280,7 @@ def _ranks(verdicts: StoreVerdicts) -> list[str]:
 
 def _taps(con, run_id: str) -> list[str]:
     rows = con.execute(
-        "select rank, declared_field, declared_ids, expected_ids, tapped_ids, input_taps, status "
+        "select rank, declared_field, declared_ids, expected_ids, tapped_ids, input_taps, status, capture_point "
         "from hidden_state_taps where run_id = ? order by rank nulls first",
         [run_id],
     ).fetchall()
@@ -288,11 +288,13 @@ def _taps(con, run_id: str) -> list[str]:
         return []
     table = [
         ("" if rank is None else rank, field or "(none declared)", declared, expected, tapped, inputs, status)
-        for rank, field, declared, expected, tapped, inputs, status in rows
+        for rank, field, declared, expected, tapped, inputs, status, _ in rows
     ]
+    points = sorted({point for *_, point in rows if point})
     return [
         "Hidden-state taps (vLLM ids: k = output of target layer k-1)",
         _indent(format_table(["rank", "declared in", "declared", "expected", "tapped", "fc takes", "status"], table)),
+        *(["  each tap captures: " + "; ".join(points)] if points else []),
     ]
 
 
