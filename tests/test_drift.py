@@ -142,3 +142,15 @@ def test_each_event_becomes_its_finding_with_when_and_where():
                                            "start_level": 1.2, "end_level": 0.5, "slope_per_hour": -3.0})
     decay = drift_finding(event)
     assert decay.code == codes.ACCEPTANCE_DECAY and "from the run's start" in decay.message
+
+
+def test_a_step_then_a_slide_is_a_step():
+    """Acceptance drops at a moment and slides on (the requests in flight still hold caches from before): a jump
+    with a slope after it is a step, not a decay."""
+    def schedule(i):
+        scale = 1.0 if i < 60 else max(0.55 - (i - 60) / 200, 0.3)
+        return ([r * scale for r in HEALTHY], "0-512", ("a", "b", "c"))
+    fired = _run(schedule, flushes=120)
+    assert fired and fired[0][1].kind == drift.STEP, fired
+    assert abs(fired[0][1].evidence["onset_ts_ns"] - 60 * FLUSH_NS) <= 3 * FLUSH_NS
+    assert fired[0][1].evidence["jump_z"] <= -3

@@ -15,12 +15,15 @@ deeper, accepts less for that reason alone. Every comparison is stratified:
   its strata (1.0: the run's usual acceptance for what it drafted);
 - the variance of a level counts a request-step's ``k`` drafts as one trial (a rejection ends the step; the same
   rule as ``slices``): ``var = k * sum(n p (1 - p)) / expected^2``;
-- three shapes are fitted to the levels by weighted least squares: flat; a *step* (one level, then another, from a
-  block boundary on); a *decay* (flat, then a straight decline from a block boundary, the run's start included).
-  The better of step and decay is the signature when it explains at least ``z**2`` (chi-square units) more than
-  flat, better than the other shape by ``margin`` (until then it waits for more blocks), and its level at the end
-  is at most ``1 - drop`` of its level at the start. A step that stays flat after the
-  change fits a step better than a line; a steady decline fits a line better than one step.
+- the levels are fitted by weighted least squares along the run's progress in drafted tokens (a loaded or idle
+  spell stretches the clock, not the shape). A *step* is a jump: flat, then at a block boundary a jump and whatever
+  slope after it (acceptance often slides on after a change, as the requests' caches turn over); it is named when
+  the best such fit explains at least ``z**2`` (chi-square units) more than flat and its jump is at least
+  ``jump_z`` standard errors down. A *decay* is a decline without a jump: flat, then a straight line down from a
+  block boundary (the run's start included), fitted without the newest blocks (a fresh step in them would draw a
+  line), named when it explains ``z**2`` more than flat and the best jump fit's jump is under ``wait_z`` standard
+  errors (between the two, a step may be forming: more blocks decide). Either
+  needs its level after the change at most ``1 - drop`` of its level before.
 
 Time, not the request. A request that has verify steps on both sides of the change (``carried``) is its own
 control: its acceptance before and after is in the evidence. When no request spans the change, the evidence says
@@ -138,6 +141,24 @@ def _hinge_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, starts: np.ndarray)
     return c, s, sse
 
 
+def _jump_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, lo: int, hi: int):
+    """``y = c + d * [i >= j] + s * max(0, t - b_j)``, weighted, for each j in ``lo .. hi`` (``b_j``: the boundary
+    between blocks j - 1 and j): a level, a jump at the boundary, a slope after it. Returns (j, c, d, s, the jump's
+    standard error, sse) per j (the weights are inverse variances: the fit's scale is known)."""
+    js = np.arange(lo, hi + 1)
+    bounds = (t[js - 1] + t[js]) / 2
+    index = np.arange(len(y))
+    x = np.stack([np.ones((len(js), len(y))), (index[None, :] >= js[:, None]).astype(float),
+                  np.maximum(0.0, t[None, :] - bounds[:, None])], axis=2)  # (J, n, 3)
+    xw = x * w[None, :, None]
+    a = np.einsum("jni,jnk->jik", xw, x)
+    b = np.einsum("jni,n->ji", xw, y)
+    inverse = np.linalg.pinv(a)
+    beta = np.einsum("jik,jk->ji", inverse, b)
+    sse = (w * y * y).sum() - np.einsum("ji,ji->j", b, beta)
+    return js, beta[:, 0], beta[:, 1], beta[:, 2], np.sqrt(np.maximum(inverse[:, 1, 1], 0.0)), sse
+
+
 def _rate(cells: list[list[int]]) -> float | None:
     d = sum(c[0] for c in cells)
     return round(sum(c[1] for c in cells) / d, 4) if d else None
@@ -153,7 +174,8 @@ class DriftDetector:
     min_side_blocks: int = 2  # blocks on each side of a step, after a decay's start
     z: float = 5.0  # the bar, in standard deviations: a scan over every boundary needs a strict one
     drop: float = 0.3  # the level at the end at most 1 - drop of the level at the start
-    margin: float = 9.0  # chi-square units one shape must fit better than the other (3 standard deviations)
+    jump_z: float = 3.0  # a step's jump, in its standard errors (below it, a decline is a decay)
+    wait_z: float = 2.0  # a jump this sure somewhere is a step forming: no decay is named until more blocks decide
     min_carried_tokens: int = 20  # drafted on each side for a request to count as carried across the change
     blocks: list[Block] = field(default_factory=list)
     current: Block | None = None
@@ -199,44 +221,56 @@ class DriftDetector:
             return None
         y = np.array([level[0] for level in levels])
         w = 1.0 / np.array([level[1] for level in levels])
-        t0 = blocks[0].start_ns
-        t = np.array([((b.start_ns + b.end_ns) / 2 - t0) / 1e9 for b in blocks])
+        # the fits' axis is the run's progress, in drafted tokens (a block's middle), not the clock: a loaded or idle
+        # spell stretches the clock, never the shape; the evidence gives the clock's times
+        drafted = np.array([b.drafted for b in blocks], dtype=float)
+        t = (np.cumsum(drafted) - drafted / 2) / 1000.0
         n = len(blocks)
         sse_flat = float((w * y * y).sum() - (w * y).sum() ** 2 / w.sum())
         lo, hi = self.min_side_blocks, n - self.min_side_blocks
         if hi < lo:
             return None
-        sse, before, after = _step_fits(y, w, lo, hi)
-        at = int(np.argmin(sse))
-        best_step = (float(sse[at]), lo + at, float(before[at]), float(after[at]))
-        # a decline from each block boundary (the run's start included), up to min_side_blocks before the end
-        starts = np.concatenate(([t[0]], (t[:n - self.min_side_blocks - 1] + t[1:n - self.min_side_blocks]) / 2))
-        c, slope, sse = _hinge_fits(y, w, t, starts)
-        sse = np.where(slope < 0, sse, np.inf)
-        best_decay = None
-        if np.isfinite(sse).any():
-            at = int(np.argmin(sse))
-            best_decay = (float(sse[at]), at, float(c[at]), float(slope[at]), float(starts[at]))
-        sse_step, j, before, after = best_step
-        step_gain = sse_flat - sse_step
-        decay_gain = sse_flat - best_decay[0] if best_decay is not None else -1.0
         bar = self.z ** 2
-        # both shapes beat flat right after a change (a steep line through the first blocks after a step fits as
-        # well as the step): the signature is named once one of them is clearly the better fit, by ``margin``
-        if max(step_gain, decay_gain) >= bar and abs(step_gain - decay_gain) < self.margin:
-            return None
-        if decay_gain > step_gain and decay_gain >= bar:
-            _, j, c, s, start = best_decay
-            end = c + s * (float(t[-1]) - start)
-            if c <= 0 or end > (1 - self.drop) * c:
-                return None
-            return DriftEvent(DECAY, self._evidence(j, DECAY, {
-                "start_level": round(c, 4), "end_level": round(max(end, 0.0), 4),
-                "slope_per_hour": round(s * 3600, 4), "chi2_gain": round(decay_gain, 1)}))
-        if step_gain >= bar and before > 0 and after <= (1 - self.drop) * before:
+        # a step is a jump in the level (then whatever slope): the best break, and whether its jump is real
+        js, c, d, slope, se, sse = _jump_fits(y, w, t, lo, hi)
+        at = int(np.argmin(sse))
+        step_gain = sse_flat - float(sse[at])
+        jump = float(d[at] / se[at]) if se[at] > 0 else 0.0  # the best break's jump, in standard errors
+        jumped = jump <= -self.jump_z
+        if step_gain >= bar and jumped and c[at] > 0 and c[at] + d[at] <= (1 - self.drop) * c[at]:
+            j = int(js[at])
+            end = c[at] + d[at] + slope[at] * (float(t[-1]) - (t[j - 1] + t[j]) / 2)
             return DriftEvent(STEP, self._evidence(j, STEP, {
-                "before_level": round(before, 4), "after_level": round(after, 4), "chi2_gain": round(step_gain, 1)}))
-        return None
+                "before_level": round(float(c[at]), 4), "after_level": round(float(c[at] + d[at]), 4),
+                "end_level": round(max(float(end), 0.0), 4), "jump_z": round(jump, 1),
+                "chi2_gain": round(step_gain, 1)}))
+        # a decay is a decline without a jump: flat, then a straight line down from a block boundary (the run's start
+        # included), at least min_side_blocks before the end. It is fitted without the newest min_side_blocks blocks:
+        # a decline the older blocks show already, not one that a step in the newest (not yet a step: too few blocks
+        # after it) draws through them
+        m = n - self.min_side_blocks
+        if m < self.min_blocks:
+            return None
+        yo, wo, to = y[:m], w[:m], t[:m]
+        flat_o = float((wo * yo * yo).sum() - (wo * yo).sum() ** 2 / wo.sum())
+        starts = np.concatenate(([to[0]], (to[:m - self.min_side_blocks - 1] + to[1:m - self.min_side_blocks]) / 2))
+        c, slope, sse = _hinge_fits(yo, wo, to, starts)
+        sse = np.where(slope < 0, sse, np.inf)
+        if not np.isfinite(sse).any():
+            return None
+        at = int(np.argmin(sse))
+        decay_gain = flat_o - float(sse[at])
+        if decay_gain < bar or jump <= -self.wait_z:
+            # not enough, or the best break's jump nearly real: a step forming, not a decay (more blocks decide)
+            return None
+        c, s, start, j = float(c[at]), float(slope[at]), float(starts[at]), at
+        end = c + s * (float(to[-1]) - start)
+        if c <= 0 or end > (1 - self.drop) * c:
+            return None
+        span_h = max(blocks[-1].end_ns - blocks[j].start_ns, 1) / 3.6e12
+        return DriftEvent(DECAY, self._evidence(j, DECAY, {
+            "start_level": round(c, 4), "end_level": round(max(end, 0.0), 4), "slope_per_1k_drafted": round(s, 6),
+            "slope_per_hour": round((max(end, 0.0) - c) / span_h, 4), "chi2_gain": round(decay_gain, 1)}))
 
     def _evidence(self, j: int, kind: str, fit: dict[str, Any]) -> dict[str, Any]:
         """What a signature beginning at block ``j`` says: when, the rates around it, the requests it spanned."""
