@@ -31,7 +31,7 @@ def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: A
     out: dict[str, Any] = dict.fromkeys(
         ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
          "logit_bias_tokens", "allowed_tokens", "bad_words", "structured_output", "lora_adapter", "prompt_tokens",
-         "cached_tokens"]
+         "cached_tokens", "thinking_mode", "thinking_source"]
     )
     if p is not None:
         for name in GENERATION_FIELDS:
