@@ -128,3 +128,29 @@ def test_drain_quiet_twin_modes_alike(traced):
     rt.flush()
     assert {json.loads(r["slice"])["thinking_mode"] for r in sink.rows("request_slices")} == {"on", "off"}
     assert not [f for f in sink.rows("findings") if f["code"] in (codes.THINKING_MODE_GAP, codes.SLICE_ACCEPTANCE_LOW)]
+
+
+def test_prompt_tail_with_multi_token_markers():
+    start, end = [40, 41], [42, 43, 44]  # a tokenizer where "<think>" / "</think>" are not single tokens
+    assert thinking.mode_from_prompt_tail([1, 40, 41, NL, 42, 43, 44, NL], start, end) == "off"
+    assert thinking.mode_from_prompt_tail([1, 40, 41, NL], start, end) == "on"
+    assert thinking.mode_from_prompt_tail([1, 40, 42, 43, 44], start, end) is None
+
+
+def test_request_parameters_read_the_mode_from_the_prompt_tail():
+    markers = ([START], [END])
+    off = request_parameters(None, None, None, [1, 2, START, NL, END, NL], markers)
+    assert (off["thinking_mode"], off["thinking_source"]) == ("off", "prompt_tail")
+    on = request_parameters(None, None, None, [1, 2, START, NL], markers)
+    assert (on["thinking_mode"], on["thinking_source"]) == ("on", "prompt_tail")
+    assert request_parameters(None, None, None, [1, 2, START, NL], None)["thinking_mode"] is None  # no parser
+
+
+def test_think_markers_from_the_reasoning_config():
+    from spectrace.vllm_objects.requests import think_markers
+
+    config = SimpleNamespace(reasoning_config=SimpleNamespace(
+        enabled=True, reasoning_start_token_ids=[7], natural_reasoning_end_token_ids=[8], reasoning_end_token_ids=[9, 8]))
+    assert think_markers(config) == ([7], [8])
+    assert think_markers(SimpleNamespace(reasoning_config=None)) is None
+    assert think_markers(None) is None

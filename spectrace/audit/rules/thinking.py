@@ -51,24 +51,38 @@ def mode_from_kwargs(kwargs: dict[str, Any] | None) -> str | None:
     return None
 
 
-def mode_from_prompt_tail(prompt_ids: Sequence[int] | None, start_id: int | None, end_id: int | None) -> str | None:
-    """off when the prompt ends in a closed think block (start, end, then only whitespace-free tail of at most a
-    few tokens: the template's ``\\n\\n``), on when its last think marker is an open start; None otherwise."""
-    if not prompt_ids or start_id is None or end_id is None:
+def _seq(marker: int | Sequence[int] | None) -> list[int]:
+    if marker is None:
+        return []
+    return [marker] if isinstance(marker, int) else list(marker)
+
+
+def _last(tail: list[int], marker: list[int]) -> int:
+    """The index where ``marker``'s last occurrence in ``tail`` begins; -1 when absent."""
+    n = len(marker)
+    return max((i for i in range(len(tail) - n + 1) if tail[i:i + n] == marker), default=-1)
+
+
+def mode_from_prompt_tail(prompt_ids: Sequence[int] | None, start: int | Sequence[int] | None,
+                          end: int | Sequence[int] | None) -> str | None:
+    """off when the prompt ends in an empty, closed think block (start, at most 2 tokens such as the template's
+    ``\\n\\n``, end), on when its last think marker is an open start; None otherwise. ``start`` / ``end``: a
+    marker's token id or ids (vLLM's ``ReasoningConfig`` holds them as lists)."""
+    start, end = _seq(start), _seq(end)
+    if not prompt_ids or not start or not end:
         return None
-    tail = list(prompt_ids[-16:])
-    last_start = max((i for i, t in enumerate(tail) if t == start_id), default=-1)
-    last_end = max((i for i, t in enumerate(tail) if t == end_id), default=-1)
+    tail = list(prompt_ids[-(16 + len(start) + len(end)):])
+    last_start, last_end = _last(tail, start), _last(tail, end)
     if last_start < 0:
         return None
     if last_end > last_start:
-        return "off" if last_end - last_start <= 3 else None  # an empty block: start, "\n\n", end
+        return "off" if last_end - (last_start + len(start)) <= 2 else None
     return "on"
 
 
 def thinking_mode(request_kwargs: dict[str, Any] | None, default_kwargs: dict[str, Any] | None = None,
-                  prompt_ids: Sequence[int] | None = None, start_id: int | None = None,
-                  end_id: int | None = None) -> tuple[str, str]:
+                  prompt_ids: Sequence[int] | None = None, start_id: int | Sequence[int] | None = None,
+                  end_id: int | Sequence[int] | None = None) -> tuple[str, str]:
     """(mode, source): the request's kwarg, else the server's default kwarg, else the prompt's tail."""
     if (mode := mode_from_kwargs(request_kwargs)) is not None:
         return mode, "kwarg"
