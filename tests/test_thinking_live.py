@@ -37,7 +37,8 @@ def thinking_run(zoo, scratch, cache_root):
     spec = EngineSpec(name="thinking", target=target, prompts=PROMPTS, max_tokens=48,
                       speculative={"method": "draft_model", "model": target, "num_speculative_tokens": K},
                       extra_llm_kwargs={"reasoning_config": {"reasoning_start_str": "<think>",
-                                                             "reasoning_end_str": "</think>"}})
+                                                             "reasoning_end_str": "</think>"},
+                                        "per_request_spec_decode_metrics": "summary"})
     started = time.perf_counter()
     results = run_engines([spec], store=store, cache_root=cache_root, log_file=scratch / "thinking.log")
     print(f"thinking live child: {time.perf_counter() - started:.1f} s")
@@ -65,6 +66,14 @@ def test_acceptance_per_mode_is_the_runs_counts_and_quiet(thinking_run):
         "join (select distinct run_id, request_id, thinking_mode from request_slices) s using (run_id, request_id) "
         "where c.run_id = ? group by s.thinking_mode", [result.run_id]).fetchall()}
     assert set(per_mode) == {"on", "off"} and {m: tuple(int(x) for x in v) for m, v in per_mode.items()} == counted
+    # vLLM's own per-request counters (--per-request-spec-decode-metrics), by the mode each prompt was rendered in
+    vllm = {"on": [0, 0, 0], "off": [0, 0, 0]}
+    for prompt, request in zip(PROMPTS, result.requests):
+        own = request["spec_decode"]
+        mode = vllm["off" if prompt.endswith("</think>\n\n") else "on"]
+        mode[0], mode[1], mode[2] = mode[0] + 1, mode[1] + own["num_draft_tokens"], mode[2] + own["num_accepted_draft_tokens"]
+    print(f"thinking live per mode (requests, drafted, accepted): {counted}")
+    assert {m: tuple(v) for m, v in vllm.items()} == counted
     for requests, drafted, accepted in counted.values():
         assert requests == 4 and drafted > 0 and accepted == drafted  # the self-drafter: both modes accept alike
     assert con.execute("select count(*) from findings where run_id = ? and code in (?, ?)",
