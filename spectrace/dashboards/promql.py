@@ -55,7 +55,7 @@ CONTEXT_BUCKETS = ("0-512", "512-1k", "1k-2k", "2k-4k", "4k-8k", "8k-16k", "16k+
 # the tap findings that mean the drafter reads the wrong hidden states (errors; TAP_DEFAULTED is a warning)
 TAP_CODES = codes.codes(component="taps", severity="error")
 # the findings about requests and the scheduler: a slice the drafter cannot see, the token budget
-REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, *codes.codes(component="scheduler"))
+REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, codes.THINKING_MODE_GAP, *codes.codes(component="scheduler"))
 
 
 def findings(matchers: Iterable[str] = ()) -> str:
