@@ -214,6 +214,8 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("lora_adapter", "VARCHAR"),
         ("prompt_tokens", "BIGINT"),
         ("cached_tokens", "BIGINT"),  # restored from the prefix cache (local + external)
+        ("thinking_mode", "VARCHAR"),  # on | off | NULL (unknown): spectrace.audit.rules.thinking
+        ("thinking_source", "VARCHAR"),  # kwarg | default | prompt_tail: where the mode was read
         ("generation_defaults", "JSON"),  # fields whose value is generation_config.json's default
         ("slice", "JSON"),  # dimension -> the request's banded value (spectrace.audit.rules.slices.request_slice)
         ("block_size", "INTEGER"),  # the KV cache's block size

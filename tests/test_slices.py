@@ -53,6 +53,7 @@ def test_request_slice_bands():
         "repetition_penalty": "off", "presence_penalty": "off", "frequency_penalty": "off", "logit_bias": "off",
         "bad_words": "off", "allowed_token_ids": "off", "min_p": "off", "temperature": "greedy", "top_p": "off",
         "top_k": "off", "structured_output": "off", "lora_adapter": "off", "prefix_cache": "miss", "prompt_len": "0-512",
+        "thinking_mode": "unknown",
     }
     shaped = slices.request_slice(request_parameters(params(repetition_penalty=1.5, temperature=0.7, top_k=20), None,
                                                      prefill(600, 512)))

@@ -78,7 +78,7 @@ from spectrace.audit.layout import (
 from spectrace.audit.load import explain_build_error, explain_load_error, runner_refusal
 from spectrace.audit.pair import architecture_method, audit_pair, effective_context
 from spectrace.audit.ranks import disagreement_finding, rank_disagreements
-from spectrace.audit.requests import dropped_hits, dropped_hits_finding, drafting_slots, slice_finding, token_budget_findings, unverified_drafts, unverified_finding
+from spectrace.audit.requests import dropped_hits, dropped_hits_finding, drafting_slots, slice_finding, thinking_finding, token_budget_findings, unverified_drafts, unverified_finding
 from spectrace.audit.resolution import FieldDiff, audit_config, draft_root_causes, field_diffs, root_causes
 from spectrace.audit.taps import TAP_FIELDS, TapAudit, audit_taps, declared_taps
 from spectrace.audit.window import reapplied_window, target_window
@@ -93,6 +93,6 @@ __all__ = [
     "dummy_drafts_finding", "effective_context", "explain_build_error", "explain_load_error", "field_diffs", "judge",
     "layer_plans", "layout_status", "mismatched_layers", "k_better_finding", "not_paying_finding", "position_cliff_finding",
     "rank_disagreements", "reapplied_window", "root_causes", "runner_refusal", "target_window", "with_runtime",
-    "dropped_hits", "dropped_hits_finding", "drafting_slots", "slice_finding", "token_budget_findings", "unverified_drafts", "unverified_finding",
+    "dropped_hits", "dropped_hits_finding", "drafting_slots", "slice_finding", "thinking_finding", "token_budget_findings", "unverified_drafts", "unverified_finding",
     "k_thrashing", "thrashing_finding",
 ]

@@ -327,6 +327,17 @@ SLICE_ACCEPTANCE_LOW = _code(
     "an engine without speculative decoding or drop the parameter (`--generation-config vllm` where "
     "generation_config.json sets it); a LoRA adapter: a drafter for the adapter; a prefix-cache hit: reset the prefix cache",
 )
+THINKING_MODE_GAP = _code(
+    "THINKING_MODE_GAP", "verification", ("warning",),
+    "warning",
+    "requests served with thinking on (or off) accept under 75 % of the other mode's rate, the 95 % intervals apart "
+    "(the `thinking_mode` request slice: `chat_template_kwargs` `enable_thinking` / `thinking` / `thinking_mode`, "
+    "else `--default-chat-template-kwargs`, else the rendered prompt's tail; ≥ 100 drafted tokens and ≥ 2 requests "
+    "each side; a request-step's k drafts count as one trial): the drafter was likely trained in the other mode, "
+    "which no checkpoint records",
+    "serve with the thinking mode the drafter was trained in (`chat_template_kwargs` / "
+    "`--default-chat-template-kwargs`), or retrain or choose a drafter trained on the mode you serve",
+)
 TOKEN_BUDGET_SHORT = _code(
     "TOKEN_BUDGET_SHORT", "scheduler", ("warning",),
     "warning",
@@ -559,6 +570,12 @@ CAUSES: tuple[Cause, ...] = (
         (SLICE_ACCEPTANCE_LOW,),
         '`SLICE_ACCEPTANCE_LOW`',
         '#24',
+    ),
+    Cause(
+        'a drafter trained with thinking on served with thinking off, or the reverse (no checkpoint records its training mode)',
+        (THINKING_MODE_GAP,),
+        '`THINKING_MODE_GAP`',
+        '[z-lab/dflash#60](https://github.com/z-lab/dflash/issues/60), [z-lab/dflash#133](https://github.com/z-lab/dflash/issues/133)',
     ),
     Cause(
         'the EAGLE-family block drop: the last matched block of every prefix-cache hit dropped so the drafter can recompute its state (large blocks on hybrid targets: hit rate near 0)',

@@ -81,6 +81,25 @@ def slice_finding(gap: Any, defaults: dict[str, Any] | None = None) -> Finding:
     )
 
 
+def thinking_finding(gap: Any) -> Finding:
+    """``THINKING_MODE_GAP`` for one ``SliceGap`` of the ``thinking_mode`` dimension (a request's mode) or of
+    ``thinking_phase`` (a verify step's phase: reasoning or answer)."""
+    evidence = gap.as_dict()
+    evidence["rule"] = "spectrace.audit.rules.slices.slice_gap"
+    what = "requests with thinking" if gap.dimension == "thinking_mode" else "verify steps in the phase"
+    return codes.finding(
+        codes.THINKING_MODE_GAP,
+        severity="warning",
+        model_role="draft",
+        message=f"{what} {gap.value} accept {gap.rate:.1%} of their drafts ({gap.accepted} of {gap.drafted}, "
+        f"{gap.requests} {'requests' if gap.dimension == 'thinking_mode' else 'steps'}; 95 % {gap.interval[0]:.1%}-"
+        f"{gap.interval[1]:.1%}), the rest {gap.rest_rate:.1%} ({gap.rest_accepted} of {gap.rest_drafted}): the "
+        f"drafter was likely trained with thinking {'off' if gap.value in ('on', 'reasoning') else 'on'}; no "
+        "checkpoint records its training mode",
+        evidence=evidence,
+    )
+
+
 def drafting_slots(method: str | None, k: int, parallel: bool = False) -> int:
     """Extra input slots a decoding request takes for drafting: vLLM 0.32's
     ``SpeculativeConfig.max_num_new_slots_for_drafting``."""

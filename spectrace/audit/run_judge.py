@@ -34,6 +34,7 @@ from spectrace.audit.requests import (
     dropped_hits,
     dropped_hits_finding,
     slice_finding,
+    thinking_finding,
     token_budget_findings,
     unverified_drafts,
     unverified_finding,
@@ -142,7 +143,8 @@ class RunJudge:
     # -- request slices, the token budget, dynamic k -----------------------------------------------
 
     def slice_findings(self, run_id: str, k: int, method: str | None) -> list[Finding]:
-        """SLICE_ACCEPTANCE_LOW once per run and dimension; PREFIX_HITS_DROPPED once per run."""
+        """SLICE_ACCEPTANCE_LOW once per run and dimension (THINKING_MODE_GAP for ``thinking_mode``); PREFIX_HITS_DROPPED
+        once per run."""
         records = self.run(run_id)
         run_slices = records.slices
         if not run_slices.changed:
@@ -151,7 +153,10 @@ class RunJudge:
         findings = []
         by_slice = {item: (c.requests, c.drafted, c.accepted) for item, c in run_slices.by_slice.items()}
         for gap in slices.slice_gaps(by_slice, run_slices.total, k):
-            if records.first(f"{codes.SLICE_ACCEPTANCE_LOW}:{gap.dimension}", lambda: True):
+            if gap.dimension == "thinking_mode":
+                if records.first(codes.THINKING_MODE_GAP, lambda: True):
+                    findings.append(thinking_finding(gap))
+            elif records.first(f"{codes.SLICE_ACCEPTANCE_LOW}:{gap.dimension}", lambda: True):
                 findings.append(slice_finding(gap, run_slices.defaults))
         prefix = run_slices.prefix or {}
         if prefix.get("eagle_block_drop") and (evidence := records.first(codes.PREFIX_HITS_DROPPED, lambda: dropped_hits(

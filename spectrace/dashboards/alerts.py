@@ -323,7 +323,8 @@ RULES: tuple[AlertRule, ...] = (
         description=(
             "spectrace found {{ $labels.code }} for " + _DEPLOYMENT_TEXT + " (run {{ $labels.run_id }}). Likely cause: "
             "requests whose penalties, logit bias, grammar or LoRA adapter the drafter cannot see accept far below the "
-            "rest (SLICE_ACCEPTANCE_LOW), or max_num_batched_tokens too small for max_num_seqs x (1 + k) trims drafts "
+            "rest (SLICE_ACCEPTANCE_LOW), requests served in the thinking mode the drafter was not trained in "
+            "(THINKING_MODE_GAP), or max_num_batched_tokens too small for max_num_seqs x (1 + k) trims drafts "
             "(TOKEN_BUDGET_SHORT, DRAFTS_UNVERIFIED), or a dynamic-speculation schedule whose k flips from step to step "
             "(DYNAMIC_K_THRASHING). Run: spectrace query --named slice_acceptance_low, then "
             "spectrace report (acceptance by request slice, drafts proposed vs verified, the k each batch size drafted)."

@@ -58,7 +58,7 @@ TAP_CODES = codes.codes(component="taps", severity="error")
 # them on the gauge (the active rule), so a series present is a change not restored
 TIME_CODES = (codes.ACCEPTANCE_STEP_CHANGE, codes.ACCEPTANCE_DECAY)
 # the findings about requests and the scheduler: a slice the drafter cannot see, the token budget
-REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, *codes.codes(component="scheduler"))
+REQUEST_CODES = (codes.SLICE_ACCEPTANCE_LOW, codes.THINKING_MODE_GAP, *codes.codes(component="scheduler"))
 
 
 def findings(matchers: Iterable[str] = ()) -> str:

@@ -390,7 +390,8 @@ class Shipper:
                 continue  # not scheduled yet
             del pending[request_id], since[request_id]
             try:
-                params = request_parameters(note.sampling_params, note.lora_request, stats)
+                params = request_parameters(note.sampling_params, note.lora_request, stats, note.prompt_token_ids,
+                                            note.think_markers)
             except Exception as exc:
                 self.rt.count_error("shipper.requests", exc)
                 continue

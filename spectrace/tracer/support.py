@@ -116,8 +116,11 @@ SUPPORT: dict[str, Support] = {
     ),
     "engine_core.add_request": Support(
         params=("self", "request"),
-        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output", "lora_request")),),
-        site="request flags (greedy, structured output), the request's slice",
+        reads=(Reads("vllm.v1.request:Request", ("request_id", "sampling_params", "use_structured_output", "lora_request",
+                                                "prompt_token_ids")),
+               Reads("vllm.v1.core.sched.scheduler:Scheduler", ("vllm_config",))),
+        site="request flags (greedy, structured output), the request's slice (its thinking mode from the prompt's "
+             "tail against the reasoning parser's think tokens, VllmConfig.reasoning_config)",
     ),
     "engine_core.proposals": Support(
         params=("self", "draft_token_ids"),

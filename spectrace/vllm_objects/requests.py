@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from spectrace.audit.rules import thinking
+
 # SamplingParams fields generation_config.json can set (ModelConfig.get_diff_sampling_param), and
 # their neutral values: a default "in force" is one the request holds that differs from neutral
 GENERATION_FIELDS = {
@@ -25,13 +27,16 @@ GENERATION_FIELDS = {
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: Any) -> dict[str, Any]:
-    """Plain values of one request; ``None`` where vLLM holds nothing (a pooling request, not yet scheduled)."""
+def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: Any, prompt_token_ids: Any = None,
+                       think_markers: Any = None) -> dict[str, Any]:
+    """Plain values of one request; ``None`` where vLLM holds nothing (a pooling request, not yet scheduled).
+    ``think_markers`` (start ids, end ids; ``think_markers``) with the prompt's ids give the thinking mode from
+    the rendered prompt's tail (``spectrace.audit.rules.thinking``)."""
     p = sampling_params
     out: dict[str, Any] = dict.fromkeys(
         ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
          "logit_bias_tokens", "allowed_tokens", "bad_words", "structured_output", "lora_adapter", "prompt_tokens",
-         "cached_tokens"]
+         "cached_tokens", "thinking_mode", "thinking_source"]
     )
     if p is not None:
         for name in GENERATION_FIELDS:
@@ -48,7 +53,22 @@ def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: A
     if prefill_stats is not None and prefill_stats.num_prompt_tokens > 0:  # 0 until first scheduled
         out["prompt_tokens"] = int(prefill_stats.num_prompt_tokens)
         out["cached_tokens"] = int(prefill_stats.num_cached_tokens)
+    if think_markers is not None and prompt_token_ids is not None:
+        mode = thinking.mode_from_prompt_tail(prompt_token_ids, *think_markers)
+        if mode is not None:
+            out["thinking_mode"], out["thinking_source"] = mode, "prompt_tail"
     return out
+
+
+def think_markers(vllm_config: Any) -> tuple[list[int], list[int]] | None:
+    """The reasoning parser's think start and end token ids (``VllmConfig.reasoning_config``, initialized by vLLM
+    from ``--reasoning-parser``); None without one."""
+    reasoning = getattr(vllm_config, "reasoning_config", None)
+    if reasoning is None or not getattr(reasoning, "enabled", False):
+        return None
+    start = reasoning.reasoning_start_token_ids
+    end = reasoning.natural_reasoning_end_token_ids or reasoning.reasoning_end_token_ids
+    return (list(start), list(end)) if start and end else None
 
 
 def generation_defaults(model_config: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from spectrace.audit.rules.acceptance import context_bucket
 DIMENSIONS = (
     "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words", "allowed_token_ids",
     "min_p", "temperature", "top_p", "top_k", "structured_output", "lora_adapter", "prefix_cache", "prompt_len",
+    "thinking_mode",
 )
 PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 
@@ -66,6 +67,7 @@ def request_slice(params: dict[str, Any]) -> dict[str, str]:
         "lora_adapter": params.get("lora_adapter") or "off",
         "prefix_cache": "unknown" if cached is None or not prompt else "hit" if cached > 0 else "miss",
         "prompt_len": context_bucket(prompt) if prompt else "unknown",
+        "thinking_mode": params.get("thinking_mode") or "unknown",  # spectrace.audit.rules.thinking
     }
 
 

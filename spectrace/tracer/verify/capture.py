@@ -82,6 +82,8 @@ class RequestNote(NamedTuple):
     sampling_params: Any  # Request.sampling_params (None for pooling)
     lora_request: Any  # Request.lora_request
     prefill_stats: Any  # Request.prefill_stats: prompt and prefix-cache tokens once first scheduled
+    prompt_token_ids: Any = None  # Request.prompt_token_ids (vLLM's list): its tail says the thinking mode
+    think_markers: Any = None  # (start ids, end ids) from the run's ReasoningConfig; None without a reasoning parser
 
 
 class ReadRequest(NamedTuple):

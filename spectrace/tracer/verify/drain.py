@@ -464,7 +464,7 @@ class VerifyCapture(Capture):
         labels = None
         if note is not None:
             params = note.params if type(note) is ReadRequest else request_parameters(
-                note.sampling_params, note.lora_request, note.prefill_stats)
+                note.sampling_params, note.lora_request, note.prefill_stats, note.prompt_token_ids, note.think_markers)
             labels = slices.request_slice(params)
             defaults = self._defaults(run_id)  # also reads the run's prefix-cache facts
             run_slices = self.judge.run(run_id).slices

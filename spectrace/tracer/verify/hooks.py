@@ -56,6 +56,9 @@ from spectrace.tracer.verify.capture import (
     StepTiming,
 )
 from spectrace.vllm_objects.steps import bookkeeping_sampled
+from spectrace.vllm_objects.requests import think_markers
+
+_UNREAD = object()
 
 
 def wrap_update_from_output(original, hook: str):
@@ -183,6 +186,8 @@ def wrap_process_outputs(original, hook: str):
 
 
 def wrap_add_request(original, hook: str):
+    markers_of: dict[int, object] = {}
+
     def add_request(self, request, *args, **kwargs):
         try:
             rt = runtime.active(hook)
@@ -197,9 +202,13 @@ def wrap_add_request(original, hook: str):
                     bool(request.use_structured_output),
                 )
                 if len(capture.new_requests) < MAX_REQUEST_FLAGS:  # the request's slice, read in the drain
+                    markers = markers_of.get(id(self), _UNREAD)
+                    if markers is _UNREAD:  # once per scheduler: the reasoning parser's think token ids
+                        markers = markers_of[id(self)] = think_markers(getattr(self, "vllm_config", None))
                     capture.new_requests.append(RequestNote(
                         rt.run.run_id if rt.run is not None else None, request.request_id, params,
                         request.lora_request, getattr(request, "prefill_stats", None),
+                        getattr(request, "prompt_token_ids", None) if markers is not None else None, markers,
                     ))
                 headers = getattr(request, "trace_headers", None)
                 if headers:  # vLLM's own tracing is on: remember the request's llm_request trace

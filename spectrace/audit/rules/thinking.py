@@ -1,0 +1,133 @@
+"""Thinking mode per request, and the phase of each verify step. Pure: plain dicts and ints in.
+
+A drafter trained on thinking output and served with thinking off (or the reverse) accepts far less
+(z-lab/dflash#60: 9.5 -> 2.7-3.9 tokens per round; z-lab/dflash#133: 25 % on, 60 % off). No checkpoint
+records its training mode; the request does:
+
+- ``chat_template_kwargs`` (``enable_thinking``, ``thinking``, ``thinking_mode``) merged over the server's
+  ``--default-chat-template-kwargs`` (the request's keys win, as vLLM merges them);
+- the rendered prompt's tail: ``<think>\\n\\n</think>\\n\\n`` (Qwen3 with thinking off: an empty, closed
+  think block) means off; a prompt ending in an open ``<think>`` means on.
+
+``thinking_mode`` gives the request's mode (``on`` / ``off`` / ``unknown``) and where it was read
+(``kwarg``, ``default``, ``prompt_tail``, ``none``). ``phase_marks`` splits a response's output tokens into
+its reasoning and answer phases at the think start / end tokens. The mode is one request-slice dimension
+(``spectrace.audit.rules.slices``: ``thinking_mode``); the run judge's Wilson comparison (``slice_gap``)
+of its values is ``THINKING_MODE_GAP``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+# the chat-template keys that switch thinking, in the order they are read
+KWARGS = ("enable_thinking", "thinking", "thinking_mode")
+MODES = ("on", "off", "unknown")
+SOURCES = ("kwarg", "default", "prompt_tail", "none")
+PHASES = ("reasoning", "answer")
+_OFF_WORDS = {"off", "false", "disabled", "disable", "none", "no", "0"}
+_ON_WORDS = {"on", "true", "enabled", "enable", "yes", "1", "think", "thinking"}
+
+
+def _mode_of(value: Any) -> str | None:
+    """on / off for one kwarg's value; None when it says neither (a level such as "high" counts as on)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (int, float)):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _OFF_WORDS:
+            return "off"
+        if word in _ON_WORDS or word in ("low", "medium", "high"):
+            return "on"
+    return None
+
+
+def mode_from_kwargs(kwargs: dict[str, Any] | None) -> str | None:
+    for key in KWARGS:
+        if kwargs and key in kwargs and (mode := _mode_of(kwargs[key])) is not None:
+            return mode
+    return None
+
+
+def _seq(marker: int | Sequence[int] | None) -> list[int]:
+    if marker is None:
+        return []
+    return [marker] if isinstance(marker, int) else list(marker)
+
+
+def _last(tail: list[int], marker: list[int]) -> int:
+    """The index where ``marker``'s last occurrence in ``tail`` begins; -1 when absent."""
+    n = len(marker)
+    return max((i for i in range(len(tail) - n + 1) if tail[i:i + n] == marker), default=-1)
+
+
+def mode_from_prompt_tail(prompt_ids: Sequence[int] | None, start: int | Sequence[int] | None,
+                          end: int | Sequence[int] | None) -> str | None:
+    """off when the prompt ends in an empty, closed think block (start, at most 2 tokens such as the template's
+    ``\\n\\n``, end), on when its last think marker is an open start; None otherwise. ``start`` / ``end``: a
+    marker's token id or ids (vLLM's ``ReasoningConfig`` holds them as lists)."""
+    start, end = _seq(start), _seq(end)
+    if not prompt_ids or not start or not end:
+        return None
+    tail = list(prompt_ids[-(16 + len(start) + len(end)):])
+    last_start, last_end = _last(tail, start), _last(tail, end)
+    if last_start < 0:
+        return None
+    if last_end > last_start:
+        return "off" if last_end - (last_start + len(start)) <= 2 else None
+    return "on"
+
+
+def thinking_mode(request_kwargs: dict[str, Any] | None, default_kwargs: dict[str, Any] | None = None,
+                  prompt_ids: Sequence[int] | None = None, start_id: int | Sequence[int] | None = None,
+                  end_id: int | Sequence[int] | None = None) -> tuple[str, str]:
+    """(mode, source): the request's kwarg, else the server's default kwarg, else the prompt's tail."""
+    if (mode := mode_from_kwargs(request_kwargs)) is not None:
+        return mode, "kwarg"
+    if (mode := mode_from_kwargs(default_kwargs)) is not None:
+        return mode, "default"
+    if (mode := mode_from_prompt_tail(prompt_ids, start_id, end_id)) is not None:
+        return mode, "prompt_tail"
+    return "unknown", "none"
+
+
+def phase_marks(output_ids: Sequence[int], start_id: int | None, end_id: int | None,
+                thinking_at_start: bool) -> list[str]:
+    """The phase each output token was produced in: ``reasoning`` inside a think block, ``answer`` after its end
+    (a marker token belongs to the phase it opens or closes: start -> reasoning, end -> reasoning)."""
+    phase = "reasoning" if thinking_at_start else "answer"
+    out = []
+    for token in output_ids:
+        if token == start_id:
+            phase = "reasoning"
+            out.append(phase)
+        elif token == end_id:
+            out.append("reasoning")
+            phase = "answer"
+        else:
+            out.append(phase)
+    return out
+
+
+def phase_counts(steps: Sequence[tuple[str, int, int]]) -> dict[str, tuple[int, int, int]]:
+    """(phase, drafted, accepted) per verify step -> phase: (steps, drafted, accepted)."""
+    out: dict[str, list[int]] = {}
+    for phase, drafted, accepted in steps:
+        c = out.setdefault(phase, [0, 0, 0])
+        c[0] += 1
+        c[1] += drafted
+        c[2] += accepted
+    return {p: tuple(c) for p, c in out.items()}
+
+
+def phase_gap(by_phase: dict[str, tuple[int, int, int]], k: int) -> Any:
+    """The phase (reasoning / answer) that accepts far below the other (``slices.slice_gap``, a step counted as a
+    request), or None; ``by_phase`` from ``phase_counts``."""
+    from spectrace.audit.rules.slices import slice_gap
+
+    run = tuple(sum(c[i] for c in by_phase.values()) for i in range(3))
+    gaps = [g for phase in PHASES if phase in by_phase
+            if (g := slice_gap("thinking_phase", phase, by_phase[phase], run, k)) is not None]
+    return min(gaps, key=lambda g: g.rate, default=None)

@@ -1,0 +1,156 @@
+"""Thinking mode per request and the phase of a verify step (``spectrace.audit.rules.thinking``), and
+``THINKING_MODE_GAP`` through the run judge and the drain. Pure and fast: no vLLM, no torch."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from spectrace import audit
+from spectrace.audit import codes
+from spectrace.audit.rules import slices, thinking
+from spectrace.testing import memory_runtime
+from spectrace.tracer import runtime
+from spectrace.tracer.verify import EngineStep
+from spectrace.tracer.verify.capture import ReadRequest
+from spectrace.vllm_objects.requests import request_parameters
+
+RUN = "run-thinking"
+START, END, NL = 7, 8, 3  # think start / end token ids, "\n\n"
+
+
+def test_mode_from_kwarg_then_default_then_prompt_tail():
+    assert thinking.thinking_mode({"enable_thinking": False}) == ("off", "kwarg")
+    assert thinking.thinking_mode({"thinking": True}, {"enable_thinking": False}) == ("on", "kwarg")
+    assert thinking.thinking_mode({"thinking_mode": "high"}) == ("on", "kwarg")
+    assert thinking.thinking_mode({"thinking_mode": "off"}) == ("off", "kwarg")
+    # the request's kwargs win over the server's --default-chat-template-kwargs, else the default holds
+    assert thinking.thinking_mode({}, {"enable_thinking": False}) == ("off", "default")
+    assert thinking.thinking_mode({"other": 1}, {"enable_thinking": True}) == ("on", "default")
+    # Qwen3 with thinking off renders "<think>\n\n</think>\n\n" at the prompt's end
+    assert thinking.thinking_mode(None, None, [1, 2, START, NL, END, NL], START, END) == ("off", "prompt_tail")
+    assert thinking.thinking_mode(None, None, [1, 2, START, NL], START, END) == ("on", "prompt_tail")
+    assert thinking.thinking_mode(None, None, [1, 2, 5], START, END) == ("unknown", "none")
+    assert thinking.thinking_mode(None, None, [1, 2, START, NL, END], None, None) == ("unknown", "none")  # no markers known
+    # a closed block with reasoning in it (a previous turn) says nothing about this turn
+    assert thinking.mode_from_prompt_tail([START, 9, 9, 9, 9, END, NL], START, END) is None
+
+
+def test_phase_marks_split_reasoning_and_answer_at_the_markers():
+    out = [START, 11, 12, END, NL, 13, 14]
+    assert thinking.phase_marks(out, START, END, False) == ["reasoning"] * 4 + ["answer"] * 3
+    # the prompt opened the block (thinking on): the response starts in the reasoning phase
+    assert thinking.phase_marks([11, END, 13], START, END, True) == ["reasoning", "reasoning", "answer"]
+    assert thinking.phase_marks([11, 12], START, END, False) == ["answer", "answer"]
+    assert thinking.phase_counts([("reasoning", 3, 1), ("reasoning", 3, 0), ("answer", 3, 3)]) == {
+        "reasoning": (2, 6, 1), "answer": (1, 3, 3)}
+
+
+def test_phase_gap_names_the_phase_far_below_and_is_quiet_when_alike():
+    by_phase = {"reasoning": (50, 150, 30), "answer": (50, 150, 140)}
+    gap = thinking.phase_gap(by_phase, 3)
+    assert (gap.dimension, gap.value, gap.accepted, gap.rest_accepted) == ("thinking_phase", "reasoning", 30, 140)
+    f = audit.thinking_finding(gap)
+    assert (f.code, f.severity) == (codes.THINKING_MODE_GAP, "warning")
+    assert "phase reasoning accept 20.0%" in f.message and "trained with thinking off" in f.message
+    assert thinking.phase_gap({"reasoning": (50, 150, 120), "answer": (50, 150, 125)}, 3) is None
+
+
+def test_the_mode_is_a_slice_dimension():
+    p = request_parameters(None, None, None)
+    assert (p["thinking_mode"], p["thinking_source"]) == (None, None)
+    assert slices.request_slice(p)["thinking_mode"] == "unknown"
+    assert slices.request_slice({**p, "thinking_mode": "off"})["thinking_mode"] == "off"
+    assert "thinking_mode" in slices.DIMENSIONS
+
+
+def test_mode_finding_names_both_fixes():
+    gap = slices.slice_gap("thinking_mode", "off", (4, 300, 90), (8, 600, 370), 3)
+    f = audit.thinking_finding(gap)
+    assert f.code == codes.THINKING_MODE_GAP and "requests with thinking off accept 30.0%" in f.message
+    assert "trained with thinking on" in f.message
+    assert "serve with the thinking mode the drafter was trained in" in f.fix and "retrain" in f.fix
+    assert f.evidence["slice"]["accepted"] == 90 and f.evidence["rest"]["accepted"] == 280
+
+
+# -- the drain on whole records -------------------------------------------------------------
+
+
+@pytest.fixture
+def traced(tmp_path):
+    rt, sink = memory_runtime(tmp_path, RUN)
+    try:
+        yield rt, sink
+    finally:
+        runtime.stop()
+
+
+def _steps(n_steps: int, requests: dict[str, int], k: int = 3) -> list[EngineStep]:
+    rows = {req: i for i, req in enumerate(requests)}
+    cached = SimpleNamespace(req_ids=list(requests), num_computed_tokens=[20] * len(requests))
+    return [EngineStep(1_000 + s, s, RUN, {r: [1] * k for r in requests}, [a + 1 for a in requests.values()], rows,
+                       cached, None, 1) for s in range(1, n_steps + 1)]
+
+
+def _notes(rt, modes):
+    for i, mode in enumerate(modes):
+        params = {**request_parameters(None, None, SimpleNamespace(num_prompt_tokens=12, num_cached_tokens=0)),
+                  "thinking_mode": mode, "thinking_source": "kwarg", "temperature": 0.0}
+        rt.verify.new_requests.append(ReadRequest(RUN, f"r{i}", params))
+
+
+def test_drain_names_the_mode_that_accepts_less(traced):
+    rt, sink = traced
+    _notes(rt, ["on", "off"] * 4)
+    # thinking on accepts all 3 drafts, off 1 in 3 steps
+    rt.verify.engine_steps.extend(_steps(20, {f"r{i}": 3 if i % 2 == 0 else 1 for i in range(8)}))
+    rt.flush()
+    rows = {r["request_id"]: r for r in sink.rows("request_slices")}
+    assert (rows["r1"]["thinking_mode"], rows["r1"]["thinking_source"]) == ("off", "kwarg")
+    assert json.loads(rows["r0"]["slice"])["thinking_mode"] == "on"
+    [finding] = [f for f in sink.rows("findings") if f["code"] == codes.THINKING_MODE_GAP]
+    evidence = json.loads(finding["evidence"])
+    assert (evidence["dimension"], evidence["value"]) == ("thinking_mode", "off")
+    assert (evidence["slice"]["drafted"], evidence["slice"]["accepted"]) == (240, 80)
+    assert (evidence["rest"]["drafted"], evidence["rest"]["accepted"]) == (240, 240)
+    assert not [f for f in sink.rows("findings") if f["code"] == codes.SLICE_ACCEPTANCE_LOW]
+    rt.verify.engine_steps.extend(_steps(5, {f"r{i}": 0 for i in range(8)}))
+    rt.flush()
+    assert sum(f["code"] == codes.THINKING_MODE_GAP for f in sink.rows("findings")) == 1  # once per run
+
+
+def test_drain_quiet_twin_modes_alike(traced):
+    rt, sink = traced
+    _notes(rt, ["on", "off"] * 4)
+    rt.verify.engine_steps.extend(_steps(20, {f"r{i}": 2 for i in range(8)}))
+    rt.flush()
+    assert {json.loads(r["slice"])["thinking_mode"] for r in sink.rows("request_slices")} == {"on", "off"}
+    assert not [f for f in sink.rows("findings") if f["code"] in (codes.THINKING_MODE_GAP, codes.SLICE_ACCEPTANCE_LOW)]
+
+
+def test_prompt_tail_with_multi_token_markers():
+    start, end = [40, 41], [42, 43, 44]  # a tokenizer where "<think>" / "</think>" are not single tokens
+    assert thinking.mode_from_prompt_tail([1, 40, 41, NL, 42, 43, 44, NL], start, end) == "off"
+    assert thinking.mode_from_prompt_tail([1, 40, 41, NL], start, end) == "on"
+    assert thinking.mode_from_prompt_tail([1, 40, 42, 43, 44], start, end) is None
+
+
+def test_request_parameters_read_the_mode_from_the_prompt_tail():
+    markers = ([START], [END])
+    off = request_parameters(None, None, None, [1, 2, START, NL, END, NL], markers)
+    assert (off["thinking_mode"], off["thinking_source"]) == ("off", "prompt_tail")
+    on = request_parameters(None, None, None, [1, 2, START, NL], markers)
+    assert (on["thinking_mode"], on["thinking_source"]) == ("on", "prompt_tail")
+    assert request_parameters(None, None, None, [1, 2, START, NL], None)["thinking_mode"] is None  # no parser
+
+
+def test_think_markers_from_the_reasoning_config():
+    from spectrace.vllm_objects.requests import think_markers
+
+    config = SimpleNamespace(reasoning_config=SimpleNamespace(
+        enabled=True, reasoning_start_token_ids=[7], natural_reasoning_end_token_ids=[8], reasoning_end_token_ids=[9, 8]))
+    assert think_markers(config) == ([7], [8])
+    assert think_markers(SimpleNamespace(reasoning_config=None)) is None
+    assert think_markers(None) is None
