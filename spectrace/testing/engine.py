@@ -58,10 +58,10 @@ class EngineSpec:
     # prompts, a new one as one finishes, through the engine's step loop (vLLM's LLMEngine.step), and with
     # ``drafter_changes`` applied between steps (acceptance that changes in time, tests/test_drift_live.py)
     stream_requests: int = 0
-    # [{"at_step": N, "noise": s, "seed": i}, {"at_step": M, "restore": true}]: the drafter's own weights changed in
-    # place in the worker before engine step N: restored to what was loaded (``restore``), then plus s times the mean
-    # magnitude of each tensor in normal noise drawn from seed i (a reload gone wrong); the target's weights (and so
-    # greedy output) are never touched
+    # [{"at_step": N, "noise": s, "seed": i, "only": "norm"}, {"at_step": M, "restore": true}]: the drafter's own
+    # weights changed in place in the worker before engine step N: restored to what was loaded (``restore``), then
+    # plus s times the mean magnitude of each tensor (``only``: whose name has it) in normal noise drawn from seed i
+    # (a reload gone wrong); the target's weights (and so greedy output) are never touched
     drafter_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -323,7 +323,7 @@ def _stream(llm, spec: EngineSpec, params, changed_ns: list[int]) -> list:
         while changes and changes[0]["at_step"] <= step:
             change = changes.pop(0)
             llm.collective_rpc(_change_drafter, args=(float(change.get("noise", 0.0)), bool(change.get("restore")),
-                                                      int(change.get("seed", step))))
+                                                      int(change.get("seed", step)), change.get("only")))
             changed_ns.append(time.time_ns())
         for output in engine.step():
             if output.finished:
@@ -334,9 +334,10 @@ def _stream(llm, spec: EngineSpec, params, changed_ns: list[int]) -> list:
     return [finished[str(i)] for i in range(submitted)]
 
 
-def _change_drafter(worker, noise: float, restore: bool, seed: int) -> int:
-    """In the worker (vLLM's collective_rpc): add noise to the drafter's own parameters, or restore them as loaded.
-    Parameters the drafter shares with the target (an embedding, a head) are left alone. Returns how many changed."""
+def _change_drafter(worker, noise: float, restore: bool, seed: int, only: str | None = None) -> int:
+    """In the worker (vLLM's collective_rpc): add noise to the drafter's own parameters (``only``: those whose name
+    contains it), or restore them as loaded. Parameters the drafter shares with the target (an embedding, a head)
+    are left alone. Returns how many were saved."""
     import torch
 
     runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
@@ -353,7 +354,7 @@ def _change_drafter(worker, noise: float, restore: bool, seed: int) -> int:
                 continue
             if restore:
                 p.copy_(saved[name])
-            if noise:
+            if noise and (only is None or only in name):
                 scale = float(saved[name].abs().mean()) or 1.0
                 p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * (noise * scale))
     return len(saved)

@@ -19,10 +19,11 @@ deeper, accepts less for that reason alone. Every comparison is stratified:
   spell stretches the clock, not the shape). A *step* is a jump: flat, then at a block boundary a jump and whatever
   slope after it (acceptance often slides on after a change, as the requests' caches turn over); it is named when
   the best such fit explains at least ``z**2`` (chi-square units) more than flat and its jump is at least
-  ``jump_z`` standard errors down. A *decay* is a decline without a jump: flat, then a straight line down from a
+  ``jump_z`` standard errors down and at least half of the whole fall to the end (a small jump that starts a long
+  decline is a decay). A *decay* is a decline without a jump: flat, then a straight line down from a
   block boundary (the run's start included), fitted without the newest blocks (a fresh step in them would draw a
   line), named when it explains ``z**2`` more than flat and the best jump fit's jump is under ``wait_z`` standard
-  errors (between the two, a step may be forming: more blocks decide). Either
+  errors or less than half the fall (otherwise a step may be forming: more blocks decide). Either
   needs its level after the change at most ``1 - drop`` of its level before.
 
 Time, not the request. A request that has verify steps on both sides of the change (``carried``) is its own
@@ -236,13 +237,16 @@ class DriftDetector:
         at = int(np.argmin(sse))
         step_gain = sse_flat - float(sse[at])
         jump = float(d[at] / se[at]) if se[at] > 0 else 0.0  # the best break's jump, in standard errors
-        jumped = jump <= -self.jump_z
+        j = int(js[at])
+        end = c[at] + d[at] + min(float(slope[at]), 0.0) * (float(t[-1]) - (t[j - 1] + t[j]) / 2)
+        # ... and its share of the whole fall to the end: a step is mostly the jump (a decline that a small jump
+        # starts is a decay)
+        share = float(-d[at] / (c[at] - end)) if c[at] > end else 0.0
+        jumped = jump <= -self.jump_z and share >= 0.5
         if step_gain >= bar and jumped and c[at] > 0 and c[at] + d[at] <= (1 - self.drop) * c[at]:
-            j = int(js[at])
-            end = c[at] + d[at] + slope[at] * (float(t[-1]) - (t[j - 1] + t[j]) / 2)
             return DriftEvent(STEP, self._evidence(j, STEP, {
                 "before_level": round(float(c[at]), 4), "after_level": round(float(c[at] + d[at]), 4),
-                "end_level": round(max(float(end), 0.0), 4), "jump_z": round(jump, 1),
+                "end_level": round(max(float(end), 0.0), 4), "jump_z": round(jump, 1), "jump_share": round(share, 2),
                 "chi2_gain": round(step_gain, 1)}))
         # a decay is a decline without a jump: flat, then a straight line down from a block boundary (the run's start
         # included), at least min_side_blocks before the end. It is fitted without the newest min_side_blocks blocks:
@@ -260,7 +264,7 @@ class DriftDetector:
             return None
         at = int(np.argmin(sse))
         decay_gain = flat_o - float(sse[at])
-        if decay_gain < bar or jump <= -self.wait_z:
+        if decay_gain < bar or (jump <= -self.wait_z and share >= 0.5):
             # not enough, or the best break's jump nearly real: a step forming, not a decay (more blocks decide)
             return None
         c, s, start, j = float(c[at]), float(slope[at]), float(starts[at]), at
