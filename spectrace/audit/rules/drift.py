@@ -145,7 +145,7 @@ def _hinge_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, starts: np.ndarray)
 def _jump_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, lo: int, hi: int):
     """``y = c + d * [i >= j] + s * max(0, t - b_j)``, weighted, for each j in ``lo .. hi`` (``b_j``: the boundary
     between blocks j - 1 and j): a level, a jump at the boundary, a slope after it. Returns (j, c, d, s, the jump's
-    standard error, sse) per j (the weights are inverse variances: the fit's scale is known)."""
+    and the slope's standard errors, sse) per j (the weights are inverse variances: the fit's scale is known)."""
     js = np.arange(lo, hi + 1)
     bounds = (t[js - 1] + t[js]) / 2
     index = np.arange(len(y))
@@ -157,7 +157,8 @@ def _jump_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, lo: int, hi: int):
     inverse = np.linalg.pinv(a)
     beta = np.einsum("jik,jk->ji", inverse, b)
     sse = (w * y * y).sum() - np.einsum("ji,ji->j", b, beta)
-    return js, beta[:, 0], beta[:, 1], beta[:, 2], np.sqrt(np.maximum(inverse[:, 1, 1], 0.0)), sse
+    return (js, beta[:, 0], beta[:, 1], beta[:, 2], np.sqrt(np.maximum(inverse[:, 1, 1], 0.0)),
+            np.sqrt(np.maximum(inverse[:, 2, 2], 0.0)), sse)
 
 
 def _rate(cells: list[list[int]]) -> float | None:
@@ -233,14 +234,15 @@ class DriftDetector:
             return None
         bar = self.z ** 2
         # a step is a jump in the level (then whatever slope): the best break, and whether its jump is real
-        js, c, d, slope, se, sse = _jump_fits(y, w, t, lo, hi)
+        js, c, d, slope, se, se_slope, sse = _jump_fits(y, w, t, lo, hi)
         at = int(np.argmin(sse))
         step_gain = sse_flat - float(sse[at])
         jump = float(d[at] / se[at]) if se[at] > 0 else 0.0  # the best break's jump, in standard errors
         j = int(js[at])
-        end = c[at] + d[at] + min(float(slope[at]), 0.0) * (float(t[-1]) - (t[j - 1] + t[j]) / 2)
         # ... and its share of the whole fall to the end: a step is mostly the jump (a decline that a small jump
-        # starts is a decay)
+        # starts is a decay); a slope after it that its own error does not tell from flat is no fall
+        falling = slope[at] < 0 and slope[at] <= -2 * se_slope[at]
+        end = c[at] + d[at] + (float(slope[at]) if falling else 0.0) * (float(t[-1]) - (t[j - 1] + t[j]) / 2)
         share = float(-d[at] / (c[at] - end)) if c[at] > end else 0.0
         jumped = jump <= -self.jump_z and share >= 0.5
         if step_gain >= bar and jumped and c[at] > 0 and c[at] + d[at] <= (1 - self.drop) * c[at]:
