@@ -170,3 +170,23 @@ def test_position_counts_equal_the_comparison_they_replace():
         assert d.tolist() == (drafted[:, None] > p).sum(axis=0).tolist()
         assert a.tolist() == (accepted[:, None] > p).sum(axis=0).tolist()
         assert d.dtype == a.dtype == np.int64 and len(d) == k
+
+
+def test_a_fit_whose_intercept_falls_below_zero_goes_through_the_origin():
+    """Noisy step times (a loaded host) can fit a slope so steep that a step without drafts would take no time at all
+    (the quickstart's run in a loaded suite priced it at 0.00 ms: speed-up 0.00x). A step takes no negative fixed
+    time: the fit is the one through the origin, and a step without drafts costs its share of it."""
+    from spectrace.audit.rules.acceptance import no_draft_step_ns, verify_fit
+
+    steps = [(4, 1.0e6), (16, 9.0e6), (8, 2.0e6), (12, 7.5e6)]  # (scheduled tokens, verify ns): intercept < 0
+    n, t, t2 = len(steps), sum(s for s, _ in steps), sum(s * s for s, _ in steps)
+    tv, v = sum(s * ns for s, ns in steps), sum(ns for _, ns in steps)
+    spread = n * t2 - t * t
+    assert (v - (n * tv - t * v) / spread * t) / n < 0  # the free line's intercept
+    a, b = verify_fit(n, t, t2, tv, v)
+    assert a == 0.0 and b == tv / t2
+    requests = 4.0  # one request a step: one token each without drafts
+    assert no_draft_step_ns(n, t, t2, tv, v, requests) == b * requests > 0
+    # a line with a positive intercept is left as it was: (4, 3 ms) and (8, 4 ms) are 2 ms + 0.25 ms a token
+    a, b = verify_fit(2, 12, 80, 4 * 3e6 + 8 * 4e6, 7e6)
+    assert (round(a), round(b)) == (2_000_000, 250_000)

@@ -42,11 +42,15 @@ WITH acc AS (
     FROM speculation_steps s JOIN lowest l ON s.run_id = l.run_id AND coalesce(s.rank, -1) = l.r
     WHERE s.steps > 0
     GROUP BY s.run_id
-), fit AS (
+), slope AS (
     SELECT *, step_ns - draft_ns AS v,
            CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
-                THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b
+                THEN greatest((n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t), 0) ELSE 0 END AS b0
     FROM cost
+), fit AS (  -- a + b * tokens; an intercept below 0: the fit through the origin (acceptance.verify_fit)
+    SELECT *, CASE WHEN v - b0 * t < 0 AND t2 > 0 THEN 0 ELSE (v - b0 * t) / n END AS a,
+           CASE WHEN v - b0 * t < 0 AND t2 > 0 THEN tv / t2 ELSE b0 END AS b
+    FROM slope
 ), baseline AS (
     SELECT run_id, batch_band, steps AS n, plain_ns, verify_ns AS v, draft_ns AS dr,
            CASE WHEN decode_ns > 0 AND chunk_ns > 0 THEN chunk_ns / decode_ns ELSE 0 END AS rho
@@ -56,10 +60,14 @@ WITH acc AS (
     SELECT run_id, process_role, sum(steps)::DOUBLE AS n, sum(host_ns)::DOUBLE AS v, sum(tokens)::DOUBLE AS t,
            sum(tokens_sq) AS t2, sum(tokens_x_ns) AS tv
     FROM host_steps GROUP BY run_id, process_role HAVING sum(steps) > 0
-), host_fit AS (
+), host_slope AS (
     SELECT *, CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
-                   THEN greatest((n * tv - t * v) / (n * t2 - t * t), 0) ELSE 0 END AS b
+                   THEN greatest((n * tv - t * v) / (n * t2 - t * t), 0) ELSE 0 END AS b0
     FROM host
+), host_fit AS (
+    SELECT *, CASE WHEN v - b0 * t < 0 AND t2 > 0 THEN 0 ELSE (v - b0 * t) / n END AS a,
+           CASE WHEN v - b0 * t < 0 AND t2 > 0 THEN tv / t2 ELSE b0 END AS b
+    FROM host_slope
 ), reference AS (  -- L(k), or the longest measured where the counts stop short of k
     SELECT c.run_id, c.context_range, c.batch_band, arg_max(c.expected_length, c.k_new) AS lk
     FROM curve c JOIN k_run k USING (run_id) WHERE c.k_new <= k.k GROUP BY ALL
@@ -85,16 +93,16 @@ WITH acc AS (
     FROM cut
 ), host_at AS (  -- a step at k' emits tokens(k') / tokens(k) of the run's mean tokens per step
     SELECT g.run_id, g.context_range, g.batch_band, g.k_new,
-           sum(greatest((h.v - h.b * h.t) / h.n + h.b * (h.t / h.n) * (g.tokens / g.tokens_k), 0)) AS host_ns
+           sum(greatest(h.a + h.b * (h.t / h.n) * (g.tokens / g.tokens_k), 0)) AS host_ns
     FROM gives g JOIN host_fit h USING (run_id)
     GROUP BY ALL
 ), fitted AS (
     SELECT c.run_id, c.context_range, c.batch_band, c.k_new, k.k, c.expected_length,
-           greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)
+           greatest(f.a + f.b * (f.t / f.n - f.r / f.n * (k.k - c.k_new)), 0)
              + CASE WHEN c.k_new = 0 THEN 0
                     WHEN m.method = 'dflash' THEN f.draft_ns / f.n
                     ELSE f.draft_ns / f.n * c.k_new / k.k END AS step_ns,
-           greatest((f.v - f.b * f.t) / f.n + f.b * (f.t / f.n - f.r / f.n * k.k), 0) AS plain_ns,
+           greatest(f.a + f.b * (f.t / f.n - f.r / f.n * k.k), 0) AS plain_ns,
            CASE WHEN c.k_new = 0 THEN b.plain_ns / b.n
                 ELSE greatest(b.plain_ns / b.n + (b.v / b.n - b.plain_ns / b.n) * c.k_new / k.k, 0)
                      + CASE WHEN m.method = 'dflash' THEN b.dr / b.n ELSE b.dr / b.n * c.k_new / k.k END

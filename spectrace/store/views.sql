@@ -50,8 +50,9 @@ WITH s AS (
            CASE WHEN n * t2 - t * t > 1e-9 * greatest(n * t2, 1)
                 THEN (n * tv - t * (step_ns - draft_ns)) / (n * t2 - t * t) END AS b
     FROM s
-), priced AS (
+), priced AS (  -- an intercept below 0 (a slope too steep for noisy times): the fit through the origin
     SELECT *, CASE WHEN b IS NULL OR b < 0 THEN v
+                   WHEN v - b * t < 0 AND t2 > 0 THEN tv / t2 * r
                    ELSE greatest(n * ((v - b * t) / n) + b * r, 0) END AS no_draft_ns
     FROM fit
 )

@@ -332,11 +332,16 @@ def dummy_drafts(rows: int, repeated: int, repeated_drafted: int, repeated_accep
 def verify_fit(n: float, sum_t: float, sum_t2: float, sum_tv: float, sum_v: float) -> tuple[float, float]:
     """``(a, b)``: a step's verification time as ``a + b * scheduled tokens``, least squares over ``n``
     steps from their sums (``sum_t`` tokens, ``sum_t2`` tokens squared, ``sum_tv`` tokens × time, ``sum_v``
-    time). Without spread in the token counts, or with a negative slope, ``b = 0`` (``a``: the mean time)."""
+    time). Without spread in the token counts, or with a negative slope, ``b = 0`` (``a``: the mean time). A step
+    takes no negative fixed time: where the line's intercept falls below 0 (noisy step times on a loaded host fit a
+    slope too steep), the fit is the one through the origin (``a = 0``, ``b = sum_tv / sum_t2``), so a step
+    without drafts is never priced at nothing."""
     spread = n * sum_t2 - sum_t * sum_t
     b = 0.0
     if spread > 1e-9 * max(n * sum_t2, 1.0):
         b = max((n * sum_tv - sum_t * sum_v) / spread, 0.0)
+    if sum_v - b * sum_t < 0 and sum_t2 > 0:
+        return 0.0, sum_tv / sum_t2
     return (sum_v - b * sum_t) / n, b
 
 
