@@ -118,15 +118,9 @@ def _level(block: Block, rates: dict[tuple[str, int], float], k: int) -> tuple[f
     return observed / expected, variance / expected ** 2, expected
 
 
-def _step_fits(y: np.ndarray, w: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Weighted two-level fits with the break at each j in ``lo .. hi``: (sse, level before, level after) per j,
-    from prefix sums."""
-    cw, cwy, cwy2 = (np.concatenate(([0.0], np.cumsum(v))) for v in (w, w * y, w * y * y))
-    j = np.arange(lo, hi + 1)
-    before_w, before_wy, before_wy2 = cw[j], cwy[j], cwy2[j]
-    after_w, after_wy, after_wy2 = cw[-1] - before_w, cwy[-1] - before_wy, cwy2[-1] - before_wy2
-    sse = (before_wy2 - before_wy ** 2 / before_w) + (after_wy2 - after_wy ** 2 / after_w)
-    return sse, before_wy / before_w, after_wy / after_w
+def _flat_sse(y: np.ndarray, w: np.ndarray) -> float:
+    """The weighted squared residual of one level through ``y`` (the flat shape every other is compared with)."""
+    return float((w * y * y).sum() - (w * y).sum() ** 2 / w.sum())
 
 
 def _hinge_fits(y: np.ndarray, w: np.ndarray, t: np.ndarray, starts: np.ndarray):
@@ -228,7 +222,7 @@ class DriftDetector:
         drafted = np.array([b.drafted for b in blocks], dtype=float)
         t = (np.cumsum(drafted) - drafted / 2) / 1000.0
         n = len(blocks)
-        sse_flat = float((w * y * y).sum() - (w * y).sum() ** 2 / w.sum())
+        sse_flat = _flat_sse(y, w)
         lo, hi = self.min_side_blocks, n - self.min_side_blocks
         if hi < lo:
             return None
@@ -258,7 +252,7 @@ class DriftDetector:
         if m < self.min_blocks:
             return None
         yo, wo, to = y[:m], w[:m], t[:m]
-        flat_o = float((wo * yo * yo).sum() - (wo * yo).sum() ** 2 / wo.sum())
+        flat_o = _flat_sse(yo, wo)
         starts = np.concatenate(([to[0]], (to[:m - self.min_side_blocks - 1] + to[1:m - self.min_side_blocks]) / 2))
         c, slope, sse = _hinge_fits(yo, wo, to, starts)
         sse = np.where(slope < 0, sse, np.inf)
