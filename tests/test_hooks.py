@@ -80,6 +80,20 @@ def test_missing_target_is_reported_not_skipped(module, caplog):
     assert reason.startswith("module no_such_module_anywhere cannot be imported")
 
 
+def test_a_later_hook_is_elsewhere_until_its_process_shows_itself_and_its_module_never_imported(module, caplog):
+    hooks = HookSet()
+    away = Hook("server.only", "spectrace_never_imported_module:Thing.call", _counting([]), later="once serving")
+    assert hooks.install(away) == "not this process's yet: installed once serving"
+    assert hooks.status("server.only") == "elsewhere" and "spectrace_never_imported_module" not in sys.modules
+    assert not hooks.missing and not caplog.records and hooks.summary() == "0 of 0 hooks active"
+    calls = []
+    here = Hook("here", "spectrace_hook_target:Engine.step", _counting(calls), later="once serving")
+    assert hooks.install(here).startswith("not this process's") and Engine().step(1) == 2 and calls == []
+    assert hooks.install(here, now=True) is None and Engine().step(1) == 2 and calls == [1]
+    assert hooks.status("here") == "installed" and "here" not in hooks.elsewhere
+    hooks.uninstall_all()
+
+
 def test_exceptions_of_the_original_pass_through_unchanged(module):
     def boom(self, x):
         raise KeyError(x)

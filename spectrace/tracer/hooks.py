@@ -42,6 +42,10 @@ class Hook:
     # "module:Name" of that caller; the name is patched in the module that *defines* the caller, so a shim left
     # at the old path (vLLM's main moves modules under ``vllm/foundation/...``) still patches the name it calls
     within: str = ""
+    # installed only once the process shows it is the hook's (``later``: an API server's hook, installed when its
+    # AsyncLLM is up, ``spectrace.tracer.frontend``); until then ``elsewhere`` (a row, no warning), and its site's
+    # module is never imported (the chat server's costs ~0.4 s in every engine core and worker)
+    later: str = ""
 
     @property
     def module(self) -> str:
@@ -108,13 +112,16 @@ class HookSet:
         self.unsupported: dict[str, str] = {}
         self.retired: dict[str, str] = {}
         self.untested: dict[str, str] = {}  # installed outside the tested range: the note
+        self.elsewhere: dict[str, str] = {}  # a ``Hook.later`` not installed (yet): another process's hook
 
     def status(self, name: str) -> str:
-        """``installed``, ``retired``, ``unsupported`` or ``missing`` (a hook not tried: ``missing``)."""
+        """``installed``, ``retired``, ``elsewhere``, ``unsupported`` or ``missing`` (a hook not tried: ``missing``)."""
         if name in self.installed:
             return "installed"
         if name in self.retired:
             return "retired"
+        if name in self.elsewhere:
+            return "elsewhere"
         return "unsupported" if name in self.unsupported else "missing"
 
     def summary(self) -> str:
@@ -130,14 +137,19 @@ class HookSet:
             text += "; not installed: " + "; ".join(f"{name} ({why})" for name, why in sorted(failed.items()))
         return text
 
-    def install(self, hook: Hook) -> str | None:
-        """Install ``hook``; return None on success, else why it is missing, unsupported or retired."""
+    def install(self, hook: Hook, now: bool = False) -> str | None:
+        """Install ``hook``; return None on success, else why it is missing, unsupported, retired or elsewhere
+        (``now``: a ``later`` hook's process has shown it is its own)."""
         if hook.name in self.installed:
             return None
         gone = support.retired(hook.name)
         if gone is not None:
             self.retired[hook.name] = gone
             return gone
+        if hook.later and not now:
+            why = self.elsewhere[hook.name] = f"not this process's yet: installed {hook.later}"
+            return why
+        self.elsewhere.pop(hook.name, None)
         try:
             owner, attr, current = resolve(hook.target, hook.within)
         except MissingTarget as exc:

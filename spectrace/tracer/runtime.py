@@ -236,9 +236,9 @@ class Runtime:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def install(self, hooks: list[Hook]) -> None:
+    def install(self, hooks: list[Hook], now: bool = False) -> None:
         for hook in hooks:
-            reason = self.hooks.install(hook)
+            reason = self.hooks.install(hook, now)
             self.record(
                 "hooks",
                 {
