@@ -58,7 +58,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("ts", "TIMESTAMP_NS"),
         ("hook", "VARCHAR"),
         ("target", "VARCHAR"),
-        ("status", "VARCHAR"),  # installed | missing | unsupported
+        ("status", "VARCHAR"),  # installed | missing | unsupported | retired | elsewhere (another process's hook)
         ("detail", "VARCHAR"),
         ("vllm_version", "VARCHAR"),
         ("supported_versions", "VARCHAR"),
@@ -230,6 +230,25 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("accepted", "BIGINT"),
         ("emitted", "BIGINT"),  # tokens these steps emitted: accepted + steps, less what a stop cut (EOS, max_tokens)
         ("histogram", "JSON"),  # request-steps by accepted drafts, dense from 0 (vLLM's acceptance_histogram)
+    ],
+    # Per flush (engine core, where a reasoning parser's think markers are known): the verify steps by the phase
+    # each was drafted in: reasoning (inside a think block) or answer (spectrace.audit.rules.thinking.PhaseTracker).
+    "thinking_phases": [
+        ("ts", "TIMESTAMP_NS"),
+        ("phase", "VARCHAR"),  # reasoning | answer
+        ("request_steps", "BIGINT"),
+        ("drafted", "BIGINT"),
+        ("accepted", "BIGINT"),
+    ],
+    # Once per chat completion of a speculating run (API server: OpenAIServingChat): the request's thinking mode as
+    # its chat_template_kwargs set it, or as the server's --default-chat-template-kwargs did. Only the mode and the
+    # key's name are kept, never a kwarg's other values. Joined to the engine's requests by the response id.
+    "chat_requests": [
+        ("ts", "TIMESTAMP_NS"),
+        ("external_request_id", "VARCHAR"),  # chatcmpl-…: the response's id (request_outputs.external_request_id)
+        ("thinking_mode", "VARCHAR"),  # on | off
+        ("thinking_source", "VARCHAR"),  # kwarg | default
+        ("thinking_key", "VARCHAR"),  # enable_thinking | thinking | thinking_mode
     ],
     # Once per finished request of a speculating run (frontend: vLLM's OutputProcessor): the ids the user sees,
     # the tokens they got, and vLLM's own per-request speculative metrics where --per-request-spec-decode-metrics

@@ -83,7 +83,7 @@ def test_schema_page_has_every_table_and_column():
     for table, columns in records.TABLES.items():
         section = page.split(f"\n## {table}\n", 1)[1].split("\n## ", 1)[0]
         assert [c for c, _ in columns] == re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE), table
-    assert "| `status` | VARCHAR | installed \\| missing \\| unsupported |" in page
+    assert "| `status` | VARCHAR | installed \\| missing \\| unsupported \\| retired \\| elsewhere (another process's hook) |" in page
 
 
 def _nav_pages(text: str) -> list[str]:

@@ -14,11 +14,11 @@ from spectrace.tracer import stages
 pytestmark = pytest.mark.vllm
 
 # every hook that fires in an engine on CPU, plus the three recording steps of worker.load_model that
-# have their own guard. Elsewhere: the API server's own hooks (api_server.*) fire only under
-# `vllm serve` (tests/test_serve_metrics_live.py); the V2 model runner's (worker.verify_v2*, worker.execute_model_v2)
+# have their own guard. Elsewhere: the API server's own hooks (api_server.*, frontend.chat_request) fire only under
+# `vllm serve` (tests/test_serve_metrics_live.py, tests/test_thinking_live.py); the V2 model runner's (worker.verify_v2*, worker.execute_model_v2)
 # on V2 through Triton's interpreter (tests/test_v2_live.py) and on a GPU (`make gpu-check`).
 ALL = [hook.name for hook in stages.all_hooks()]
-ELSEWHERE = ("api_server.", "worker.verify_v2", "worker.execute_model_v2")
+ELSEWHERE = ("api_server.", "frontend.chat_request", "worker.verify_v2", "worker.execute_model_v2")
 HOOKS = [name for name in ALL if not name.startswith(ELSEWHERE)] + ["worker.layout", "worker.taps", "worker.weights"]
 ASYNC_ONLY = {"frontend.async_llm_started"}  # AsyncLLM's start: `vllm serve`, not the offline LLM
 

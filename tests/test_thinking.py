@@ -154,3 +154,153 @@ def test_think_markers_from_the_reasoning_config():
     assert think_markers(config) == ([7], [8])
     assert think_markers(SimpleNamespace(reasoning_config=None)) is None
     assert think_markers(None) is None
+
+
+# -- the phase of each verify step ------------------------------------------------------------
+
+OPEN, CLOSE = [40, 41], [42, 43, 44]  # multi-token markers, as the zoo tokenizer splits "<think>" / "</think>"
+
+
+def test_phase_tracker_follows_markers_across_steps():
+    tracker = thinking.PhaseTracker(OPEN, CLOSE)
+    assert tracker.phase("a", "on") == "reasoning" and tracker.phase("b", "off") == "answer"
+    tracker.feed("a", "on", [5, 6, 42])  # the end marker split across two steps
+    assert tracker.phase("a", "on") == "reasoning"
+    tracker.feed("a", None, [43, 44, 7])
+    assert tracker.phase("a", None) == "answer"
+    tracker.feed("a", None, [8, 9])  # the marker left in the kept tokens is not read again as new
+    assert tracker.phase("a", None) == "answer"
+    tracker.feed("b", "off", [40, 41, 3])  # a think block opened in the output
+    assert tracker.phase("b", None) == "reasoning"
+    tracker.feed("b", None, [42, 43, 44, 40, 41])  # closed and opened again in one step: the last one counts
+    assert tracker.phase("b", None) == "reasoning"
+    tracker.feed("c", None, [1, 2])  # mode unknown: answer until a start marker
+    assert tracker.phase("c", None) == "answer"
+    tracker.finish("a")
+    assert "a" not in tracker.state and tracker.phase("a", "on") == "reasoning"
+
+
+def test_phase_tracker_with_a_start_marker_longer_than_the_end_marker():
+    tracker = thinking.PhaseTracker([27, 274, 279, 74, 29], [46])  # the zoo's "<think>" against a one-token end
+    tracker.feed("r", "on", [94, 57, 46, 123])
+    assert tracker.phase("r", None) == "answer"
+    tracker.feed("r", None, [134, 53, 378, 233])  # the end marker still among the tokens kept, no start: answer
+    tracker.feed("r", None, [343, 194, 3, 413])
+    assert tracker.phase("r", None) == "answer"
+    tracker.feed("r", None, [1, 27, 274, 279, 74])  # a start marker split across two steps
+    assert tracker.phase("r", None) == "answer"
+    tracker.feed("r", None, [29, 5])
+    assert tracker.phase("r", None) == "reasoning"
+
+
+def test_phase_tracker_is_bounded():
+    tracker = thinking.PhaseTracker(OPEN, CLOSE, limit=3)
+    for i in range(10):
+        tracker.feed(f"r{i}", "on", [1])
+    assert len(tracker.state) == 3 and set(tracker.state) == {"r7", "r8", "r9"}
+
+
+def test_kwarg_mode_request_over_default():
+    assert thinking.kwarg_mode({"enable_thinking": False}, {"enable_thinking": True}) == ("off", "kwarg", "enable_thinking")
+    assert thinking.kwarg_mode({"other": 1}, {"enable_thinking": True}) == ("on", "default", "enable_thinking")
+    assert thinking.kwarg_mode(None, {"thinking_mode": "high"}) == ("on", "default", "thinking_mode")
+    assert thinking.kwarg_mode({"thinking": "maybe"}, None) is None  # a value that says neither
+    assert thinking.kwarg_mode("not a dict", ["nor this"]) is None
+
+
+def _phase_steps(n_steps: int, requests: list[str], end_at: int, accepted: dict[str, int], k: int = 3):
+    """Steps where every request emits plain tokens, and only the end marker at step ``end_at``; ``accepted``:
+    per phase, the drafts each request-step accepts."""
+    rows = {req: i for i, req in enumerate(requests)}
+    cached = SimpleNamespace(req_ids=list(requests), num_computed_tokens=[20] * len(requests))
+    out = []
+    for s in range(1, n_steps + 1):
+        a = accepted["reasoning" if s <= end_at else "answer"]
+        sampled = [CLOSE if s == end_at else [7] * a + [8] for _ in requests]
+        out.append(EngineStep(1_000 + s, s, RUN, {r: [1] * k for r in requests}, [len(x) for x in sampled], rows,
+                              cached, None, 1, None, None, sampled))
+    return out
+
+
+def _with_markers(rt):
+    from spectrace.tracer.verify.run_config import RunConfig
+
+    facts = RunConfig.__new__(RunConfig)
+    facts.__setstate__((([], set(), None, None), {}, None, None, (OPEN, CLOSE)))
+    rt.verify.run_facts[RUN] = facts
+
+
+def test_drain_counts_each_step_in_the_phase_it_was_drafted_in(traced):
+    rt, sink = traced
+    _with_markers(rt)
+    _notes(rt, ["on"] * 8)
+    # reasoning accepts all 3 drafts, but step 10 emits the end marker alone (3 tokens: 2 accepted); the answer
+    # accepts none
+    rt.verify.engine_steps.extend(_phase_steps(20, [f"r{i}" for i in range(8)], 10, {"reasoning": 3, "answer": 0}))
+    rt.flush()
+    phases = {r["phase"]: (r["request_steps"], r["drafted"], r["accepted"]) for r in sink.rows("thinking_phases")}
+    # steps 1-10 were drafted in reasoning (the marker came out in step 10), 11-20 in the answer
+    reasoning_accepted = 8 * (9 * 3 + len(CLOSE) - 1)
+    assert phases == {"reasoning": (80, 240, reasoning_accepted), "answer": (80, 240, 0)}
+    [finding] = [f for f in sink.rows("findings") if f["code"] == codes.THINKING_MODE_GAP]
+    evidence = json.loads(finding["evidence"])
+    assert (evidence["dimension"], evidence["value"]) == ("thinking_phase", "answer")
+    assert "trained with thinking on" in finding["message"]
+
+
+def test_drain_phases_quiet_twin_and_none_without_markers(traced):
+    rt, sink = traced
+    _with_markers(rt)
+    _notes(rt, ["on"] * 8)
+    rt.verify.engine_steps.extend(_phase_steps(20, [f"r{i}" for i in range(8)], 10, {"reasoning": 2, "answer": 2}))
+    rt.flush()
+    assert {r["phase"] for r in sink.rows("thinking_phases")} == {"reasoning", "answer"}
+    assert not [f for f in sink.rows("findings") if f["code"] == codes.THINKING_MODE_GAP]
+
+
+def test_no_phases_without_a_reasoning_parser(traced):
+    rt, sink = traced
+    _notes(rt, ["on"] * 8)
+    rt.verify.engine_steps.extend(_phase_steps(20, [f"r{i}" for i in range(8)], 10, {"reasoning": 3, "answer": 0}))
+    rt.flush()
+    assert sink.rows("thinking_phases") == [] and sink.rows("verify_counts")
+
+
+def test_store_reads_each_requests_mode_from_kwarg_default_or_tail_and_reports_both_kinds(tmp_path):
+    from spectrace.queries.report import render
+    from spectrace.testing import store_pipeline
+    import spectrace.store
+
+    writer = store_pipeline(tmp_path, retention_s=0, compact_interval_s=0)
+    engine = {"run_id": "r", "process_role": "engine_core", "ts": 2}
+    frontend = {"run_id": "r", "process_role": "frontend", "ts": 3}
+    writer.append("runs", {"run_id": "r", "process_role": "frontend", "started_at": 1, "method": "eagle3",
+                           "num_speculative_tokens": 3})
+    # a: its own kwarg says off (its prompt tail, read too, is not what vLLM was asked); b: the server's default;
+    # c: only its prompt tail; d: nothing known
+    for rid, drafted, accepted in (("a-1", 30, 6), ("b-1", 30, 27), ("c-1", 30, 24), ("d-1", 30, 15)):
+        writer.append("request_counts", {**engine, "request_id": rid, "request_steps": 10, "drafted": drafted,
+                                         "accepted": accepted, "emitted": accepted + 10, "histogram": "[0]"})
+        writer.append("request_outputs", {**frontend, "request_id": rid, "external_request_id": f"chatcmpl-{rid[0]}"})
+    writer.append("request_slices", {**engine, "request_id": "a-1", "thinking_mode": "on", "thinking_source": "prompt_tail"})
+    writer.append("request_slices", {**engine, "request_id": "c-1", "thinking_mode": "on", "thinking_source": "prompt_tail"})
+    writer.append("chat_requests", {**frontend, "external_request_id": "chatcmpl-a", "thinking_mode": "off",
+                                    "thinking_source": "kwarg", "thinking_key": "enable_thinking"})
+    writer.append("chat_requests", {**frontend, "external_request_id": "chatcmpl-b", "thinking_mode": "on",
+                                    "thinking_source": "default", "thinking_key": "enable_thinking"})
+    writer.append("thinking_phases", {**engine, "phase": "reasoning", "request_steps": 20, "drafted": 60, "accepted": 50})
+    writer.append("thinking_phases", {**engine, "phase": "answer", "request_steps": 20, "drafted": 60, "accepted": 22})
+    writer.flush()
+    con = spectrace.store.open(tmp_path)
+    modes = dict((r, (m, s)) for r, m, s in con.execute(
+        "select request_id, thinking_mode, thinking_source from request_thinking").fetchall())
+    assert modes == {"a-1": ("off", "kwarg"), "b-1": ("on", "default"), "c-1": ("on", "prompt_tail"),
+                     "d-1": ("unknown", "none")}
+    rows = {(kind, value): rest for kind, value, *rest in con.execute(
+        "select kind, value, sources, requests, request_steps, drafted, accepted from acceptance_by_thinking").fetchall()}
+    assert rows == {("mode", "off"): ["kwarg", 1, None, 30, 6], ("mode", "on"): ["default,prompt_tail", 2, None, 60, 51],
+                    ("mode", "unknown"): ["none", 1, None, 30, 15],
+                    ("phase", "answer"): [None, None, 20, 60, 22], ("phase", "reasoning"): [None, None, 20, 60, 50]}
+    text = render(con, run_id="r")
+    section = text[text.index("Acceptance by thinking mode"):]
+    assert "default,prompt_tail" in section and "reasoning" in section and "83.3%" in section and "36.7%" in section

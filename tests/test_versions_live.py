@@ -21,7 +21,9 @@ def test_every_hook_installs_on_this_vllm(traced_methods):
     rows = con.execute("select distinct hook, status, detail, vllm_version, supported_versions from hooks").fetchall()
     assert rows, "no hooks rows"
     assert {r[0] for r in rows} == {h.name for h in all_hooks()}
-    assert [r for r in rows if r[1] != "installed"] == []
+    # an API server's hook (Hook.later) is elsewhere in an offline engine's processes, never missing
+    elsewhere = {h.name for h in all_hooks() if h.later}
+    assert elsewhere and [r for r in rows if r[1] != ("elsewhere" if r[0] in elsewhere else "installed")] == []
     assert {r[3] for r in rows} == {vllm.__version__}
     declared = {name: support.range_text(name, "") for name in support.SUPPORT}
     assert all(r[4] == declared[r[0]] for r in rows if r[0] in declared)

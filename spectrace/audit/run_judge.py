@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from spectrace.audit.rules import acceptance, drift, slices
+from spectrace.audit.rules import acceptance, drift, slices, thinking
 from spectrace.audit import codes
 from spectrace.audit.curve import (
     collapse_finding,
@@ -164,6 +164,17 @@ class RunJudge:
             findings.append(dropped_hits_finding(evidence, method))
         return findings
 
+    def phase_findings(self, run_id: str, k: int) -> list[Finding]:
+        """THINKING_MODE_GAP once per run for the thinking phases: the verify steps drafted in reasoning against
+        those drafted in the answer (``thinking.phase_gap``)."""
+        records = self.run(run_id)
+        phases = records.phases
+        if not phases.changed:
+            return []
+        phases.changed = False
+        gap = records.first(f"{codes.THINKING_MODE_GAP}:thinking_phase", lambda: thinking.phase_gap(phases.by_phase, k))
+        return [thinking_finding(gap)] if gap is not None else []
+
     def budget_findings(self, run_id: str, k: int, scheduler: Callable[[], dict | None]) -> list[Finding]:
         """DRAFTS_UNVERIFIED once per run, with the token-budget findings that explain it."""
         records = self.run(run_id)
@@ -211,13 +222,14 @@ class RunJudge:
 class RunRecords:
     """What one run's rules keep between batches, and what was already reported."""
 
-    __slots__ = ("collapse", "drift", "curve", "slices", "budget", "switches", "reported")
+    __slots__ = ("collapse", "drift", "curve", "slices", "phases", "budget", "switches", "reported")
 
     def __init__(self, collapse: acceptance.CollapseDetector) -> None:
         self.collapse = collapse
         self.drift = drift.DriftDetector()
         self.curve: RunCurve | None = None  # built on the first counts, from the run's configs
         self.slices = RunSlices()
+        self.phases = RunPhases()
         self.budget = RunBudget()
         self.switches = RunSwitches()
         self.reported: set[str] = set()  # codes (and code:dimension for slices) already said for this run
@@ -293,6 +305,22 @@ class SliceCounts:
 
     def __init__(self) -> None:
         self.requests = self.drafted = self.accepted = 0
+
+
+class RunPhases:
+    """One run's verify steps by thinking phase (reasoning / answer): (request-steps, drafted, accepted) so far."""
+
+    __slots__ = ("by_phase", "changed")
+
+    def __init__(self) -> None:
+        self.by_phase: dict[str, tuple[int, int, int]] = {}
+        self.changed = False
+
+    def add(self, by_phase: dict[str, tuple[int, int, int]]) -> None:
+        for phase, counts in by_phase.items():
+            before = self.by_phase.get(phase, (0, 0, 0))
+            self.by_phase[phase] = tuple(a + b for a, b in zip(before, counts))
+        self.changed = True
 
 
 class RunSlices:

@@ -90,6 +90,10 @@ def render(con, *, run_id: str | None = None, plot: str | None = None) -> str:
     if requests:
         out.append("")
         out += requests
+    thinking = _thinking(con, rid)
+    if thinking:
+        out.append("")
+        out += thinking
     shapes = _step_shapes(con, rid)
     if shapes:
         out.append("")
@@ -591,6 +595,20 @@ def _in_time(con, run_id: str) -> list[str]:
     if rows[-1][0] != codes.ACCEPTANCE_RESTORED:
         lines.append("  (not restored)")
     return lines
+
+
+def _thinking(con, run_id: str) -> list[str]:
+    """Acceptance by thinking mode (with where each mode was read) and by the phase each verify step was drafted
+    in (view ``acceptance_by_thinking``); nothing where no request's mode is known and no phase was read."""
+    rows = con.execute("select kind, value, sources, requests, request_steps, drafted, accepted, rate "
+                       "from acceptance_by_thinking where run_id = ? order by kind, value", [run_id]).fetchall()
+    if not any(kind == "phase" or value != "unknown" for kind, value, *_ in rows):
+        return []
+    table = [(kind, value, sources or "", requests if kind == "mode" else steps, drafted, accepted,
+              number(rate, ".1%")) for kind, value, sources, requests, steps, drafted, accepted, rate in rows]
+    return ["Acceptance by thinking mode (requests) and phase (verify steps: drafted in reasoning or in the answer)",
+            _indent(format_table(["by", "value", "read from", "requests / steps", "drafted", "accepted", "rate"],
+                                 table))]
 
 
 def _timeline(episodes: list[tuple]) -> list[str]:

@@ -249,3 +249,48 @@ LEFT JOIN outputs o USING (request_id)
 LEFT JOIN slices s USING (run_id, request_id)
 LEFT JOIN run_findings f USING (run_id)
 ORDER BY c.run_id, c.request_id;
+
+-- view: request_thinking
+-- Each request with drafts, its thinking mode and where it was read: the chat request's chat_template_kwargs
+-- (kwarg), else the server's --default-chat-template-kwargs (default), both read by the API server (chat_requests,
+-- joined by the response id); else the rendered prompt's tail against the reasoning parser's think markers
+-- (prompt_tail, engine core: request_slices); else unknown (none). Complete counts (request_counts).
+WITH chat AS (
+    SELECT o.request_id, any_value(c.thinking_mode) AS thinking_mode, any_value(c.thinking_source) AS thinking_source
+    FROM chat_requests c
+    JOIN (SELECT DISTINCT request_id, external_request_id FROM request_outputs) o USING (external_request_id)
+    GROUP BY o.request_id
+), tail AS (
+    SELECT run_id, request_id, any_value(thinking_mode) AS thinking_mode, any_value(thinking_source) AS thinking_source
+    FROM request_slices
+    GROUP BY run_id, request_id
+), counted AS (
+    SELECT run_id, request_id, sum(drafted) AS drafted, sum(accepted) AS accepted
+    FROM request_counts
+    GROUP BY run_id, request_id
+)
+SELECT c.run_id, c.request_id,
+       coalesce(ch.thinking_mode, t.thinking_mode, 'unknown') AS thinking_mode,
+       coalesce(ch.thinking_source, t.thinking_source, 'none') AS thinking_source,
+       c.drafted, c.accepted
+FROM counted c
+LEFT JOIN chat ch USING (request_id)
+LEFT JOIN tail t USING (run_id, request_id)
+ORDER BY c.run_id, c.request_id;
+
+-- view: acceptance_by_thinking
+-- Per run: acceptance by thinking mode (kind 'mode': requests, and the sources their modes were read from) and by
+-- the phase each verify step was drafted in (kind 'phase': reasoning or answer, where a reasoning parser's think
+-- markers are known; request-steps). THINKING_MODE_GAP compares the values of each kind.
+SELECT run_id, 'mode' AS kind, thinking_mode AS value,
+       string_agg(DISTINCT thinking_source, ',' ORDER BY thinking_source) AS sources,
+       count(*) AS requests, NULL::BIGINT AS request_steps, sum(drafted) AS drafted, sum(accepted) AS accepted,
+       CASE WHEN sum(drafted) > 0 THEN sum(accepted) / sum(drafted) END AS rate
+FROM request_thinking
+GROUP BY run_id, thinking_mode
+UNION ALL
+SELECT run_id, 'phase', phase, NULL, NULL, sum(request_steps), sum(drafted), sum(accepted),
+       CASE WHEN sum(drafted) > 0 THEN sum(accepted) / sum(drafted) END
+FROM thinking_phases
+GROUP BY run_id, phase
+ORDER BY run_id, kind, value;

@@ -30,9 +30,13 @@ BOS_TOKEN = "<|bos|>"
 PAD_TOKEN = "<|pad|>"
 MASK_TOKEN = "<|mask|>"
 SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN, PAD_TOKEN, MASK_TOKEN)
+# ``enable_thinking`` (a chat_template_kwargs key) renders the generation prompt as Qwen3's template does: an open
+# think block when true, an empty closed one when false, nothing when the key is absent
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking is defined %}{% if enable_thinking %}<think>\n{% else %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}{% endif %}"
 )
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 #: Bump whenever a builder's output changes; :func:`build_zoo` rebuilds on mismatch.
-ZOO_VERSION = 1
+ZOO_VERSION = 2  # 2: the chat template renders enable_thinking
 
 _ZOO_MARKER = "spectrace-zoo.json"
 

@@ -96,6 +96,19 @@ class Server:
         with urllib.request.urlopen(request, timeout=120) as response:
             return json.loads(response.read())
 
+    def chat(self, content: str, max_tokens: int = 16, temperature: float = 0.0, headers: dict | None = None,
+             **params) -> dict:
+        """One chat completion of a single user message (``params``: more fields of the request's body)."""
+        import json
+        import urllib.request
+
+        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": content}],
+                           "max_tokens": max_tokens, "temperature": temperature, **params}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+
     def metrics(self) -> str:
         import urllib.request
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import spectrace
 from spectrace.console import RECORDED_ITEMS, bounded
+from spectrace.audit.rules import thinking
 from spectrace.request_ids import client_ids
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.tracer import api_server, audit_live, runtime
@@ -89,6 +90,20 @@ wrap_engine_init = around(
 )
 
 
+def _serving(rt, state, result, *args, **kwargs) -> None:
+    """An AsyncLLM is up: this process serves (an API server, or a program of its own on AsyncLLM), so the hooks
+    that wait for one install now (``Hook.later``)."""
+    if not rt.hooks.installed.keys() >= {hook.name for hook in HOOKS if hook.later}:
+        rt.install([hook for hook in HOOKS if hook.later], now=True)
+
+
+# AsyncLLM.__init__: as LLMEngine's, and the API server's own hooks install
+wrap_async_engine_init = around(
+    after=[(None, lambda rt, state, result, *args, **kwargs: rt.end_run_span()), (None, _serving)],
+    failed=lambda rt, state, exc, *args, **kwargs: rt.end_run_span(exc),
+)
+
+
 def _request_finished(rt, processor, req_state, finish_reason, *args, **kwargs) -> None:
     """One finished request of a speculating run: the ids the user sees, the tokens they got (after stop
     strings), and vLLM's own per-request speculative metrics where its flag kept them."""
@@ -131,13 +146,42 @@ def _request_finished(rt, processor, req_state, finish_reason, *args, **kwargs) 
 wrap_request_finished = around(before=_request_finished)
 
 
+def _chat_request(rt, serving, request, raw_request=None, *args, **kwargs) -> None:
+    """One chat completion of a speculating run: its thinking mode as its ``chat_template_kwargs`` set it, or as
+    the server's ``--default-chat-template-kwargs`` did, under the response id vLLM gives it (``chatcmpl-`` and the
+    ``X-Request-Id`` header, else the request's ``request_id``: ``OpenAIServingChat._base_request_id``)."""
+    run = rt.run
+    if run is None or not run.info.get("method"):
+        return
+    found = thinking.kwarg_mode(getattr(request, "chat_template_kwargs", None),
+                                getattr(serving, "default_chat_template_kwargs", None))
+    if found is None:
+        return
+    headers = getattr(raw_request, "headers", None)
+    base = headers.get("X-Request-Id") if headers is not None else None
+    if base is None:
+        base = getattr(request, "request_id", None)
+    if not isinstance(base, str):
+        return
+    mode, source, key = found
+    rt.record("chat_requests", {"ts": time.time_ns(), "external_request_id": f"chatcmpl-{base}"[:256],
+                                "thinking_mode": mode, "thinking_source": source, "thinking_key": key},
+              role=ROLE, run=run)
+
+
+# OpenAIServingChat._create_chat_completion: once per chat request, before vLLM renders it; installed once an AsyncLLM
+# is up (an API server's process), so no engine core or worker imports the chat server
+wrap_chat_request = around(before=_chat_request)
+
 HOOKS = [
     Hook("frontend.create_engine_config", "vllm.engine.arg_utils:EngineArgs.create_engine_config", wrap_create_engine_config),
     Hook("frontend.get_config", "vllm.config.model:get_config", wrap_get_config, within="vllm.config.model:ModelConfig"),
     Hook("frontend.llm_engine_started", "vllm.v1.engine.llm_engine:LLMEngine.__init__", wrap_engine_init),
-    Hook("frontend.async_llm_started", "vllm.v1.engine.async_llm:AsyncLLM.__init__", wrap_engine_init),
+    Hook("frontend.async_llm_started", "vllm.v1.engine.async_llm:AsyncLLM.__init__", wrap_async_engine_init),
     Hook("frontend.request_finished", "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
          wrap_request_finished),
+    Hook("frontend.chat_request", "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat._create_chat_completion",
+         wrap_chat_request, later="when this process's AsyncLLM is up (an API server)"),
 ]
 
 

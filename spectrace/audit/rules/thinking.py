@@ -51,6 +51,19 @@ def mode_from_kwargs(kwargs: dict[str, Any] | None) -> str | None:
     return None
 
 
+def kwarg_mode(request_kwargs: dict[str, Any] | None, default_kwargs: dict[str, Any] | None
+               ) -> tuple[str, str, str] | None:
+    """(mode, source, key) from a chat request's ``chat_template_kwargs`` (source ``kwarg``), else the server's
+    ``--default-chat-template-kwargs`` (``default``): vLLM merges the request's over the defaults, key by key."""
+    for kwargs, source in ((request_kwargs, "kwarg"), (default_kwargs, "default")):
+        if not isinstance(kwargs, dict):
+            continue
+        for key in KWARGS:
+            if key in kwargs and (mode := _mode_of(kwargs[key])) is not None:
+                return mode, source, key
+    return None
+
+
 def _seq(marker: int | Sequence[int] | None) -> list[int]:
     if marker is None:
         return []
@@ -61,6 +74,12 @@ def _last(tail: list[int], marker: list[int]) -> int:
     """The index where ``marker``'s last occurrence in ``tail`` begins; -1 when absent."""
     n = len(marker)
     return max((i for i in range(len(tail) - n + 1) if tail[i:i + n] == marker), default=-1)
+
+
+def _end_of(tail: list[int], marker: list[int]) -> int:
+    """The index just past ``marker``'s last occurrence in ``tail``; -1 when absent (or no marker)."""
+    at = _last(tail, marker) if marker else -1
+    return at + len(marker) if at >= 0 else -1
 
 
 def mode_from_prompt_tail(prompt_ids: Sequence[int] | None, start: int | Sequence[int] | None,
@@ -109,6 +128,47 @@ def phase_marks(output_ids: Sequence[int], start_id: int | None, end_id: int | N
         else:
             out.append(phase)
     return out
+
+
+class PhaseTracker:
+    """The phase each request is in, step by step, from the tokens each verify step emitted (the drain's, off
+    vLLM's threads). A request starts in ``reasoning`` when its prompt left thinking on (its mode ``on``: an open
+    think block), else in ``answer``; a think start marker in its output opens ``reasoning``, an end marker closes
+    it. Markers are token sequences (vLLM's ``ReasoningConfig`` ids): one split across two steps is matched on the
+    tokens the request's last step left (``len(marker) - 1`` of them)."""
+
+    __slots__ = ("start", "end", "_keep", "state", "limit")
+
+    def __init__(self, start: int | Sequence[int], end: int | Sequence[int], limit: int = 65536) -> None:
+        self.start, self.end = list(_seq(start)), list(_seq(end))
+        self._keep = max(len(self.start), len(self.end), 1) - 1
+        self.state: dict[str, tuple[str, list[int]]] = {}  # request id -> (phase, the tokens kept)
+        self.limit = limit
+
+    def phase(self, request_id: str, mode: str | None) -> str:
+        """The phase ``request_id`` is in now: the one its next step drafts in."""
+        state = self.state.get(request_id)
+        return state[0] if state is not None else ("reasoning" if mode == "on" else "answer")
+
+    def feed(self, request_id: str, mode: str | None, tokens: Sequence[int] | None) -> None:
+        """The tokens one step emitted for ``request_id`` (``mode``: its thinking mode, read where it is new)."""
+        if not tokens:
+            return
+        state = self.state.get(request_id)
+        if state is None:
+            if len(self.state) >= self.limit:
+                self.state.pop(next(iter(self.state)))
+            state = ("reasoning" if mode == "on" else "answer", [])
+        phase, kept = state
+        seq = kept + list(tokens)
+        # where the last of each marker ends in ``seq`` (-1: absent); the later one says the phase now
+        start_at, end_at = (_end_of(seq, marker) for marker in (self.start, self.end))
+        if end_at >= 0 or start_at >= 0:
+            phase = "answer" if end_at > start_at else "reasoning"
+        self.state[request_id] = (phase, seq[len(seq) - self._keep:] if self._keep else [])
+
+    def finish(self, request_id: str) -> None:
+        self.state.pop(request_id, None)
 
 
 def phase_counts(steps: Sequence[tuple[str, int, int]]) -> dict[str, tuple[int, int, int]]:

@@ -53,6 +53,9 @@ class EngineStep(NamedTuple):
     # place: EOS, max_tokens, stop token ids); None: no request finished, every row emitted what it sampled
     emitted_lens: list[int] | None = None
     finished: list[str] | None = None  # requests that finished in the step (Scheduler.finished_req_ids grew)
+    # the step's sampled token ids per row (ModelRunnerOutput.sampled_token_ids, vLLM's own host lists, held not
+    # copied), only where a reasoning parser's think markers are known: the drain reads each step's phase off them
+    sampled_ids: list | None = None
 
 
 class Cached(NamedTuple):
@@ -164,6 +167,7 @@ class Capture:
         # (run, ts, request ids) finished in an engine step without drafts (those with drafts: EngineStep.finished)
         self.finished: deque[tuple[str | None, int, list[str]]] = deque()
         self.schedule_ns = 0  # the engine core's last Scheduler.schedule, added to its update_from_output
+        self.keep_sampled = False  # a reasoning parser's markers are known: engine steps hold their sampled ids
         # records the shipper sent or the drain counted, and the objects they hold: dropped by vLLM's threads
         # (None in a pipeline process)
         self.release: deque | None = deque()

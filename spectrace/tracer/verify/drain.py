@@ -28,7 +28,7 @@ from operator import itemgetter
 import numpy as np
 import pyarrow as pa
 
-from spectrace.audit.rules import acceptance, slices
+from spectrace.audit.rules import acceptance, slices, thinking
 from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
 from spectrace.tracer import audit_live, runtime
 from spectrace.tracer.verify import columns
@@ -64,6 +64,7 @@ class VerifyCapture(Capture):
         self.requests: dict[str, RequestNote] = {}  # added, slice not read yet
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
         self.request_totals: dict[str, RequestTotals] = {}  # request id -> its counts so far, until it finishes
+        self.phases: dict[str, thinking.PhaseTracker] = {}  # run id -> each request's phase (a reasoning parser's runs)
 
     # -- background ------------------------------------------------------------
 
@@ -102,8 +103,9 @@ class VerifyCapture(Capture):
             judge = self.judge
             for run_id in list(judge.runs):  # the run's configs are read only where a rule needs them
                 scheduler = lambda run_id=run_id: self.config_of(run_id).scheduler()  # noqa: E731
+                k = int(rt.run_k(run_id) or 1)
                 self._emit(rt, run_id, judge.switch_findings(run_id, scheduler) + judge.curve_findings(run_id)
-                           + judge.slice_findings(run_id, int(rt.run_k(run_id) or 1), _method(rt, run_id)))
+                           + judge.slice_findings(run_id, k, _method(rt, run_id)) + judge.phase_findings(run_id, k))
 
     def _emit(self, rt, run_id: str | None, findings: list, *, role: str = ENGINE, rank: int | None = None, span=None) -> None:
         if findings:
@@ -113,11 +115,17 @@ class VerifyCapture(Capture):
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
         runs: dict[str, columns.RunColumns] = {}
         ended: list[tuple[str | None, int, list[str]]] = []  # (run, ts, requests) that finished in a step
-        for ts, step_no, run_id, drafts, sampled_lens, req_ids, cached, invalid, num_sampled, emitted, finished in steps:
+        sampled_of: dict[str, list] = {}  # run -> per counted step: (its rows' request ids, sampled ids) or None
+        for (ts, step_no, run_id, drafts, sampled_lens, req_ids, cached, invalid, num_sampled, emitted, finished,
+             sampled_ids) in steps:
             run = runs.get(run_id)  # EngineStep
             if run is None:
                 run = runs[run_id] = columns.RunColumns()
+            before = len(run._sizes)
             run.add(ts, step_no, drafts, sampled_lens, req_ids, cached, invalid, num_sampled, emitted)
+            if len(run._sizes) > before and (sampled_ids is not None or run_id in sampled_of):
+                per_step = sampled_of.setdefault(run_id, [None] * before)
+                per_step.append((req_ids, sampled_ids) if sampled_ids is not None else None)
             if finished:
                 ended.append((run_id, ts, finished))
         common = rt.common(ENGINE)
@@ -179,11 +187,72 @@ class VerifyCapture(Capture):
             rt.pipeline.extend("band_positions", band_rows)
         if per_request:
             self._drain_slices(rt, per_request)
+        for run_id, per_step in sampled_of.items():  # after the slices: a request's mode is known at its first step
+            counted = runs[run_id].count()
+            if counted is not None:
+                try:
+                    self._drain_phases(rt, run_id, counted, per_step)
+                except Exception as exc:
+                    rt.count_error("drain.phases", exc)
         for run_id, ts, finished in ended:
             self._end_requests(rt, run_id, ts, finished)
 
+    def _drain_phases(self, rt, run_id: str, counted: "columns.Counted", per_step: list) -> None:
+        """``thinking_phases``: the flush's request-steps by the phase (reasoning / answer) each was drafted in,
+        read off the tokens every row of the earlier steps emitted against the reasoning parser's think markers
+        (``thinking.PhaseTracker``); to the judge, whose ``THINKING_MODE_GAP`` compares the phases. Tokens of a
+        step in which no request drafted (a batch of prefills) are not seen here."""
+        markers = self.config_of(run_id).think()
+        if markers is None:
+            return
+        tracker = self.phases.get(run_id)
+        if tracker is None:
+            tracker = self.phases[run_id] = thinking.PhaseTracker(*markers, limit=MAX_ACTIVE_SLICES)
+        at_step: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
+        for req_id, step, drafted, accepted in zip(counted.ids, counted.step_of.tolist(), counted.drafted.tolist(),
+                                                   counted.accepted.tolist()):
+            at_step[step].append((req_id, drafted, accepted))
+        steps = []
+        state = tracker.state
+        mode = self._mode_of  # read for a request the tracker does not follow yet
+        for step, sampled in enumerate(per_step):
+            for req_id, drafted, accepted in at_step.get(step, ()):
+                steps.append((tracker.phase(req_id, None if req_id in state else mode(req_id)), drafted, accepted))
+            if sampled is not None:
+                req_ids, sampled_ids = sampled
+                for req_id, tokens in zip(req_ids, sampled_ids):
+                    if tokens:
+                        tracker.feed(req_id, None if req_id in state else mode(req_id), tokens)
+        if not steps:
+            return
+        by_phase = thinking.phase_counts(steps)
+        self.judge.run(run_id).phases.add(by_phase)
+        common = rt.common(ENGINE, run_id=run_id)
+        now = time.time_ns()
+        rt.pipeline.extend("thinking_phases", [
+            {**common, "ts": now, "phase": phase, "request_steps": n, "drafted": drafted, "accepted": accepted}
+            for phase, (n, drafted, accepted) in sorted(by_phase.items())])
+
+    def _mode_of(self, req_id: str) -> str | None:
+        """A request's thinking mode: its slice's, else its note's (not read into a slice yet)."""
+        labels = self.slice_of.get(req_id)
+        if labels is not None:
+            return labels.get("thinking_mode")
+        note = self.requests.get(req_id)
+        if note is None:
+            return None
+        if type(note) is ReadRequest:
+            return note.params.get("thinking_mode")
+        if note.think_markers is not None and note.prompt_token_ids is not None:
+            return thinking.mode_from_prompt_tail(note.prompt_token_ids, *note.think_markers)
+        return None
+
     def _end_requests(self, rt, run_id: str | None, ts: int, finished: list[str]) -> None:
         """Requests that finished in a step: the span of each that verified drafts (its totals leave)."""
+        tracker = self.phases.get(run_id)
+        if tracker is not None:
+            for req_id in finished:
+                tracker.finish(req_id)
         for req_id in finished:
             request = self.request_totals.pop(req_id, None)
             if request is not None:

@@ -110,7 +110,7 @@ def wrap_update_from_output(original, hook: str):
                 else:
                     capture.engine_steps.append(EngineStep(
                         ts, capture.engine_step_no, run_id, drafts, sampled_lens, req_ids, cached, invalid, num_sampled,
-                        emitted, ended))
+                        emitted, ended, sampled if capture.keep_sampled else None))
                     capture.release_one()
             except Exception as exc:
                 runtime.count_hook_error(hook, exc)
@@ -205,6 +205,7 @@ def wrap_add_request(original, hook: str):
                     markers = markers_of.get(id(self), _UNREAD)
                     if markers is _UNREAD:  # once per scheduler: the reasoning parser's think token ids
                         markers = markers_of[id(self)] = think_markers(getattr(self, "vllm_config", None))
+                        capture.keep_sampled = capture.keep_sampled or markers is not None  # each step's phase
                     capture.new_requests.append(RequestNote(
                         rt.run.run_id if rt.run is not None else None, request.request_id, params,
                         request.lora_request, getattr(request, "prefill_stats", None),

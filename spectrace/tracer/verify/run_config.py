@@ -2,7 +2,8 @@
 
 The engine core keeps each run's ``VllmConfig`` (``VerifyCapture.note_config``); the drain needs four parts of it:
 the context (boundaries, root causes, method, parallel drafting: the static judge, ``audit.judge``), the
-generation_config sampling defaults, the prefix-cache facts and the scheduler facts.
+generation_config sampling defaults, the prefix-cache facts, the scheduler facts and the reasoning parser's think
+markers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 
 from spectrace import audit
 from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
-from spectrace.vllm_objects.requests import generation_defaults
+from spectrace.vllm_objects.requests import generation_defaults, think_markers
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -27,12 +28,12 @@ class RunConfig:
     Pickled (the shipper hands it to a pipeline process, which holds no VllmConfig), every part is read
     first, in the engine's process, with the runtime layers known then."""
 
-    __slots__ = ("_config", "_layers", "_context", "_defaults", "_prefix", "_scheduler")
+    __slots__ = ("_config", "_layers", "_context", "_defaults", "_prefix", "_scheduler", "_think")
 
     def __init__(self, vllm_config, runtime_layers=lambda: None) -> None:
         self._config = vllm_config
         self._layers = runtime_layers  # () -> the runtime layers known now (read with the context)
-        self._context = self._defaults = self._prefix = self._scheduler = _UNREAD
+        self._context = self._defaults = self._prefix = self._scheduler = self._think = _UNREAD
 
     def _read(self, slot: str, read, neutral):
         value = getattr(self, slot)
@@ -58,12 +59,16 @@ class RunConfig:
     def scheduler(self) -> dict | None:
         return self._read("_scheduler", scheduler_facts, None)
 
+    def think(self) -> tuple[list[int], list[int]] | None:
+        """The reasoning parser's think start and end token ids (None: no reasoning parser, no phases)."""
+        return self._read("_think", think_markers, None)
+
     def __getstate__(self):
-        return (self.context(), self.defaults(), self.prefix(), self.scheduler())
+        return (self.context(), self.defaults(), self.prefix(), self.scheduler(), self.think())
 
     def __setstate__(self, state) -> None:
         self._config, self._layers = None, lambda: None
-        self._context, self._defaults, self._prefix, self._scheduler = state
+        self._context, self._defaults, self._prefix, self._scheduler, self._think = state
 
 
 def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list, set[str], str | None, bool | None]:
