@@ -1,6 +1,6 @@
 """The flush pipeline: what the hooks captured, in order, to every configured sink.
 
-    hooks (spectrace.tracer) ─ append ─▶ Pipeline buffer ─ flush ─▶ sinks (store, lake, exposition, memory)
+    hooks (spectrace.tracer) ─ append ─▶ Pipeline buffer ─ flush ─▶ sinks (exposition, store, lake, memory)
 
 One :class:`Pipeline` per process (``Runtime.pipeline``). Its two sides:
 

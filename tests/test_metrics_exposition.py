@@ -73,3 +73,39 @@ def test_every_help_text_stands_alone(tmp_path, monkeypatch):
     assert len(helps) >= 20
     for name, text in helps:
         assert "README" not in text and not re.search(r"\bsee\b", text, re.I) and len(text.split()) >= 3, (name, text)
+
+
+def test_a_flush_rewrites_the_exposition_file_before_the_store_writes_its_segments(tmp_path, monkeypatch):
+    """/metrics never waits on the store's durable writes: the exposition sink gets each batch before the store (a
+    worker's first flush with records once stalled 12-13 s in the store's fsync on a loaded host, and its speed-up
+    estimate, computed in that flush's drain, reached the page as much later)."""
+    from spectrace.pipeline import Pipeline
+    from spectrace.settings import Settings
+    from spectrace.sinks import build
+    from spectrace.store import files
+
+    monkeypatch.setattr(exposition, "_dir", None)
+    monkeypatch.delenv(exposition.DIR_ENV, raising=False)
+    pipeline, _ = build(Settings(dir=tmp_path / "store", metrics_dir=tmp_path / "metrics",
+                                 exporters=("duckdb", "prometheus")))
+    assert isinstance(pipeline, Pipeline)
+    sink = pipeline.sink("prometheus")
+    m = metrics.Metrics([sink.metric_reader()], Resource.create({}))
+    on_the_page_at_store_writes = []
+    durably = files.write_durably
+
+    def store_write(*args, **kwargs):  # what /metrics serves while the store writes this flush's segments
+        on_the_page_at_store_writes.append(sink.file.path.exists()
+                                           and "spectrace_speculation_speedup_estimate" in sink.file.path.read_text())
+        return durably(*args, **kwargs)
+
+    monkeypatch.setattr(files, "write_durably", store_write)
+    try:
+        m.speedup_estimate(0.56, 0, metrics.common_labels({}, "run-1"))  # as the drain sets it, before the sinks
+        pipeline.append("runs", {"run_id": "run-1"})
+        pipeline.flush(periodic=True)  # the flush thread's (the exposition's first write is never held back)
+        assert on_the_page_at_store_writes and all(on_the_page_at_store_writes)
+        assert [s.name for s in pipeline.sinks].index("prometheus") < [s.name for s in pipeline.sinks].index("duckdb")
+    finally:
+        pipeline.close()
+        m.provider.shutdown()
