@@ -213,3 +213,38 @@ def test_a_flush_thread_process_writes_the_ledgers_of_exited_shippers_at_its_sta
         "select pid, run_id, count from internal_errors where hook = ?", [losses.HOOK]).fetchall()
     assert rows == [(pid, "run-gone", 17)]
     assert not ledger.path.exists() and list((tmp_path / "store" / losses.FOLDER).iterdir()) == []
+
+
+def test_a_slow_pipeline_process_that_keeps_taking_bytes_is_not_killed(monkeypatch):
+    """PIPE_FULL_S bounds a wait without a byte taken, not a whole message: a pipeline process that reads a large
+    message slowly (here 448 KiB, 64 KiB every 0.15 s: about 1 s in all, over a 0.6 s limit) keeps its pipe and gets
+    it all."""
+    import threading
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(shipper_module, "PIPE_FULL_S", 0.6)
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    got = bytearray()
+    payload = os.urandom(448 << 10)
+
+    def slow_reader():
+        while len(got) < len(payload) + shipper_module.FRAME.size:
+            time.sleep(0.15)
+            got.extend(os.read(read_end, 64 << 10))
+
+    reader = threading.Thread(target=slow_reader, daemon=True)
+    reader.start()
+    killed = []
+    ship = object.__new__(shipper_module.Shipper)
+    ship.proc = SimpleNamespace(stdin=SimpleNamespace(fileno=lambda: write_end), poll=lambda: None, pid=0,
+                                kill=lambda: killed.append(1), wait=lambda timeout=None: 0)
+    began = time.monotonic()
+    try:
+        assert ship._write(payload) is True
+        reader.join(10)
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+    assert time.monotonic() - began > 0.6 and not killed
+    assert bytes(got[shipper_module.FRAME.size:]) == payload

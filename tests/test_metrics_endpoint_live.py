@@ -83,8 +83,8 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
                         if t not in build.MAY_BE_EMPTY and not prom.api("query", query=q)["result"]]
 
             # the alert reads the engine core's series; another process's (the worker's speed-up estimate) may reach
-            # the page later on a loaded machine: each rewrites its file at most every SPECTRACE_EXPOSITION_INTERVAL
-            # (alone: at once; in the full suite beside another worker's engines it once took over 120 s)
+            # the page later on a loaded machine: its pipeline process's first flush with records can spend 10 s and
+            # more in the store's fsync (the exposition file is now rewritten before the store writes: sinks.SINKS)
             deadline = time.time() + 240
             while (empty := empty_panels()) and time.time() < deadline:
                 time.sleep(1.0)

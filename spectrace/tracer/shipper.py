@@ -479,7 +479,10 @@ class Shipper:
             view = memoryview(chunk)
             while view:
                 try:
-                    view = view[os.write(fd, view):]
+                    written = os.write(fd, view)
+                    if written:  # it takes bytes: the wait for the next ones starts again (hung = no byte at all)
+                        view = view[written:]
+                        deadline = time.monotonic() + PIPE_FULL_S
                 except BlockingIOError:
                     pass
                 except (OSError, ValueError):
