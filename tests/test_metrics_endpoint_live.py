@@ -3,6 +3,7 @@ prometheus_client mode), a seeded drafter, a real Prometheus scraping only the A
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -65,9 +66,18 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
 
         wait_until(up, 400, "vllm serve")
         with PrometheusServer(scratch / "prom-metrics", targets=[f"127.0.0.1:{port}"], rule_files=[rules]) as prom:
+            dropped = []  # requests the loaded server answered with no response (the traffic goes on past them)
+
             def load():
                 while not stop.is_set():
-                    _complete(port, zoo["target"])
+                    try:
+                        _complete(port, zoo["target"])
+                    except (OSError, http.client.HTTPException) as exc:
+                        # seen once in a loaded full suite: "Remote end closed connection without response"; the
+                        # thread died with it, the worker's counters stopped, and the speed-up panel (the estimate
+                        # while the worker verifies: its rate over 16 s) stayed empty for the whole wait
+                        dropped.append(f"{type(exc).__name__}: {exc}")
+                        time.sleep(0.5)
 
             traffic = threading.Thread(target=load, daemon=True)
             traffic.start()
@@ -88,7 +98,8 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
             deadline = time.time() + 240
             while (empty := empty_panels()) and time.time() < deadline:
                 time.sleep(1.0)
-            assert not empty, empty
+            assert not empty and traffic.is_alive(), (empty, dropped)
+            print(f"metrics endpoint live: {len(dropped)} requests dropped by the server under load: {dropped[:3]}")
             stop.set()
             traffic.join(timeout=120)
 
