@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import spectrace.store
-from spectrace.tracer import losses
+from spectrace.recorder import losses
 from tests.test_pipeline_process_live import PROCESS, _drafted, _pipelines_of, _running, _specs
 
 pytestmark = [pytest.mark.vllm]
