@@ -11,7 +11,7 @@ import pytest
 
 import spectrace.store
 from spectrace.testing.engine import EngineSpec, base_env, run_engines
-from spectrace.tracer import stages
+from spectrace.recorder import stages
 
 pytestmark = pytest.mark.vllm
 

@@ -43,7 +43,7 @@ class Hook:
     # at the old path (vLLM's main moves modules under ``vllm/foundation/...``) still patches the name it calls
     within: str = ""
     # installed only once the process shows it is the hook's (``later``: an API server's hook, installed when its
-    # AsyncLLM is up, ``spectrace.tracer.frontend``); until then ``elsewhere`` (a row, no warning), and its site's
+    # AsyncLLM is up, ``spectrace.recorder.frontend``); until then ``elsewhere`` (a row, no warning), and its site's
     # module is never imported (the chat server's costs ~0.4 s in every engine core and worker)
     later: str = ""
 
