@@ -19,15 +19,16 @@ synchronously.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
 import spectrace
 from spectrace.console import RECORDED_ITEMS, bounded
-from spectrace.audit.rules import thinking
 from spectrace.request_ids import client_ids
 from spectrace.values import RunInfo
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
+from spectrace.vllm_objects.requests import chat_thinking
 from spectrace.recorder import api_server, audit_live, runtime
 from spectrace.recorder.around import around
 from spectrace.recorder.hooks import Hook
@@ -91,9 +92,12 @@ wrap_engine_init = around(
 )
 
 
-def _serving(rt, state, result, *args, **kwargs) -> None:
+def _serving(rt, state, result, engine=None, *args, **kwargs) -> None:
     """An AsyncLLM is up: this process serves (an API server, or a program of its own on AsyncLLM), so the hooks
-    that wait for one install now (``Hook.later``)."""
+    that wait for one install now (``Hook.later``). Only for vLLM's own AsyncLLM (not an object posing as one)."""
+    module = sys.modules.get("vllm.v1.engine.async_llm")
+    if module is None or not isinstance(engine, module.AsyncLLM):
+        return
     if not rt.hooks.installed.keys() >= {hook.name for hook in HOOKS if hook.later}:
         rt.install([hook for hook in HOOKS if hook.later], now=True)
 
@@ -154,8 +158,8 @@ def _chat_request(rt, serving, request, raw_request=None, *args, **kwargs) -> No
     run = rt.run
     if run is None or not run.info.get("method"):
         return
-    found = thinking.kwarg_mode(getattr(request, "chat_template_kwargs", None),
-                                getattr(serving, "default_chat_template_kwargs", None))
+    found = chat_thinking(getattr(request, "chat_template_kwargs", None),
+                          getattr(serving, "default_chat_template_kwargs", None))
     if found is None:
         return
     headers = getattr(raw_request, "headers", None)

@@ -60,6 +60,13 @@ def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: A
     return out
 
 
+def chat_thinking(request_kwargs: Any, default_kwargs: Any) -> tuple[str, str, str] | None:
+    """(mode, source, key) a chat request's ``chat_template_kwargs`` set (``kwarg``) or the server's
+    ``--default-chat-template-kwargs`` did (``default``); None where neither names the mode
+    (``spectrace.audit.rules.thinking.kwarg_mode``)."""
+    return thinking.kwarg_mode(request_kwargs, default_kwargs)
+
+
 def think_markers(vllm_config: Any) -> tuple[list[int], list[int]] | None:
     """The reasoning parser's think start and end token ids (``VllmConfig.reasoning_config``, initialized by vLLM
     from ``--reasoning-parser``); None without one."""
