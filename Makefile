@@ -131,7 +131,7 @@ check-vllm-0.33: $(STAMP)
 check-vllm-latest: $(STAMP)
 	$(BIN)/python -m bench.check_vllm_static --latest
 
-# Rewrite docs/reference/versions.md (spectrace/tracer/support.py + bench/results); `python -m
+# Rewrite docs/reference/versions.md (spectrace/recorder/support.py + bench/results); `python -m
 # tools.docs_reference` rewrites every generated reference page.
 versions-table: $(STAMP)
 	$(BIN)/python -m tools.docs_reference versions.md

@@ -100,7 +100,7 @@ def time_vllm_work() -> dict[str, list[int]]:
     then calls the timer, and the timer only vLLM's function). Returns label -> the calls' CPU, ns (cleared per window)."""
     import functools
 
-    from spectrace.tracer.hooks import resolve
+    from spectrace.recorder.hooks import resolve
 
     calls: dict[str, list[int]] = {}
     for label, target in VLLM_WORK.items():
@@ -150,7 +150,7 @@ def count_collections() -> dict[str, list[int]]:
 def child(request: dict) -> None:
     from vllm import LLM, SamplingParams
 
-    from spectrace.tracer import runtime
+    from spectrace.recorder import runtime
 
     batch, cycles, pairs = request["batch"], request["cycles"], request["pairs"]
     vllm_calls = time_vllm_work() if request.get("vllm_work") else None

@@ -7,7 +7,7 @@
    the installed source is read, nothing of it is copied into the repository. ``--latest`` asks the index
    (``pip index versions vllm``) which version that is.
 2. Every vLLM hook's site, parameters, returned tuple and the fields its capture reads are checked
-   statically (:func:`spectrace.tracer.support.static_check`, the same checks a hook runs when it installs).
+   statically (:func:`spectrace.recorder.support.static_check`, the same checks a hook runs when it installs).
    A hook whose site that vLLM removed on purpose (``Support.gone``: the V1 model runner's, from 0.34) is
    listed as retired, not as a failure.
 3. ``spectrace doctor`` is run against that vLLM (the unpacked wheel first on ``PYTHONPATH``, this venv's torch
@@ -33,8 +33,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from spectrace.tracer import support
-from spectrace.tracer.stages import all_hooks
+from spectrace.recorder import support
+from spectrace.recorder.stages import all_hooks
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

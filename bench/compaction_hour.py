@@ -30,16 +30,17 @@ import json, os, pickle, resource, shutil, sys, time
 from pathlib import Path
 import pyarrow.parquet as pq
 from spectrace.settings import Settings
-from spectrace.tracer import pipeline_process, runtime
-from spectrace.tracer.verify import VerifyCapture
-from spectrace.tracer.wire import loads_message
+from spectrace.collector import process as pipeline_process
+from spectrace.recorder import runtime
+from spectrace.collector.inbox import Inbox
+from spectrace.recorder.wire import loads_shipment
 
 frames_path, minutes, work = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 frames = pickle.loads(frames_path.read_bytes())[20:]  # bench/pipeline_replay's warm-up left out
 shutil.rmtree(work, ignore_errors=True)
 (work / "store").mkdir(parents=True)
 (work / "metrics").mkdir(mode=0o700)
-rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics"), make_capture=VerifyCapture)
+rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics", pipeline="thread"), source=Inbox())
 rt.runs.clear()
 rt.run = None
 pipeline_process._tune_gc()
@@ -48,9 +49,8 @@ messages_a_minute = 600
 sent, cycles = 0, []
 while sent < minutes * messages_a_minute:
     shift = sent // len(frames) * pass_ns
-    message = loads_message(frames[sent % len(frames)])
-    if "engine" in message:
-        message["engine"] = [step._replace(ts=step.ts + shift) for step in message["engine"]]
+    message = loads_shipment(frames[sent % len(frames)])
+    message.engine = [step._replace(ts=step.ts + shift) for step in message.engine]
     pipeline_process.apply(rt, message)
     sent += 1
     if sent % 20 == 0:

@@ -31,8 +31,8 @@ load_general_plugins()
 plugin_s = time.perf_counter() - t0
 loaded = sorted(m for m in set(sys.modules) - before if m.startswith("spectrace"))
 # read the hook targets without installing anything (stages only builds Hook records)
-from spectrace.tracer.hooks import resolve
-from spectrace.tracer import stages
+from spectrace.recorder.hooks import resolve
+from spectrace.recorder import stages
 out = {"spectrace_modules_after_plugins": loaded, "targets": {}}
 for hook in stages.all_hooks():
     try:
@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
         "all_targets_are_vllm_originals": identical,
         "load_before": load_before,
         "load_after": loadavg(),
-        "goal": {"met_nothing_patched": identical and "spectrace.tracer.runtime"
+        "goal": {"met_nothing_patched": identical and "spectrace.recorder.runtime"
                  not in unset["spectrace_modules_after_plugins"]},
     }
     print(f"register() with SPECTRACE unset: {register_s * 1e9:.0f} ns once per process; modules imported by the "

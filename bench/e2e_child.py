@@ -67,13 +67,13 @@ def spectrace_state() -> dict:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     state = {
-        "tracer_imported": "spectrace.tracer.runtime" in sys.modules,
+        "tracer_imported": "spectrace.recorder.runtime" in sys.modules,
         "update_from_output_patched": _spectrace_wrapper(Scheduler.update_from_output),
         "bookkeeping_sync_patched": _spectrace_wrapper(GPUModelRunner._bookkeeping_sync),
     }
     rt = None
     if state["tracer_imported"]:
-        from spectrace.tracer import runtime
+        from spectrace.recorder import runtime
 
         rt = runtime.get()
     if rt is not None:
@@ -93,7 +93,7 @@ def spectrace_state() -> dict:
 def set_tracing(on: bool) -> None:
     """Turn spectrace fully off (hooks removed, flush thread stopped, everything flushed) or
     back on (a fresh runtime, hooks installed again), between two generate() calls."""
-    from spectrace.tracer import runtime, stages
+    from spectrace.recorder import runtime, stages
 
     if on and runtime._runtime is None:
         stages.start()

@@ -38,8 +38,8 @@ def one_run(batch: int, rate: float, seconds: float, nice: int) -> dict:
     import numpy as np
 
     from bench import gpu_rates
-    from spectrace.tracer import runtime
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.recorder import runtime
+    from spectrace.recorder.verify import VerifyCapture
 
     freeze_heap()
     store = SCRATCH / "gil_tail" / f"store-{nice}"

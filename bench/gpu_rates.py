@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.gpu_rates                 # inprocess and production at three points (~17 min on 2 cores)
     .venv/bin/python -m bench.gpu_rates --quick         # a smoke run (~1 min, no compaction cycle)
-    .venv/bin/python -m bench.gpu_rates --shapes child --points 256x50 512x100
+    .venv/bin/python -m bench.gpu_rates --shapes production --points 256x50 512x100
 
 Method. A CPU engine does ~1 k request-steps/s; a GPU engine at batch 256 does 10-25 k. No GPU
 here, so the engine is stood in for: one Python thread (the process's main thread) that, per
@@ -49,11 +49,8 @@ Shapes (``--shapes``):
 * ``production`` -- as shipped (``SPECTRACE_PIPELINE=process``): the engine's process keeps the hooks and the real
   shipper, a real pipeline process does the rest; ``--ship-phases`` times the shipper's phases with its thread's
   CPU clock, ``--ship-interval`` sets ``SPECTRACE_SHIP_INTERVAL``, ``--ship-pauses off`` drops its pauses for the GIL.
-* ``child`` -- the prototype: the engine's process only captures (the same hooks, a capture whose
-  drain does nothing) and a shipper thread every ``--ship-interval`` s (0.1) pickles the raw per-step
-  records (C-level) and writes them to a pipe; a child process, forked before tracing starts,
-  appends them to its own real Runtime's capture, whose flush thread does the whole pipeline
-  there (every default sink, compaction). Pause / resume reach the child over the same pipe.
+(The ``child`` shape of results before 2026-12-07 was a prototype with a shipper of its own; the production shape
+uses the product's shipper, ``spectrace.recorder.shipper``, and its pipeline process, ``spectrace.collector.process``.)
 
 Probes (``--probe``, the production shape only, combinable; ``PROBES`` says what each changes): variants that say
 where a slowdown of the engine's own work comes from -- tracing paused in both windows (``null``), the hooks' records
@@ -70,10 +67,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import io
 import json
 import os
-import pickle
 import random
 import shutil
 import signal
@@ -91,47 +86,14 @@ from bench.common import SCRATCH, freeze_heap, loadavg, write_result
 
 # -- spectrace's entry points this benchmark drives: the one place to update when they move -----------
 from spectrace.settings import Settings
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import VerifyCapture
-from spectrace.tracer.verify.hooks import _timed as wrap_timed
-from spectrace.tracer.verify import wrap_add_request, wrap_bookkeeping_sync, wrap_execute_model, wrap_update_from_output
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import VerifyCapture
+from spectrace.recorder.verify.hooks import _timed as wrap_timed
+from spectrace.recorder.verify import wrap_add_request, wrap_bookkeeping_sync, wrap_execute_model, wrap_update_from_output
 
 
-def take_raw(capture) -> dict:
-    """What the hot path buffered since the last call (the child shape's shipper)."""
-    flags = capture.request_flags
-    return {
-        "engine": capture.take_engine_steps(),
-        "worker": capture.take_worker_steps(),
-        "timings": capture.take_timings(),  # only the steps the worker has finished timing
-        "flags": [flags.popitem() for _ in range(len(flags))],
-        "dropped": capture.take_dropped(),
-    }
-
-
-def give_raw(capture, raw: dict) -> None:
-    """Hand shipped records to a real capture, as if its own hooks had buffered them."""
-    capture.request_flags.update(raw["flags"])
-    capture.engine_steps.extend(raw["engine"])
-    capture.worker_steps.extend(raw["worker"])
-    capture.worker_timings.extend(raw["timings"])
-    capture.dropped_steps += raw["dropped"]
-
-
-class ShippedCapture(VerifyCapture):
-    """The engine side of the child shape: the hooks buffer as usual; nothing is drained here."""
-
-    def drain(self, rt) -> None:
-        pass
-
-    def check_agreement(self, rt, *, exclude=None) -> None:
-        pass
-
-
-def settings_for(store: Path, *, sinks: bool = True) -> Settings:
+def settings_for(store: Path) -> Settings:
     """Every default (sinks, flush interval, compaction, retention); only the paths are ours."""
-    if not sinks:  # the child shape's engine side: capture only
-        return Settings(enabled=True, dir=store, exporters=(), metrics_dir=store.parent / "metrics-engine")
     return Settings(enabled=True, dir=store, metrics_dir=store.parent / "metrics")
 
 
@@ -423,101 +385,6 @@ class Engine:
         return out
 
 
-# -- the child shape: shipper (engine side) and the pipeline process --------------------------------------
-
-
-def _cached_requests(req_ids, num_computed_tokens):
-    return SimpleNamespace(req_ids=req_ids, num_computed_tokens=num_computed_tokens)
-
-
-def _pickler_table() -> dict:
-    """CachedRequestData goes over the pipe as the two fields the drain reads."""
-    import copyreg
-
-    from vllm.v1.core.sched.output import CachedRequestData
-
-    table = dict(copyreg.dispatch_table)
-    table[CachedRequestData] = lambda c: (_cached_requests, (c.req_ids, c.num_computed_tokens))
-    return table
-
-
-class Shipper:
-    """Every ``interval`` s: take the engine side's raw records, pickle them (C), write them to the pipe.
-
-    The engine thread never touches the pipe: it sets ``tracing`` and this thread tells the
-    pipeline process (a blocked write, with the pipeline process behind, waits here, not there)."""
-
-    def __init__(self, rt, conn, interval: float) -> None:
-        self.rt, self.conn, self.interval = rt, conn, interval
-        self.tracing = True
-        self.table = _pickler_table()
-        self.messages = self.bytes = 0
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="spectrace-ship", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        sent = True  # the pipeline process starts traced
-        while not self._stop.wait(self.interval):
-            want = self.tracing
-            if want and not sent:
-                self.conn.send_bytes(b"resume")
-                sent = True
-            self.ship()  # what was buffered (nothing new while paused)
-            if not want and sent:
-                self.conn.send_bytes(b"pause")
-                sent = False
-        if not sent:
-            self.conn.send_bytes(b"resume")
-
-    def ship(self) -> None:
-        raw = take_raw(self.rt.verify)
-        if not (raw["engine"] or raw["worker"] or raw["timings"] or raw["flags"]):
-            return
-        buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        pickler.dispatch_table = self.table
-        pickler.dump(raw)
-        payload = buf.getbuffer()
-        self.conn.send_bytes(payload)  # the write releases the GIL
-        self.messages += 1
-        self.bytes += len(payload)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join()
-        self.ship()
-
-
-def pipeline_child(conn, store: Path, run_id: str, out: Path, nice: int) -> None:
-    """The child shape's pipeline process: the real Runtime, fed from the pipe."""
-    if nice:
-        os.nice(nice)  # it takes what cores the engine leaves (on a GPU host: a core of its own)
-    profile = _install_profile()
-    rt = start_runtime(settings_for(store), VerifyCapture, run_id)
-    received = 0
-    while True:
-        message = conn.recv_bytes()
-        if message == b"pause":
-            runtime.pause()
-        elif message == b"resume":
-            runtime.resume()
-        elif message == b"stop":
-            break
-        else:
-            give_raw(rt.verify, pickle.loads(message))
-            received += 1
-    runtime.resume()
-    compactions = getattr(rt.pipeline.sink("duckdb"), "compactions", None)
-    files_written = getattr(rt.pipeline.sink("duckdb"), "segments_written", None)
-    dropped = rt.pipeline.dropped
-    runtime.stop()
-    result = {"messages_received": received, "compactions": compactions, "segments_written": files_written,
-              "dropped": dropped, "profile_ms": _profile_totals(profile), "errors": dict(rt.errors)}
-    out.write_text(json.dumps(result))
-    conn.send_bytes(b"done")
-
-
 def _install_profile():
     """bench/profile_flush.py's phase timers (thread CPU per flush phase), or the reason they are not."""
     try:
@@ -610,12 +477,12 @@ def time_ship_phases() -> Callable[[], dict]:
     pauses for the GIL; writing the frame; reading acknowledgements. Returns a function that reads them:
     {phase: (cpu_ms, calls)}."""
     from bench import profile_flush
-    from spectrace.tracer import shipper
+    from spectrace.recorder import shipper
 
     timed = profile_flush.timed
     pause = timed("pickle: pauses for the GIL", time.sleep)
-    dumps = shipper.dumps_message
-    shipper.dumps_message = timed("pickle", lambda message: dumps(message, pause=pause))
+    dumps = shipper.dumps_shipment
+    shipper.dumps_shipment = timed("pickle", lambda shipment: dumps(shipment, pause=pause))
     shipper.write_frame = timed("write", shipper.write_frame)
     cls = shipper.Shipper
     for name, label in (("ship", "ship"), ("collect", "collect"), ("_requests", "collect: requests"),
@@ -635,7 +502,6 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
     probes = frozenset(args.probe)
     engine = Engine(batch, k, rate, args.busy, args.lifetime, fresh=args.objects == "fresh", probes=probes)
     child_pid = None
-    conn = None
     shipping = None
     ship_phases = None
     if shape == "production":  # SPECTRACE_PIPELINE=process: the shipped shape, the real shipper and pipeline process
@@ -643,7 +509,7 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
 
         profile = "in the pipeline process"
         if args.ship_pauses == "off":
-            from spectrace.tracer import wire
+            from spectrace.recorder import wire
 
             wire.YIELD_S = 0
         ship_phases = time_ship_phases() if args.ship_phases else None
@@ -659,34 +525,9 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         child_pid = shipping.proc.pid
         if args.pipeline_nice:  # below the engine's priority (not what spectrace does: measured, not shipped)
             os.setpriority(os.PRIO_PROCESS, child_pid, os.getpriority(os.PRIO_PROCESS, 0) + args.pipeline_nice)
-        shipper = None
-    elif shape == "child":
-        from multiprocessing import Pipe
-
-        parent_end, child_end = Pipe(duplex=True)
-        child_out = work / "pipeline.json"
-        child_pid = os.fork()  # before any thread of this process starts
-        if child_pid == 0:
-            code = 0
-            try:
-                parent_end.close()
-                pipeline_child(child_end, store, run_id, child_out, 10 if args.pipeline_nice is None else args.pipeline_nice)
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        child_end.close()
-        conn = parent_end
-        profile = "in the pipeline process"
-        rt = start_runtime(settings_for(store, sinks=False), ShippedCapture, run_id)
-        shipper = Shipper(rt, conn, args.ship_interval or 0.1)
     else:
         profile = _install_profile()
         rt = start_runtime(settings_for(store), VerifyCapture, run_id)
-        shipper = None
     started = time.perf_counter()
     windows_started = False
     cpus = sorted(os.sched_getaffinity(0))  # before the first pinning narrows this thread's
@@ -700,8 +541,6 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
         (runtime.resume if on else runtime.pause)()
         if "pipeline-stopped" in probes and windows_started:
             os.kill(child_pid, signal.SIGSTOP if on else signal.SIGCONT)
-        if shipper is not None:
-            shipper.tracing = on
 
     # calibrate the work untraced, then warm the pipeline up traced (first flush, first Arrow set-up)
     set_tracing(False)
@@ -774,16 +613,6 @@ def job(shape: str, batch: int, rate: float, args, out: Path) -> None:
                     "ship_cpu_ms": shipping.ship_cpu_ns / 1e6, "errors": stats.get("errors"),
                     "ship_phases": {name: {"cpu_ms": ms, "calls": calls}
                                     for name, (ms, calls) in ship_phases().items()} if ship_phases else None}
-    elif shipper is not None:
-        shipper.stop()
-        runtime.stop()
-        conn.send_bytes(b"stop")
-        conn.recv_bytes()  # "done": the pipeline process has flushed and written its result
-        os.waitpid(child_pid, 0)
-        pipeline = json.loads(child_out.read_text())
-        compactions, segments_written, dropped = pipeline["compactions"], pipeline["segments_written"], pipeline["dropped"]
-        profile = pipeline["profile_ms"]
-        pipeline["shipped_messages"], pipeline["shipped_bytes"] = shipper.messages, shipper.bytes
     else:
         runtime.stop()
         profile = _profile_totals(profile)
@@ -1007,7 +836,7 @@ def line(r: dict) -> str:
 
     added = a["step_ms_added"]
     pipe = ""
-    if r["shape"] in ("child", "production"):
+    if r["shape"] == "production":
         share = a.get("pipeline_process_share") or pipeline_share(r)
         pipe = (f", pipeline process {share['per_traced_s'] * 100:.2f} % a second traced (idle {share['idle'] * 100:.2f}; "
                 f"traced windows alone {share['traced_windows'] * 100:.2f}; paired {fmt_ci(a['pipeline_process_core'])})")
@@ -1035,7 +864,7 @@ def line(r: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: one point, 12 pairs of windows (~1 min)")
-    parser.add_argument("--shapes", nargs="+", choices=("inprocess", "child", "production"), default=None,
+    parser.add_argument("--shapes", nargs="+", choices=("inprocess", "production"), default=None,
                         help="default: inprocess and production at every point")
     parser.add_argument("--points", nargs="+", default=None, help="BATCHxSTEPS_PER_S (default: 256x50 512x50 512x100)")
     parser.add_argument("--k", type=int, default=7)
@@ -1046,9 +875,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=None, help="pairs of windows per job (default 150: 2.5 minutes, past two compactions)")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--ship-interval", type=float, default=None,
-                        help="seconds between shipments (production: SPECTRACE_SHIP_INTERVAL, default as shipped; child: 0.1)")
+                        help="seconds between shipments (production: SPECTRACE_SHIP_INTERVAL, default as shipped)")
     parser.add_argument("--pipeline-nice", type=int, default=None,
-                        help="the pipeline process's nice increment over the engine's (production: none, as shipped; child: 10)")
+                        help="the pipeline process's nice increment over the engine's (production: none, as shipped)")
     parser.add_argument("--ship-pauses", choices=("on", "off"), default="on",
                         help="production shape: the shipper's pauses for the GIL between record groups (off: none, "
                              "to measure what they do)")
@@ -1090,7 +919,7 @@ def main(argv=None) -> int:
     if args.shapes is None and args.points is None:
         jobs = [(s, p) for p in (["256x50"] if args.quick else POINTS) for s in ("inprocess", "production")]
     else:
-        jobs = [(s, p) for p in (args.points or (["256x50"] if args.quick else POINTS)) for s in (args.shapes or ("inprocess", "child"))]
+        jobs = [(s, p) for p in (args.points or (["256x50"] if args.quick else POINTS)) for s in (args.shapes or ("inprocess", "production"))]
     try:
         parsed = [(s, int(p.split("x")[0]), float(p.split("x")[1])) for s, p in jobs]
     except (ValueError, IndexError):

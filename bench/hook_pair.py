@@ -34,7 +34,7 @@ from types import SimpleNamespace
 from bench.common import SCRATCH
 from bench.hotpath import active_runtime, build_inputs, measure
 import vllm.v1.core.sched.scheduler  # noqa: F401
-from spectrace.tracer.verify import hooks
+from spectrace.recorder.verify import hooks
 store = SCRATCH / ("hook-pair-store-" + sys.argv[1])
 shutil.rmtree(store, ignore_errors=True)
 rt = active_runtime(store)

@@ -11,7 +11,7 @@ For each batch size B and draft length k:
 * ``vLLM stats``    vLLM's real ``Scheduler.make_spec_decoding_stats`` called once per request
                     of the same batch (log_stats=True), exactly as ``update_from_output`` calls
                     it, minus the bare loop over the same arguments: the stats work only.
-* ``drain``         the background flush's ``VerifyCapture.drain`` per step (off the engine
+* ``drain``         the background flush's drain (``spectrace.collector.drain.Drain``) per step (off the engine
                     thread; reported separately), and the Parquet write of what it produced.
 
 Inputs are vLLM's own dataclasses (SchedulerOutput, CachedRequestData, ModelRunnerOutput)
@@ -84,7 +84,7 @@ def active_runtime(store):
     process's (``pipeline="thread"``: the drain measured here is the one a pipeline process runs, and the hooks
     append the same records in either shape)."""
     from spectrace.settings import Settings
-    from spectrace.tracer import runtime, verify
+    from spectrace.recorder import runtime, verify
 
     rt = runtime.Runtime(Settings(enabled=True, dir=store, pipeline="thread"), verify.VerifyCapture)
     rt.set_run(runtime.Run(run_id="bench-hotpath", traceparent=""))
@@ -102,7 +102,7 @@ def _time(fn, n: int) -> float:
 def measure(batch: int, k: int, *, reps: int, n: int, rt) -> dict:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from spectrace.tracer import verify
+    from spectrace.recorder import verify
 
     capture = rt.verify
     so, mro, book, stats_args = build_inputs(batch, k)
@@ -198,7 +198,7 @@ def _clear(capture) -> None:
 
 def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
     """Background cost per step: drain ``steps`` engine + worker steps, then write them."""
-    from spectrace.tracer import verify
+    from spectrace.recorder import verify
 
     capture = rt.verify
     so, mro, book, _ = build_inputs(batch, k)
@@ -214,7 +214,7 @@ def measure_drain(batch: int, k: int, *, steps: int, reps: int, rt) -> dict:
             engine_hook(sched_self, so, mro)
             worker_hook(None, so)
         t0 = time.perf_counter()
-        capture.drain(rt)
+        rt.drain.drain(rt)
         t1 = time.perf_counter()
         rows = rt.pipeline._buffered
         rt.pipeline.flush()

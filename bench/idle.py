@@ -32,9 +32,9 @@ CHILD = "import sys\nfrom bench.idle import main\nsys.exit(main(sys.argv[1:]))" 
 
 def one_run(shipper_as: str, seconds: float) -> dict:
     from spectrace.settings import Settings
-    from spectrace.tracer import runtime
-    from spectrace.tracer import shipper as shipper_module
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.recorder import runtime
+    from spectrace.recorder import shipper as shipper_module
+    from spectrace.recorder.verify import VerifyCapture
 
     if shipper_as == "before":
         shipper_module.IDLE_WAIT_S = 0

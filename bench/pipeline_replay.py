@@ -59,8 +59,8 @@ def stand_in_messages(batch: int, messages: int, store: Path, take, steps: int =
     from dataclasses import replace
 
     from bench import gpu_rates
-    from spectrace.tracer import runtime
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.recorder import runtime
+    from spectrace.recorder.verify import VerifyCapture
 
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
@@ -84,7 +84,7 @@ def stand_in_messages(batch: int, messages: int, store: Path, take, steps: int =
 def record(batch: int, messages: int, path) -> dict:
     """The stand-in engine's shipped messages at ``batch``, as the frames the shipper wrote (the pipeline process's
     start frame, written when it started, is not among them)."""
-    from spectrace.tracer import shipper as shipper_module
+    from spectrace.recorder import shipper as shipper_module
 
     frames: list[bytes] = []
     write = shipper_module.write_frame
@@ -111,17 +111,18 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
 
     profile_flush.instrument()
     from spectrace.settings import Settings
-    from spectrace.tracer import pipeline_process, runtime
-    from spectrace.tracer.wire import loads_message
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.collector import process as pipeline_process
+    from spectrace.recorder import runtime
+    from spectrace.recorder.wire import loads_shipment
+    from spectrace.collector.inbox import Inbox
 
     frames = pickle.loads(path.read_bytes())  # every one a message (each carries the engine's state)
     work = SCRATCH / "pipeline_replay" / f"replay-{collector}"
     shutil.rmtree(work, ignore_errors=True)
     (work / "store").mkdir(parents=True)
     (work / "metrics").mkdir(mode=0o700)
-    rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics"),
-                         make_capture=VerifyCapture)
+    rt = runtime.Runtime(Settings(enabled=True, dir=work / "store", metrics_dir=work / "metrics", pipeline="thread"),
+                         source=Inbox())
     rt.runs.clear()
     rt.run = None
     # the flushes are the flush thread's (periodic), at the recorded time: the exposition's interval
@@ -134,7 +135,7 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     exposition.time = SimpleNamespace(monotonic=lambda: recorded[0])
     for frame in frames[:WARMUP]:
         recorded[0] += STEPS_A_MESSAGE / RATE
-        pipeline_process.apply(rt, loads_message(frame))
+        pipeline_process.apply(rt, loads_shipment(frame))
     rt.pipeline.flush(periodic=True)
     if collector == "tuned":
         pipeline_process._tune_gc()
@@ -145,7 +146,7 @@ def replay(path, collector: str, flush_every: int = FLUSH_EVERY) -> dict:
     for i, frame in enumerate(timed):
         recorded[0] += STEPS_A_MESSAGE / RATE
         t0 = time.process_time()
-        message = loads_message(frame)
+        message = loads_shipment(frame)
         unpickling += time.process_time() - t0
         pipeline_process.apply(rt, message)
         if i % flush_every == flush_every - 1:

@@ -58,14 +58,17 @@ def instrument() -> None:
 
     from spectrace import pipeline
     from spectrace.store import compaction, writer as segments
-    from spectrace.tracer import runtime, verify
+    from spectrace.recorder import runtime
 
     for name in ("flush", "maintain"):
         setattr(pipeline.Pipeline, name, timed(f"Pipeline.{name}", getattr(pipeline.Pipeline, name)))
     pipeline._build = timed("pipeline._build (Arrow tables)", pipeline._build)
     for name in ("export", "maintain", "_write", "_write_file"):
         setattr(segments.SegmentSink, name, timed(f"SegmentSink.{name}", getattr(segments.SegmentSink, name)))
-    for name in ("_drain_verification", "_flush_error_counts", "_flush_metric_counters"):  # the flush's sources
+    from spectrace.collector import collector, drain, timings
+
+    collector.Collector._drain = timed("source:_drain_verification", collector.Collector._drain)
+    for name in ("_flush_error_counts", "_flush_metric_counters"):  # the flush's other sources
         setattr(runtime.Runtime, name, timed(f"source:{name}", getattr(runtime.Runtime, name)))
     from spectrace.sinks import exposition
 
@@ -74,8 +77,7 @@ def instrument() -> None:
     compaction._read = timed_iter("compaction._read", compaction._read)  # a row group at a time
     compaction._write = timed("compaction._write", compaction._write)  # its inputs read inside it (streamed)
     for name in ("_drain_engine", "_drain_worker", "_count"):
-        setattr(verify.VerifyCapture, name, timed(f"VerifyCapture.{name}", getattr(verify.VerifyCapture, name)))
-    from spectrace.tracer.verify import timings
+        setattr(drain.Drain, name, timed(f"VerifyCapture.{name}", getattr(drain.Drain, name)))
 
     timings.StepTimes.drain = timed("StepTimes.drain", timings.StepTimes.drain)
     from spectrace.sinks import metrics

@@ -8,7 +8,7 @@ leaner ones, and marshal.
 Method. bench/gpu_rates.py's stand-in engine (its hooks real, vLLM's dataclasses) runs ``--steps`` steps at a time (5:
 0.1 s at 50 steps/s) and the real shipper collects each message (``Shipper.collect``), as the engine process does
 every ship interval, its steps as the hooks recorded them. Each message is then encoded five ways, alternating in one
-process, the first four pickled by the shipper's ``dumps_message`` (without its pauses): ``packed``, as shipped
+process, the first four pickled by the shipper's ``dumps_shipment`` (without its pauses): ``packed``, as shipped
 (``Shipper._steps``: each draft dict packed, ``wire.PackedDrafts``); ``dicts``, as shipped before (the draft dicts
 pickled as they are: the baseline every other way is compared with); ``without_ids``, every engine and worker step's
 draft dict replaced by what counting needs without the ids (the request ids and the drafts' lengths); ``first_last``,
@@ -40,20 +40,27 @@ from bench.pipeline_replay import STEPS_A_MESSAGE, stand_in_messages
 def messages(batch: int, n: int, steps: int = STEPS_A_MESSAGE) -> list[dict]:
     """``n`` messages the real shipper collected from the stand-in engine at ``batch``, k 7, their engine and worker
     steps as the hooks recorded them (``Shipper._steps`` not applied: each way converts them itself)."""
-    from spectrace.tracer.shipper import Shipper
+    from spectrace.recorder.shipper import Shipper
 
     convert = Shipper._steps
     Shipper._steps = staticmethod(lambda engine, worker: (engine, worker))
     try:
-        return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: shipper.collect()[0],
+        return stand_in_messages(batch, n, SCRATCH / "ship_encoding" / "store", lambda shipper: dict(vars(shipper.collect())),
                                  steps)
     finally:
         Shipper._steps = convert
 
 
+def _dumps(message: dict) -> bytes:
+    """A message (a shipment's fields, some converted) as the shipper pickles a shipment (``wire.dumps_shipment``)."""
+    from spectrace.recorder import wire
+
+    return wire.dumps_shipment(wire.Shipment(**message))
+
+
 def dicts(message: dict) -> dict:
     """The message as shipped before the packing: the cached requests' two fields, the draft dicts as they are."""
-    from spectrace.tracer.verify.capture import Cached
+    from spectrace.recorder.verify.capture import Cached
 
     out = dict(message)
     if "engine" in out:
@@ -64,7 +71,7 @@ def dicts(message: dict) -> dict:
 
 def packed(message: dict) -> dict:
     """The message as shipped (``Shipper._steps``)."""
-    from spectrace.tracer.shipper import Shipper
+    from spectrace.recorder.shipper import Shipper
 
     out = dict(message)
     out["engine"], out["worker"] = Shipper._steps(message.get("engine", []), message.get("worker", []))
@@ -114,9 +121,7 @@ def marshalled(message: dict) -> bytes:
                           for s in message.get("engine", ())],
                "worker": [tuple(s) for s in message.get("worker", ())],
                "requests": [(tuple(r[0]), r[1], r[2]) for r in message.get("requests", ())]}
-    from spectrace.tracer import wire
-
-    parts = [wire.dumps_message({k: v for k, v in message.items() if k not in records})]
+    parts = [_dumps({k: v for k, v in message.items() if k not in records})]
     for rows in records.values():
         parts += [marshal.dumps(rows[i:i + 4]) for i in range(0, len(rows), 4)]
     return b"".join(parts)
@@ -135,7 +140,7 @@ def main(argv=None) -> int:
         parser.error("--batch, --messages and --steps must be at least 1, --rounds at least 2")
     import numpy as np
 
-    from spectrace.tracer import wire
+    from spectrace.recorder import wire
 
     wire.YIELD_S = 0  # the pauses are the same either way; pickling alone is compared
     print(f"collecting {args.messages} messages at batch {args.batch} ...", flush=True)
@@ -150,9 +155,9 @@ def main(argv=None) -> int:
         encode(message)
         return (time.thread_time_ns() - start) / 1e3 / args.steps
 
-    ways = {"dicts": lambda m: wire.dumps_message(dicts(m)), "packed": lambda m: wire.dumps_message(packed(m)),
-            "without_ids": lambda m: wire.dumps_message(without_ids(m)),
-            "first_last": lambda m: wire.dumps_message(first_last(m)), "marshal": marshalled}
+    ways = {"dicts": lambda m: _dumps(dicts(m)), "packed": lambda m: _dumps(packed(m)),
+            "without_ids": lambda m: _dumps(without_ids(m)),
+            "first_last": lambda m: _dumps(first_last(m)), "marshal": marshalled}
     load_before = loadavg()
     per_step: dict[str, dict[str, list[float]]] = {c: {w: [] for w in ways} for c in ("warm", "cold")}
     for r in range(args.rounds):

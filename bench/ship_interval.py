@@ -34,8 +34,8 @@ from bench.gpu_rates import Engine, _proc_cpu_s, _thread_sched, mean_ci, setting
 
 
 def measure(args) -> list[dict]:
-    from spectrace.tracer import runtime
-    from spectrace.tracer.verify import VerifyCapture
+    from spectrace.recorder import runtime
+    from spectrace.recorder.verify import VerifyCapture
 
     store = SCRATCH / "ship_interval" / "store"
     shutil.rmtree(store.parent, ignore_errors=True)

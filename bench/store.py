@@ -103,7 +103,7 @@ def ingest_columns(sets: list[tuple[dict, int]], root) -> float:
 def ingest_capture(steps: int, batch: int, k: int, root, steps_per_flush: int) -> tuple[float, int]:
     from bench.hotpath import build_inputs
     from spectrace.settings import Settings
-    from spectrace.tracer import runtime, verify
+    from spectrace.recorder import runtime, verify
 
     shutil.rmtree(root, ignore_errors=True)
     rt = runtime.Runtime(Settings(enabled=True, dir=root, max_buffer_rows=10**7), verify.VerifyCapture)
@@ -240,7 +240,7 @@ def main(argv=None) -> dict:
     started = time.time()
 
     from bench.hotpath import build_inputs
-    from spectrace.tracer import runtime
+    from spectrace.recorder import runtime
 
     build_inputs(1, 1)  # imports (vLLM's dataclasses)
     runtime.vllm_version()

@@ -1,6 +1,6 @@
 """spectrace: observability for speculative decoding in vLLM.
 
-Importing this package is cheap: the vLLM hooks live in ``spectrace.tracer`` and
+Importing this package is cheap: the vLLM hooks live in ``spectrace.recorder`` and
 are only imported by the plugin when ``SPECTRACE=1``.
 """
 

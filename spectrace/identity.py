@@ -2,7 +2,7 @@
 
 Rows (``pid``), segment names (``<host>-<pid>-…``) and the exposition file (``<pid>.<start>.prom``,
 whose liveness the collector checks) are keyed by the traced process. A pipeline process
-(``spectrace.tracer.pipeline_process``) works for the engine process that started it, so it
+(``spectrace.collector.process``) works for the engine process that started it, so it
 :func:`adopt`\\ s that process's pid; everywhere else the pid is the process's own.
 """
 

@@ -1,12 +1,13 @@
 """The flush pipeline: what the hooks captured, in order, to every configured sink.
 
-    hooks (spectrace.tracer) ─ append ─▶ Pipeline buffer ─ flush ─▶ sinks (exposition, store, lake, memory)
+    hooks (spectrace.recorder) ─ append ─▶ Pipeline buffer ─ flush ─▶ sinks (exposition, store, lake, memory)
 
 One :class:`Pipeline` per process (``Runtime.pipeline``). Its two sides:
 
 Hot side (any thread)
     ``append`` / ``extend`` / ``extend_columns`` put rows of a ``records`` table into a
-    bounded in-memory buffer under one lock. Rows beyond ``max_buffer_rows`` are dropped
+    bounded in-memory buffer under one lock (``note``: a value record of ``spectrace.values``, which only the
+    metrics sink reads). Rows beyond ``max_buffer_rows`` are dropped
     and counted (``dropped``, and of it ``buffer_dropped``); nothing ever blocks the caller.
 
 Flush (the background thread every ``flush_interval_s``, and on ``flush()`` / ``close()``)
@@ -43,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from spectrace.arrow_types import ARROW
+from spectrace.buffer import RowBuffer
 from spectrace.records import SCHEMA_VERSION, columns as table_columns
 from spectrace.settings import Settings
 
@@ -145,8 +147,9 @@ class Batch:
     """Everything one flush took from the buffer: a :class:`Part` per table and run, in the
     order tables were first appended to. Built once, handed to every sink (read only)."""
 
-    def __init__(self, parts: list[Part], failed_rows: int = 0, periodic: bool = False) -> None:
+    def __init__(self, parts: list[Part], failed_rows: int = 0, periodic: bool = False, values: list | None = None) -> None:
         self.parts = parts
+        self.values = values if values is not None else []  # spectrace.values records (the metrics sink reads them)
         self.failed_rows = failed_rows  # rows whose table could not be built (counted as dropped)
         self.periodic = periodic  # the flush thread's, on its interval (not one asked for, nor the last)
 
@@ -253,8 +256,9 @@ class Telemetry:
 # -- the pipeline -------------------------------------------------------------------
 
 
-class Pipeline:
-    """A bounded buffer, a flush thread and the ordered flush (module docstring)."""
+class Pipeline(RowBuffer):
+    """A bounded buffer (``spectrace.buffer.RowBuffer``: the hot side), a flush thread and the ordered flush (module
+    docstring)."""
 
     def __init__(
         self,
@@ -266,23 +270,16 @@ class Pipeline:
         sinks: Sequence[Sink] = (),
         on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
+        super().__init__(max_buffer_rows=max_buffer_rows)
         self.flush_interval_s = flush_interval_s
-        self.max_buffer_rows = max_buffer_rows
         self.maintain_interval_s = maintain_interval_s  # 0: no maintenance
         self.sources: list[Callable[[], None]] = list(sources)
         self.sinks: list[Sink] = list(sinks)
         self.telemetry: list[Telemetry] = []  # exporters the OpenTelemetry SDK schedules (OTLP): no batch for them
-        self.dropped = 0  # rows lost anywhere: buffer full, a batch that could not be built, a sink's own drops
-        self.buffer_dropped = 0  # of ``dropped``, the rows a full buffer refused (here or in the shipping engine process)
         self.flushes = 0
         self.rows_flushed = 0
         self.errors: dict[str, int] = {}  # "source.<name>" / "exporter.<sink>": failures, each counted
         self.on_error = on_error  # where a failure is reported (the runtime's internal_errors); else logged once
-        self.paused = False  # tracing switched off at run time (spectrace.tracer.runtime.pause)
-        self._rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._columns: dict[str, list[tuple[dict[str, Any], int]]] = defaultdict(list)
-        self._buffered = 0
-        self._lock = threading.Lock()  # the buffer (hot side)
         self._flush_lock = threading.RLock()  # one flush or maintenance at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -308,24 +305,6 @@ class Pipeline:
 
     # -- hot side -------------------------------------------------------------
 
-    def append(self, table: str, row: dict[str, Any]) -> None:
-        with self._lock:
-            if self._buffered >= self.max_buffer_rows:
-                self._refused(1)
-                return
-            self._rows[table].append(row)
-            self._buffered += 1
-
-    def extend(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        rows = list(rows)
-        with self._lock:
-            room = self.max_buffer_rows - self._buffered
-            if room < len(rows):
-                self._refused(len(rows) - max(room, 0))
-                rows = rows[: max(room, 0)]
-            self._rows[table].extend(rows)
-            self._buffered += len(rows)
-
     def extend_columns(self, table: str, columns: dict[str, Any], n: int) -> None:
         """Append ``n`` rows given as columns (see ``columns_to_arrow``): no dict per row.
 
@@ -347,21 +326,6 @@ class Pipeline:
             self._columns[table].extend(_split_by_run(columns, n))
             self._buffered += n
 
-    def count_dropped(self, n: int, *, buffer: bool = False) -> None:
-        """Rows a sink or a capture could not keep (any thread); ``buffer``: a full buffer refused them (an engine
-        process's, shipped)."""
-        if n > 0:
-            with self._lock:
-                if buffer:
-                    self._refused(n)
-                else:
-                    self.dropped += n
-
-    def _refused(self, n: int) -> None:
-        """``n`` rows a full buffer refused: counted in ``dropped`` and ``buffer_dropped`` (the lock held)."""
-        self.dropped += n
-        self.buffer_dropped += n
-
     # -- the flush --------------------------------------------------------------
 
     def add_sink(self, sink: Sink, *, first: bool = False) -> None:
@@ -371,9 +335,6 @@ class Pipeline:
         while it builds its telemetry under its own lock, which a flush's drain may wait for (taking the flush
         lock here deadlocked a worker right after its model loaded, once, under load)."""
         self.sinks = [sink, *self.sinks] if first else [*self.sinks, sink]
-
-    def sink(self, name: str) -> Sink | None:
-        return next((s for s in self.sinks if s.name == name), None)
 
     def flush(self, *, periodic: bool = False) -> int:
         """Run the ordered flush now (``periodic``: the flush thread's, on its interval). Returns the number of rows
@@ -387,9 +348,11 @@ class Pipeline:
             with self._lock:  # 2. take the buffer
                 pending, self._rows = self._rows, defaultdict(list)
                 pending_columns, self._columns = self._columns, defaultdict(list)
+                values, self._values = self._values, []
                 self._buffered = 0
             batch = _build(pending, pending_columns)
             batch.periodic = periodic
+            batch.values = values
             if batch.failed_rows:
                 self.count_dropped(batch.failed_rows)
             for sink in self.sinks:  # 3. every sink, in order

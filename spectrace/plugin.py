@@ -16,7 +16,7 @@ def register() -> None:
     if not tracing_enabled():
         return
     try:
-        from spectrace.tracer import stages
+        from spectrace.recorder import stages
 
         stages.start()
     except Exception as exc:  # never let tracing stop vLLM

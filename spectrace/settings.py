@@ -218,7 +218,7 @@ class Settings:
     # SPECTRACE_PIPELINE: "thread" (counting, judging and the sinks on a flush thread of the traced process),
     # "process" (the traced process keeps its hooks and a shipper; a pipeline process does the rest), or "auto":
     # "process" wherever vLLM is loaded (an accelerator or its CPU platform), "thread" without vLLM (resolved by
-    # the runtime: ``spectrace.tracer.runtime.pipeline_shape``)
+    # the runtime: ``spectrace.recorder.runtime.pipeline_shape``)
     pipeline: str = "auto"
     # SPECTRACE_SHIP_INTERVAL: how often the shipper hands records to the pipeline process. Each message has fixed
     # costs (a wake with cold caches, the state, a write, acknowledgements): 0.25 s shares them among 12 steps at

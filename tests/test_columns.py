@@ -1,4 +1,4 @@
-"""Columnar counting (spectrace.tracer.verify.columns) against the counting rules written as a loop per
+"""Columnar counting (spectrace.collector.columns) against the counting rules written as a loop per
 request-step (vLLM's ``update_from_output`` / ``make_spec_decoding_stats``), on random steps (no vLLM)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spectrace.audit.rules import acceptance
-from spectrace.tracer.verify import columns
+from spectrace.collector import columns
 
 
 def reference_engine(steps):
@@ -161,7 +161,7 @@ def test_one_token_rows_as_the_loop_counts(seed):
 
 def packed(step):
     """A random step as the shipper sends it: its draft dict packed (``wire.pack_drafts``)."""
-    from spectrace.tracer.wire import PackedDrafts, pack_drafts
+    from spectrace.recorder.wire import PackedDrafts, pack_drafts
 
     drafts = pack_drafts(step[0])
     assert type(drafts) is PackedDrafts
@@ -198,7 +198,7 @@ def test_packed_drafts_count_as_the_dicts_do(seed):
 
 
 def test_drafts_that_do_not_pack_travel_as_they_are():
-    from spectrace.tracer.wire import PackedDrafts, drafts_total, pack_drafts
+    from spectrace.recorder.wire import PackedDrafts, drafts_total, pack_drafts
 
     assert pack_drafts({"a": [1] * 256}) == {"a": [1] * 256}  # a row's length is one byte
     assert pack_drafts({"a": [2 ** 31]}) == {"a": [2 ** 31]}
@@ -215,7 +215,7 @@ def test_auto_pipeline_is_a_process_wherever_vllm_is_loaded(monkeypatch):
     import sys
     from types import ModuleType
 
-    from spectrace.tracer.runtime import pipeline_shape
+    from spectrace.recorder.runtime import pipeline_shape
 
     monkeypatch.delitem(sys.modules, "vllm.platforms", raising=False)
     assert pipeline_shape("auto") == "thread"  # no vLLM in this process

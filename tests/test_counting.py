@@ -17,8 +17,8 @@ import pytest
 from spectrace.settings import Settings
 from spectrace.sinks.memory import MemorySink
 from spectrace.testing import memory_runtime
-from spectrace.tracer import runtime, verify
-from spectrace.tracer.verify import EngineStep, WorkerStep
+from spectrace.recorder import runtime, verify
+from spectrace.recorder.verify import EngineStep, WorkerStep
 
 RUN = "run-counting"
 VOLATILE = ("schema_version", "ts", "pid", "host")  # clock, process and machine: not the rules'
@@ -81,7 +81,7 @@ def test_engine_counts_follow_vllms_rules_per_position_and_request_step(traced):
     assert counts == {(0, "0-512"): (2, 2), (1, "0-512"): (2, 2), (2, "0-512"): (2, 1), (0, "512-1k"): (1, 0), (1, "512-1k"): (1, 0)}
     lengths = {r["length"]: r["count"] for r in rows(sink, "acceptance_lengths", source="engine_core")}
     assert lengths == {1: 1, 3: 1, 4: 1}  # accepted + 1 per counted request-step
-    assert capture.judge.totals[("engine_core", RUN, None)] == [8, 5]
+    assert rt.drain.judge.totals[("engine_core", RUN, None)] == [8, 5]
 
 
 def test_worker_counts_and_agreement_with_the_engine_core(traced):
@@ -92,7 +92,7 @@ def test_worker_counts_and_agreement_with_the_engine_core(traced):
     capture.worker_steps.append(WorkerStep(1_001, RUN, 0, {"a": [1, 2], "b": [3, 4], "c": []}, [3, 2, 1], {"a": 0, "b": 1, "c": 2}))
     rt.flush()
     assert {(r["position"], r["drafted"], r["accepted"]) for r in rows(sink, "verify_counts", source="worker")} == {(0, 2, 2), (1, 2, 1)}
-    capture.check_agreement(rt)
+    rt.drain.check_agreement(rt)
     rt.flush()
     assert rows(sink, "findings") == []  # both sides counted 4 drafted / 3 accepted
 
@@ -100,7 +100,7 @@ def test_worker_counts_and_agreement_with_the_engine_core(traced):
     other = "run-disagree"
     capture.engine_steps.append(EngineStep(2_000, 2, other, {"a": [1, 2]}, [3], {"a": 0}, cached({}), None, 1))
     capture.worker_steps.append(WorkerStep(2_001, other, 0, [2], [1], None))  # V2 shape: counts per row
-    capture.check_agreement(rt)
+    rt.drain.check_agreement(rt)
     rt.flush()
     (finding,) = rows(sink, "findings")
     assert finding["run_id"] == other and finding["code"] == "VERIFY_DISAGREEMENT" and finding["severity"] == "error"
@@ -109,7 +109,7 @@ def test_worker_counts_and_agreement_with_the_engine_core(traced):
 
 def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
     from spectrace.audit.rules import speedup
-    from spectrace.tracer.verify.capture import StepTiming
+    from spectrace.recorder.verify.capture import StepTiming
 
     rt, sink = traced
     capture = rt.verify
@@ -122,7 +122,7 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
             timing.sample_ns, timing.draft_ns = 3_000_000, 2_000_000
             capture.worker_timings.append(timing)
         rt.flush()
-    got = capture.step_times.speedup_by_k(rt, RUN, 0)
+    got = rt.drain.step_times.speedup_by_k(rt, RUN, 0)
     cost = speedup.StepCost(steps=6, step_ns=6 * 11e6, draft_ns=6 * 2e6, scheduled_tokens=2 * (8 + 8 + 16),
                             scheduled_tokens_sq=2 * (64 + 64 + 256), tokens_x_verify_ns=2 * 9e6 * (8 + 8 + 16), requests=12)
     assert got == speedup.speedup_by_k([12, 6, 6], 12, cost)
@@ -132,7 +132,7 @@ def test_what_k_pays_from_the_workers_counts_and_step_sums_over_flushes(traced):
 
 
 def test_decode_steps_hold_the_step_times_of_decode_only_shapes_and_chunk_steps_the_rest(traced):
-    from spectrace.tracer.verify.capture import StepTiming
+    from spectrace.recorder.verify.capture import StepTiming
 
     rt, sink = traced
     capture = rt.verify
@@ -247,14 +247,14 @@ def test_a_request_that_stops_inside_a_draft_counts_what_it_emitted_and_ends_in_
     spans = {json.loads(s["attributes"])["spectrace.request.id"]: json.loads(s["attributes"])
              for s in rows(sink, "spans") if s["name"] == "spectrace.request"}
     assert set(spans) == {"a", "b"} and spans["b"]["spectrace.spec_decode.acceptance_histogram"] == [1, 1, 0, 0]
-    assert not rt.verify.request_totals  # nothing left waiting for an end
+    assert not rt.drain.request_totals  # nothing left waiting for an end
 
 
 def test_host_steps_sum_per_run_and_role_and_join_an_engine_steps_chunks(traced):
     """What k pays prices the host time outside the worker (issue #36): the engine core's steps count the tokens
     they sampled (rows' lengths, or one a row), the frontend's the tokens of the outputs it processed, and
     AsyncLLM's chunks of one engine step (the same timestamp) are one step."""
-    from spectrace.tracer.verify.capture import ENGINE, FRONTEND, HostStep
+    from spectrace.recorder.verify.capture import ENGINE, FRONTEND, HostStep
 
     rt, sink = traced
     out = lambda *lens: [SimpleNamespace(new_token_ids=[0] * n) for n in lens]  # noqa: E731
@@ -270,12 +270,12 @@ def test_host_steps_sum_per_run_and_role_and_join_an_engine_steps_chunks(traced)
            for r in rows(sink, "host_steps", run_id=RUN)}
     assert got == {"engine_core": (2, 400, 9, 6 * 6 + 3 * 3, 6 * 300 + 3 * 100),
                    "frontend": (2, 120, 10, 7 * 7 + 3 * 3, 7 * 80 + 3 * 40)}
-    costs = rt.verify.step_times.host_costs(RUN)
+    costs = rt.drain.step_times.host_costs(RUN)
     assert sorted(c.steps for c in costs) == [2.0, 2.0]
 
 
 def test_a_request_histogram_is_written_as_json_writes_it():
-    from spectrace.tracer.verify.drain import _int_list
+    from spectrace.collector.drain import _int_list
 
     for values in ([], [0], [3, 0, 12], list(range(9))):
         assert _int_list(values) == json.dumps(values) and json.loads(_int_list(values)) == values

@@ -22,9 +22,9 @@ from spectrace.audit.dynamic_k import THRASHING_MIN_SWITCHES, THRASHING_SHARE
 from spectrace.queries import report
 from spectrace.sinks.metrics import Metrics
 from spectrace.testing import memory_runtime, store_pipeline
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import EngineStep
-from spectrace.tracer.verify.capture import Proposal
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import EngineStep
+from spectrace.recorder.verify.capture import Proposal
 
 RUN = "run-dynamic-k"
 SCHEDULE = [(1, 3, 1), (4, 4, 4)]

@@ -52,7 +52,7 @@ def test_otlp_receiver_gets_spans_and_metrics(zoo, scratch, cache_root, protocol
         spans = receiver.spans()
         drafted = receiver.latest("spectrace.verify.drafted_tokens", ("position", "run_id"))
         accepted = receiver.latest("spectrace.verify.accepted_tokens", ("position", "run_id"))
-        findings = receiver.latest("spectrace.runtime.finding", ("code", "severity", "run_id"))
+        findings = receiver.latest("spectrace.runtime.finding", ("code", "severity", "run_id"))  # a run finding (RUNTIME_CODES)
     names = {s["name"] for s in spans}
     assert {"spectrace.run", "spectrace.config.resolve", "spectrace.worker.load_model"} <= names
     assert len({s["trace_id"] for s in spans if s["attributes"].get("spectrace.run_id") == result.run_id}) == 1

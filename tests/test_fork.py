@@ -9,7 +9,7 @@ import time
 
 import spectrace.store
 from spectrace.settings import Settings
-from spectrace.tracer import runtime, verify
+from spectrace.recorder import runtime, verify
 
 
 def _wait(pid: int, timeout_s: float = 60.0) -> int:
@@ -34,7 +34,7 @@ def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
         held, release = threading.Event(), threading.Event()
 
         def flush_in_progress():  # what the flush thread holds while it writes
-            with rt.pipeline._flush_lock, rt.pipeline._lock, rt.pipeline.sink("duckdb")._io_lock, rt.verify._lock:
+            with rt.pipeline._flush_lock, rt.pipeline._lock, rt.pipeline.sink("duckdb")._io_lock, rt.drain._lock:
                 held.set()
                 release.wait(30)
 
@@ -51,6 +51,7 @@ def test_forked_child_rebuilds_everything_and_records_its_own_rows(tmp_path):
                     and child.pid == os.getpid()
                     and child.pipeline is not rt.pipeline
                     and child.verify is not rt.verify
+                    and child.drain is not rt.drain
                     and child.hooks is rt.hooks
                 )
                 child.record("runs", {"run_id": "child-run", "started_at": 2}, role="frontend")

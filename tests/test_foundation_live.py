@@ -11,7 +11,7 @@ import pytest
 
 import spectrace.store
 from spectrace.testing.engine import EngineSpec, base_env, run_engines
-from spectrace.tracer import stages
+from spectrace.recorder import stages
 
 pytestmark = pytest.mark.vllm
 
@@ -44,8 +44,8 @@ _IDENTITY_SCRIPT = textwrap.dedent(
     # with tracing off the plugin reads SPECTRACE through spectrace.settings (standard library only), nothing more
     heavy = sorted(m for m in sys.modules if m.startswith("spectrace.") and m not in ("spectrace.plugin", "spectrace.settings"))
     restored = None
-    if "spectrace.tracer.runtime" in sys.modules:
-        from spectrace.tracer import runtime
+    if "spectrace.recorder.runtime" in sys.modules:
+        from spectrace.recorder import runtime
         runtime.stop()
         restored = current()
     print(json.dumps({"before": before, "after": after, "restored": restored, "heavy": heavy}))

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import spectrace.store
 from spectrace.sinks.exposition import FileCollector
-from spectrace.tracer import losses, shipper as shipper_module
+from spectrace.recorder import losses, shipper as shipper_module
 
 from spectrace.settings import Settings
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import VerifyCapture
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import VerifyCapture
 from tests.test_pipeline_process import RUN, _steps
 
 
@@ -37,8 +37,8 @@ import json, os, signal, sys, time
 from pathlib import Path
 from types import SimpleNamespace
 from spectrace.settings import Settings
-from spectrace.tracer import runtime, shipper
-from spectrace.tracer.verify import EngineStep, VerifyCapture
+from spectrace.recorder import runtime, shipper
+from spectrace.recorder.verify import EngineStep, VerifyCapture
 
 shipper.EXIT_WAIT_S = shipper.PIPE_FULL_S = 3.0
 store, metrics, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]

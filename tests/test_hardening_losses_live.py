@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import spectrace.store
-from spectrace.tracer import losses
+from spectrace.recorder import losses
 from tests.test_pipeline_process_live import PROCESS, _drafted, _pipelines_of, _running, _specs
 
 pytestmark = [pytest.mark.vllm]
@@ -167,7 +167,7 @@ def test_a_pipeline_process_killed_past_its_restarts_stops_tracing_once_and_ever
     def watch(stop):
         _wait(lambda: _drafted(store).get("engine_core"), stop, "the first calls written")
         for _ in range(4):  # the first and its 3 restarts
-            # exactly one: a restart's launcher (spectrace.tracer.detached) shares the pipeline's environment for
+            # exactly one: a restart's launcher (spectrace.recorder.detached) shares the pipeline's environment for
             # the moment between its fork and its exit, and was once listed beside it
             (pipeline,) = _wait(lambda: (lambda found: found if len(found) == 1 else None)(
                 [p for p in _pipelines_of(store) if p not in killed]), stop,

@@ -10,7 +10,7 @@ import pytest
 
 from spectrace.settings import Settings
 from spectrace.testing import fresh_run_env
-from spectrace.tracer import runtime, stages, verify
+from spectrace.recorder import runtime, stages, verify
 
 
 class Hostile:

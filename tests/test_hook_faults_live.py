@@ -9,7 +9,7 @@ import pytest
 
 import spectrace.store
 from spectrace.testing.engine import method_specs, run_engines
-from spectrace.tracer import stages
+from spectrace.recorder import stages
 
 pytestmark = pytest.mark.vllm
 

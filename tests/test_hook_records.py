@@ -15,8 +15,8 @@ import pytest
 import spectrace.store
 from spectrace.settings import Settings
 from spectrace.testing import fresh_run_env
-from spectrace.tracer import runtime, verify
-from spectrace.tracer.verify import hooks
+from spectrace.recorder import runtime, verify
+from spectrace.recorder.verify import hooks
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 
 RUN = "held-run"
@@ -91,7 +91,7 @@ def test_records_are_freed_by_the_next_hook_call_once_sent_or_counted(rt):
     capture = rt.verify
     watch: list = []
     # the background shipper or flush thread waits while the steps are recorded: whichever takes them takes them all
-    with rt.pipeline.shipper._ship_lock if rt.shipping else capture._lock:
+    with rt.pipeline.shipper._ship_lock if rt.shipping else rt.drain._lock:
         frontend_hook = _record(watch)
     assert _alive(watch) == len(watch)  # the records wait for the flush or the shipper, and hold them
 

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from spectrace.tracer.hooks import Hook, HookSet
+from spectrace.recorder.hooks import Hook, HookSet
 
 
 class Engine:

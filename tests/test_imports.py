@@ -1,5 +1,5 @@
-"""The import graph of the package and the repo's tooling: no circles, no arrows up, and only the plugin reaches
-into the tracer.
+"""The import graph of the package and the repo's tooling: no circles, no arrows up, only the plugin reaches into
+the recorder, and the recorder judges nothing.
 
 Built from the source with ``ast`` (nothing is imported). Every ``import`` statement counts, at module level or
 inside a function, so a lazy import cannot hide a circle or an arrow up; an import that must go up says so on its
@@ -21,8 +21,7 @@ REPO = ROOT.parent
 PACKAGES = ("spectrace", "tools", "bench")  # the product and the repo's own tooling (tests/ import anything)
 
 # The layers, lowest first: a module imports modules of its own layer or below. A module's layer is the one of the
-# longest prefix naming it. ("recorder", "collector", "values" and "buffer": issue #56's rooms for the engine's side,
-# the pipeline process, its value records and its row buffer, where their modules go when they land.)
+# longest prefix naming it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("spectrace", "spectrace.records", "spectrace.bands", "spectrace.settings", "spectrace.console",
                 "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types",
@@ -33,9 +32,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("spectrace.store",)),  # a sink's files (the writer is a pipeline Sink)
     ("lake", ("spectrace.lake",)),
     ("sinks", ("spectrace.sinks",)),  # the registry picks the store's and the lake's sinks
-    ("tracer", ("spectrace.tracer", "spectrace.recorder")),  # everything that hooks vLLM
+    ("recorder", ("spectrace.recorder",)),  # everything that hooks vLLM
     ("collector", ("spectrace.collector",)),  # reads what the recorder ships: drain, pipeline, sinks
-    ("plugin", ("spectrace.plugin",)),  # vLLM's entry point: the only importer of the tracer
+    ("plugin", ("spectrace.plugin",)),  # vLLM's entry point: the only importer of the recorder
     ("commands", ("spectrace.queries", "spectrace.dashboards", "spectrace.doctor", "spectrace.probe",
                   "spectrace.top", "spectrace.diff")),  # what the subcommands read and render
     ("testing", ("spectrace.testing",)),  # real-vLLM runners for the tests, the demo and the benchmarks
@@ -159,8 +158,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_package():
     graph = _graph()
-    assert "spectrace.tracer.runtime" in graph["spectrace.tracer.verify.hooks"]
-    assert "spectrace.vllm_objects.configs" in graph["spectrace.tracer.runtime"]
+    assert "spectrace.recorder.runtime" in graph["spectrace.recorder.verify.hooks"]
+    assert "spectrace.vllm_objects.configs" in graph["spectrace.recorder.runtime"]
     assert "spectrace.audit" in graph["spectrace.doctor.diagnose"]
     assert "spectrace.audit.rules.acceptance" in graph["spectrace.audit.run_judge"]  # imported as a name of a package
     assert "tools.versions_table" in graph["tools.docs_reference"]  # lazy, inside a function
@@ -221,16 +220,29 @@ def test_the_layers_are_the_documented_ones():
     assert [(int(i), name) for i, name in documented] == [(i, name) for i, (name, _) in enumerate(LAYERS)]
 
 
-def test_only_the_plugin_imports_the_tracer():
-    # spectrace.testing drives real vLLM runs for the tests and reads the run id back from the tracer
+def test_only_the_plugin_imports_the_recorder():
+    # spectrace.testing drives real vLLM runs for the tests and reads the run id back from the recorder; the collector
+    # reads what the recorder ships (COLLECTOR_READS), and nothing else of it
     allowed = {"spectrace.plugin"}
+    graph = _graph()
     importers = {
         name
-        for name, targets in _graph().items()
-        if name.startswith("spectrace") and not name.startswith(("spectrace.tracer", "spectrace.testing"))
-        and any(t.startswith("spectrace.tracer") for t in targets)
+        for name, targets in graph.items()
+        if name.startswith("spectrace")
+        and not name.startswith(("spectrace.recorder", "spectrace.testing", "spectrace.collector"))
+        and any(t.startswith("spectrace.recorder") for t in targets)
     }
     assert importers <= allowed, importers
+    read = {t for name, targets in graph.items() if name.startswith("spectrace.collector") for t in targets
+            if t.startswith("spectrace.recorder")}
+    assert read <= COLLECTOR_READS, read - COLLECTOR_READS
+
+
+# What the collector imports of the recorder: the shipment and its record types, the runtime it builds in a pipeline
+# process (runs, roles, telemetry), the loss ledgers it writes, and the findings' emitter.
+COLLECTOR_READS = {"spectrace.recorder", "spectrace.recorder.wire", "spectrace.recorder.verify", "spectrace.recorder.verify.capture",
+                   "spectrace.recorder.verify.run_config", "spectrace.recorder.runtime", "spectrace.recorder.losses",
+                   "spectrace.recorder.audit_live"}
 
 
 def test_read_and_audit_record_nothing():
@@ -239,7 +251,61 @@ def test_read_and_audit_record_nothing():
     paths = _modules()
     pure = [n for n in graph if n.startswith(("spectrace.vllm_objects", "spectrace.audit")) or n == "spectrace.audit.rules.acceptance"]
     assert "spectrace.vllm_objects.layers" in pure and "spectrace.audit.judge" in pure and "spectrace.audit.rules.acceptance" in pure
-    recording = ("spectrace.tracer", "spectrace.pipeline", "spectrace.sinks", "spectrace.store", "spectrace.lake")
+    recording = ("spectrace.recorder", "spectrace.pipeline", "spectrace.sinks", "spectrace.store",
+                 "spectrace.lake", "spectrace.collector")
     for name in pure:
         assert not {t for t in graph[name] if t.startswith(recording)}, name
         assert "opentelemetry" not in paths[name].read_text(), name
+
+
+# What vLLM's processes must not import from the recorder's own code: the judging (audit, the run rules), the flush
+# (pipeline, sinks, store, lake, collector) and the array libraries it needs (numpy, pyarrow).
+NOT_IN_THE_RECORDER = ("numpy", "pyarrow", "spectrace.audit", "spectrace.pipeline", "spectrace.sinks",
+                       "spectrace.store", "spectrace.lake", "spectrace.collector")  # the run rules: spectrace.audit.rules
+# Where the recorder still does one of those, each named with what it does. Judged in vLLM's processes today (the
+# facts of a load or a config, judged where they are read): moving them to the collector means shipping those facts
+# as records first. The thread shape hosts the collector in the traced process (Runtime's one choice of shape), and
+# the API server's /metrics reads the exposition sink's files.
+RECORDER_DEBTS = {
+    "spectrace.recorder.audit_live": {"spectrace.audit"},  # the frontend's and engine core's static judge
+    "spectrace.recorder.layout": {"spectrace.audit"},  # the worker's layout plans and LAYOUT_MISMATCH
+    "spectrace.recorder.taps": {"spectrace.audit"},  # the worker's taps audit
+    "spectrace.recorder.weights": {"spectrace.audit"},  # the worker's weights, dtype, rope and draft-settings audits
+    "spectrace.recorder.verify.run_config": {"spectrace.audit"},  # RunConfig's context: the static judge's causes
+    "spectrace.recorder.runtime": {"spectrace.collector", "spectrace.sinks"},  # the thread shape; common_labels
+    "spectrace.recorder.shipper": {"spectrace.sinks"},  # the exposition directory the pipeline process writes into
+    "spectrace.recorder.api_server": {"spectrace.sinks"},  # the API server's /metrics collector
+}
+
+
+def _direct_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found |= {node.module or ""} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _forbidden(imported: set[str]) -> set[str]:
+    return {prefix for prefix in NOT_IN_THE_RECORDER for name in imported if name == prefix or name.startswith(prefix + ".")}
+
+
+def test_the_recorder_imports_no_numpy_pyarrow_audit_or_flush():
+    recorder = {name: path for name, path in _modules().items() if name.startswith("spectrace.recorder")}
+    assert {"spectrace.recorder.verify.hooks", "spectrace.recorder.verify.capture", "spectrace.recorder.wire",
+            "spectrace.recorder.shipper"} <= set(recorder)
+    found = {name: _forbidden(_direct_imports(path)) for name, path in recorder.items()}
+    assert {name: bad for name, bad in found.items() if bad - RECORDER_DEBTS.get(name, set())} == {}
+    # the hot path and what ships it: nothing of the kind, not even a debt
+    for name in ("verify.hooks", "verify.hooks_v2", "verify.capture", "wire", "shipper", "around", "hooks"):
+        assert not found[f"spectrace.recorder.{name}"] - {"spectrace.sinks"}, name
+    # a debt paid is struck from the list
+    assert {name for name, allowed in RECORDER_DEBTS.items() if not found[name] & allowed} == set()
+
+
+def test_the_recorder_check_sees_a_planted_import():
+    assert _forbidden({"numpy", "spectrace.recorder.wire"}) == {"numpy"}
+    assert _forbidden({"spectrace.audit.codes"}) == {"spectrace.audit"}
+    assert _forbidden({"spectrace.auditing", "pyarrowish", "spectrace.values"}) == set()

@@ -19,7 +19,7 @@ def test_the_wheel_leaves_the_test_harness_and_the_zoo_out():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = config["packages"]["find"]
     packages = find_packages(str(REPO), include=found["include"], exclude=found.get("exclude", ()))
-    assert "spectrace.tracer" in packages and "spectrace.audit.rules" in packages and "spectrace.cli" in packages
+    assert "spectrace.recorder" in packages and "spectrace.collector" in packages and "spectrace.audit.rules" in packages and "spectrace.cli" in packages
     assert not [p for p in packages if p.startswith("spectrace.testing")]
     assert not [d for d in config["package-data"]["spectrace"] if d.startswith("testing")]
 

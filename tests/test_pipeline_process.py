@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import spectrace.store
 from spectrace.settings import Settings
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import EngineStep, VerifyCapture
-from spectrace.tracer.verify.capture import ReadRequest, RequestNote, WorkerStep
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import EngineStep, VerifyCapture
+from spectrace.recorder.verify.capture import ReadRequest, RequestNote, WorkerStep
 
 RUN = "run-shipped"
 
@@ -117,33 +117,56 @@ def test_an_idle_process_sends_nothing_and_its_next_records_still_arrive(tmp_pat
     assert con.execute("select count(*) from verify_steps where run_id = ?", [RUN]).fetchone()[0] == 6
 
 
-def test_a_message_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
-    from spectrace.tracer import wire
+def test_a_shipment_is_pickled_in_groups_with_pauses_for_the_gil(monkeypatch):
+    from spectrace.recorder import wire
+    from spectrace.recorder.verify.capture import HostStep, StepTiming
+    from spectrace.values import RunInfo
 
     drafts = {"a": [1, 2], "b": [3]}
     engine = [EngineStep(1, i, RUN, drafts, [2, 1], {"a": 0, "b": 1}, None, None, 1) for i in range(4)]
-    requests = [(ReadRequest(RUN, "a", {"temperature": 0.0}), (True, False), None)]
-    message = {"seq": 7, "engine": engine, "worker": [("w", drafts)], "requests": requests, "state": {"run": RUN}}
-    as_given = dict(message)
+    worker = [WorkerStep(1, RUN, 0, drafts, [2, 1], {"a": 0, "b": 1})]
+    requests = [wire.ShippedRequest(ReadRequest(RUN, "a", {"temperature": 0.0}), (True, False), None)]
+    timing = StepTiming(RUN, 0, True, 900, True, 12, 2)
+    timing.sample_ns, timing.draft_ns = 300, 100
+    state = wire.ProcessState(RUN, [wire.RunState(RUN, "", 5, {"method": "eagle"})], ["engine_core"], {}, {})
+    shipment = wire.Shipment(seq=7, state=state, engine=engine, worker=worker, requests=requests, timings=[timing],
+                             host=[HostStep(RUN, "engine_core", 40, 3)], values=[RunInfo(RUN, {"k": 1}, "0.32", "x")])
     pauses = []
-    monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)  # a pause after every record
-    payload = wire.dumps_message(message, pause=pauses.append)
+    monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)  # a pause after every grouped record
+    payload = wire.dumps_shipment(shipment, pause=pauses.append)
     assert pauses == [wire.YIELD_S] * 6
-    assert message == as_given  # the caller's message as it was (its keys reordered)
-    back = wire.loads_message(payload)
-    assert back == message and list(back) == ["seq", "state", "engine", "worker", "requests"]
-    # one memo across the records: the drafts dict every record shares arrives once, shared again
-    assert back["engine"][0].drafts is back["engine"][3].drafts is back["worker"][0][1]
+    back = wire.loads_shipment(payload)
+    assert back == shipment and back is not shipment and shipment.engine == engine  # the caller's shipment as it was
+    # the same record types on the far side, and one memo across the records: the dict every record shares
+    # arrives once, shared again
+    assert type(back.engine[0]) is EngineStep and type(back.timings[0]) is StepTiming and type(back.state) is wire.ProcessState
+    assert (back.timings[0].sample_ns, back.timings[0].draft_ns, back.timings[0].done) == (300, 100, True)
+    assert back.engine[0].drafts is back.engine[3].drafts is back.worker[0].drafts
+    assert back.records() == 4 + 1 + 1 + 1 and not back.carries_only_state()
+    assert wire.Shipment(seq=3, state=state).carries_only_state()
     monkeypatch.setattr(wire, "YIELD_AFTER_NS", 10**12)  # groups grow (1, 4, ...) and no pause comes
-    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 6
+    assert wire.loads_shipment(wire.dumps_shipment(shipment, pause=pauses.append)) == shipment and len(pauses) == 6
     monkeypatch.setattr(wire, "YIELD_S", 0)  # --ship-pauses off: none even after every record
     monkeypatch.setattr(wire, "YIELD_AFTER_NS", 0)
-    assert wire.loads_message(wire.dumps_message(message, pause=pauses.append)) == message and len(pauses) == 6
+    assert wire.loads_shipment(wire.dumps_shipment(shipment, pause=pauses.append)) == shipment and len(pauses) == 6
+
+
+def test_a_payload_of_another_version_or_not_a_shipment_is_refused():
+    import pickle
+
+    import pytest
+
+    from spectrace.recorder import wire
+
+    with pytest.raises(ValueError, match="shipment version 0, this collector reads 1"):
+        wire.loads_shipment(wire.dumps_shipment(wire.Shipment(seq=1, version=0)))
+    with pytest.raises(ValueError, match="not a shipment: dict"):
+        wire.loads_shipment(pickle.dumps({"seq": 1, "engine": []}))
 
 
 def test_reading_new_requests_pauses_for_the_gil(tmp_path, monkeypatch):
-    from spectrace.tracer import shipper as shipper_module
-    from spectrace.tracer import wire
+    from spectrace.recorder import shipper as shipper_module
+    from spectrace.recorder import wire
 
     rt = _start(tmp_path)
     try:
@@ -165,8 +188,8 @@ def test_reading_new_requests_pauses_for_the_gil(tmp_path, monkeypatch):
 
 
 def test_draft_dicts_travel_packed_once_with_pauses_for_the_gil(tmp_path, monkeypatch):
-    from spectrace.tracer import shipper as shipper_module
-    from spectrace.tracer import wire
+    from spectrace.recorder import shipper as shipper_module
+    from spectrace.recorder import wire
 
     rt = _start(tmp_path, record_tokens=True)
     try:
@@ -232,7 +255,7 @@ def test_an_engine_killed_with_a_step_in_flight_is_not_judged_a_disagreement(tmp
         shipper._thread.join(timeout=10)
         shipper._closed = True
         proc.stdin.close()
-        assert proc.wait(timeout=60) == "unknown"  # it exited; its status is its adopter's (tracer.detached)
+        assert proc.wait(timeout=60) == "unknown"  # it exited; its status is its adopter's (recorder.detached)
     finally:
         runtime.stop()
     assert _disagreements(tmp_path / "store") == 0
@@ -250,7 +273,7 @@ open(OUT, "wb").write(data)
 """
 PARENT = """
 import sys, time
-from spectrace.tracer import detached
+from spectrace.recorder import detached
 child = detached.launch(sys.executable, "echo_until_eof", dict(__import__("os").environ))
 child.stdin.write(b"records taken, not written yet")
 child.stdin.flush()
@@ -268,7 +291,7 @@ def test_the_pipeline_process_outlives_a_kill_of_the_engines_whole_tree(tmp_path
 
     import psutil
 
-    from spectrace.tracer.detached import Detached
+    from spectrace.recorder.detached import Detached
 
     out = tmp_path / "out.bin"
     (tmp_path / "echo_until_eof.py").write_text(ECHO.replace("OUT", repr(str(out))))

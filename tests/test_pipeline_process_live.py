@@ -139,12 +139,12 @@ def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, un
 
 
 def _pipeline_processes(keep) -> list[int]:
-    """The running pipeline processes (``python -m spectrace.tracer.pipeline_process``, from /proc) for which
+    """The running pipeline processes (``python -m spectrace.collector.process``, from /proc) for which
     ``keep(entry)`` holds (``entry``: the process's /proc folder; one that ends while read is left out)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if (entry.name.isdigit() and b"spectrace.tracer.pipeline_process" in (entry / "cmdline").read_bytes()
+            if (entry.name.isdigit() and b"spectrace.collector.process" in (entry / "cmdline").read_bytes()
                     and keep(entry)):
                 found.append(int(entry.name))
         except OSError:
@@ -160,7 +160,7 @@ def _pipelines_of(store: Path) -> list[int]:
 
 def _pipeline_children(parent: int) -> list[int]:
     """The pipeline processes ``parent`` started: each names it in its environment (it is not its child: it was
-    started outside the engine's process tree, spectrace.tracer.detached)."""
+    started outside the engine's process tree, spectrace.recorder.detached)."""
     mark = f"SPECTRACE_PIPELINE_OF={parent}".encode()
     return _pipeline_processes(lambda entry: mark in (entry / "environ").read_bytes().split(b"\0"))
 

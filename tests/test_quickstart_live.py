@@ -147,7 +147,7 @@ def quickstart(zoo, cache_root, tmp_path_factory):
     seen["log"] = (here / "vllm.log").read_text()
     # The second server stopped right after its requests, before its pipeline processes wrote anything (a flush
     # interval longer than the run): vLLM's Ctrl-C SIGKILLs the engine core's whole process tree at once
-    # (--shutdown-timeout 0), and what the pipeline processes took must still reach the store (tracer.detached)
+    # (--shutdown-timeout 0), and what the pipeline processes took must still reach the store (recorder.detached)
     again = _Server(steps["again"], port, here, {**env, "SPECTRACE_FLUSH_INTERVAL": "10m"}, "vllm-again.log")
     try:
         seen["again"] = _requests(steps["requests"], port, here, env)

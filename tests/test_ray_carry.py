@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from spectrace.tracer import ray_carry
+from spectrace.recorder import ray_carry
 
 
 def test_prefixes_added_after_the_users_and_never_twice():

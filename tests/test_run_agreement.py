@@ -1,5 +1,5 @@
 """One run per engine across hosts: rank 0 publishes its run in the rendezvous store, the other ranks
-adopt it (``spectrace.tracer.run_agreement``); a store that fails or stays silent leaves a rank on its
+adopt it (``spectrace.recorder.run_agreement``); a store that fails or stays silent leaves a rank on its
 node's run, with one log line, and never raises. Pure logic: a dict store with torch's ``set`` /
 ``wait`` / ``get`` shape (the live two-node test, tests/test_multinode_live.py, uses torch's)."""
 
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from spectrace.settings import ACTIVE_RUN_ENV
-from spectrace.tracer import run_agreement
-from spectrace.tracer.runtime import Run
+from spectrace.recorder import run_agreement
+from spectrace.recorder.runtime import Run
 
 
 class DictStore:

@@ -102,7 +102,7 @@ def test_only_settings_reads_spectrace_variables():
 
     package = Path(__file__).resolve().parents[1] / "spectrace"
     read = re.compile(r"""(os\.environ\.get|os\.getenv|os\.environ\[)\(?\s*["'](SPECTRACE\w*)""")
-    writes = {("exporters/exposition.py", "DIR_ENV"), ("tracer/runtime.py", "ACTIVE_RUN_ENV")}
+    writes = {("exporters/exposition.py", "DIR_ENV"), ("recorder/runtime.py", "ACTIVE_RUN_ENV")}
     found = []
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package).as_posix()

@@ -14,9 +14,9 @@ from spectrace import audit
 from spectrace.audit.rules import slices
 from spectrace.audit import codes
 from spectrace.testing import memory_runtime
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import EngineStep
-from spectrace.tracer.verify.capture import RequestNote
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import EngineStep
+from spectrace.recorder.verify.capture import RequestNote
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
 RUN = "run-slices"
@@ -199,7 +199,7 @@ def test_unverified_rule_allows_each_requests_last_proposal():
 
 
 def test_drain_counts_proposed_against_verified_drafts(traced):
-    from spectrace.tracer.verify.capture import Proposal
+    from spectrace.recorder.verify.capture import Proposal
 
     rt, sink = traced
     capture = rt.verify

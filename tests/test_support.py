@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
-from spectrace.tracer import support
-from spectrace.tracer.hooks import Hook, HookSet
-from spectrace.tracer.stages import all_hooks
-from spectrace.tracer.support import Reads, Support
+from spectrace.recorder import support
+from spectrace.recorder.hooks import Hook, HookSet
+from spectrace.recorder.stages import all_hooks
+from spectrace.recorder.support import Reads, Support
 
 SOURCE = '''
 from dataclasses import dataclass
@@ -158,7 +158,7 @@ def test_static_check_reads_an_unimported_tree_and_follows_reexports(tmp_path):
 
 
 def test_every_hook_declares_its_range():
-    """A new hook says which vLLM it fits: add it to spectrace.tracer.support.SUPPORT."""
+    """A new hook says which vLLM it fits: add it to spectrace.recorder.support.SUPPORT."""
     assert sorted({h.name for h in all_hooks()} - set(support.SUPPORT)) == []
 
 
@@ -179,7 +179,7 @@ def test_versions_page_is_generated():
 def test_switched_off_hook_is_a_hooks_row(site, monkeypatch, tmp_path):
     import spectrace.store
     from spectrace.settings import Settings
-    from spectrace.tracer import runtime, verify
+    from spectrace.recorder import runtime, verify
 
     _declare(monkeypatch, old=Support(package="pytest", versions="<1"), fits=Support(package="pytest", versions=">=1"))
     settings = Settings(enabled=True, dir=tmp_path, exporters=("duckdb",), pipeline="thread")

@@ -12,9 +12,9 @@ from spectrace import audit
 from spectrace.audit import codes
 from spectrace.audit.rules import slices, thinking
 from spectrace.testing import memory_runtime
-from spectrace.tracer import runtime
-from spectrace.tracer.verify import EngineStep
-from spectrace.tracer.verify.capture import ReadRequest
+from spectrace.recorder import runtime
+from spectrace.recorder.verify import EngineStep
+from spectrace.recorder.verify.capture import ReadRequest
 from spectrace.vllm_objects.requests import request_parameters
 
 RUN = "run-thinking"
@@ -223,7 +223,7 @@ def _phase_steps(n_steps: int, requests: list[str], end_at: int, accepted: dict[
 
 
 def _with_markers(rt):
-    from spectrace.tracer.verify.run_config import RunConfig
+    from spectrace.recorder.verify.run_config import RunConfig
 
     facts = RunConfig.__new__(RunConfig)
     facts.__setstate__((([], set(), None, None), {}, None, None, (OPEN, CLOSE)))

@@ -22,7 +22,7 @@ import pytest
 
 import spectrace.store
 from spectrace.testing.engine import K, EngineSpec, method_specs, run_engines
-from spectrace.tracer import stages
+from spectrace.recorder import stages
 
 pytestmark = pytest.mark.vllm
 

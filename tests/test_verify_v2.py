@@ -12,8 +12,8 @@ import pytest
 
 from spectrace.vllm_objects.steps import BOOKKEEPING_FIELDS
 from spectrace.settings import Settings
-from spectrace.tracer import runtime, verify
-from spectrace.tracer.verify import hooks_v2 as verify_v2
+from spectrace.recorder import runtime, verify
+from spectrace.recorder.verify import hooks_v2 as verify_v2
 
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.worker.gpu.async_utils import AsyncOutput  # noqa: E402
@@ -74,9 +74,9 @@ def _v2_step(rt) -> ModelRunnerOutput:
 def test_v2_worker_count_follows_vllms_trimmed_rows(rt):
     output = _v2_step(rt)
     assert [len(row) for row in output.sampled_token_ids] == NUM_SAMPLED.tolist()  # vLLM's own trimming ran
-    rt.verify.drain(rt)
+    rt.drain.drain(rt)
     drafted = int(DRAFTS[DRAFTS > 0].sum())
-    assert rt.verify.judge.totals[(verify.WORKER, "v2-run", 0)] == [drafted, sum(ACCEPTED)]
+    assert rt.drain.judge.totals[(verify.WORKER, "v2-run", 0)] == [drafted, sum(ACCEPTED)]
 
 
 def test_v1_and_v2_hooks_count_the_same_step_alike(rt):
@@ -90,8 +90,8 @@ def test_v1_and_v2_hooks_count_the_same_step_alike(rt):
     bookkeeping = verify.wrap_bookkeeping_sync(lambda self, so, *a: tuple(result), "worker.verify")
     rt.set_run(runtime.Run(run_id="v1-run", traceparent=""))
     bookkeeping(None, scheduler_output)
-    rt.verify.drain(rt)
-    assert rt.verify.judge.totals[(verify.WORKER, "v1-run", 0)] == rt.verify.judge.totals[(verify.WORKER, "v2-run", 0)]
+    rt.drain.drain(rt)
+    assert rt.drain.judge.totals[(verify.WORKER, "v1-run", 0)] == rt.drain.judge.totals[(verify.WORKER, "v2-run", 0)]
 
 
 def test_v2_hooks_never_raise_into_vllm(rt):
@@ -110,8 +110,8 @@ def test_an_injected_fault_in_a_v2_hook_is_counted_and_vllms_output_unchanged(tm
     try:
         output = _v2_step(rt)
         assert [len(row) for row in output.sampled_token_ids] == NUM_SAMPLED.tolist()
-        rt.verify.drain(rt)
+        rt.drain.drain(rt)
         assert rt.errors == {hook: 1}
-        assert not any(source == verify.WORKER for source, _, _ in rt.verify.judge.totals)  # that step was not counted
+        assert not any(source == verify.WORKER for source, _, _ in rt.drain.judge.totals)  # that step was not counted
     finally:
         runtime.stop()

@@ -9,8 +9,8 @@ import pytest
 import vllm
 
 import spectrace.store
-from spectrace.tracer import support
-from spectrace.tracer.stages import all_hooks
+from spectrace.recorder import support
+from spectrace.recorder.stages import all_hooks
 
 pytestmark = pytest.mark.vllm
 

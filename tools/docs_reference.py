@@ -303,11 +303,11 @@ def schema_page() -> str:
 
 
 def versions_page() -> str:
-    from spectrace.tracer.stages import all_hooks
+    from spectrace.recorder.stages import all_hooks
     from tools import versions_table
 
     return "\n".join([
-        _header("spectrace/tracer/support.py and bench/results (tools/versions_table.py)"),
+        _header("spectrace/recorder/support.py and bench/results (tools/versions_table.py)"),
         "# Supported vLLM versions",
         "",
         "Each hook, the vLLM site it wraps, the range it declares and what is checked when it installs; then every "

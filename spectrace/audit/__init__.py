@@ -1,7 +1,7 @@
 """The audit: pure functions that turn captured config and layout into findings.
 
 Nothing here imports vLLM or touches a process: the live hooks
-(``spectrace.tracer``) and ``spectrace doctor`` feed the same functions with
+(``spectrace.recorder``) and ``spectrace doctor`` feed the same functions with
 plain dicts, and the unit tests feed them hand-written ones. One module per topic:
 
 - ``codes``: the registry of finding codes (code, severities, meaning, fix)

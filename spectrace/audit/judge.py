@@ -2,7 +2,7 @@
 
 The composition: config → pair → method chain and sampler → refusal → token budget → layout → root causes → boundaries.
 
-The frontend (``tracer.audit_live``), the engine core (``tracer.verify``) and
+The frontend (``recorder.audit_live``), the engine core (``recorder.verify``) and
 ``spectrace doctor`` each gather what their process can know and call
 :func:`judge`, so the composition (config → pair → refusal → layout → root causes
 → boundaries) is written once and a fact one caller lacks is visibly ``None``

@@ -1,6 +1,6 @@
 """The run judge: a run's records as each flush produces them in, its findings out, each at most once per run.
 
-The drain (``spectrace.tracer.verify.drain``) counts a flush's steps into records (per-position counts, draft
+The drain (``spectrace.collector.drain``) counts a flush's steps into records (per-position counts, draft
 shapes, request counts and slices, the draft budget, step shapes, worker step sums) and hands each batch here; this
 module keeps what the rules need between batches (the accumulators below, one :class:`RunRecords` per run) and
 returns the findings they give. One ``reported`` set per run says what was already said, for every rule: collapse
@@ -44,7 +44,7 @@ ENGINE, WORKER = "engine_core", "worker"
 
 
 class RunJudge:
-    """Every run rule of one process, over the records its drain produces (one per ``VerifyCapture``)."""
+    """Every run rule of one process, over the records its drain produces (one per ``spectrace.collector.drain.Drain``)."""
 
     def __init__(self, *, collapse_threshold: float, collapse_window_tokens: int, collapse_min_tokens: int) -> None:
         self._collapse = dict(threshold=collapse_threshold, window=collapse_window_tokens, min_tokens=collapse_min_tokens)

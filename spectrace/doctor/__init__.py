@@ -4,7 +4,7 @@
 [--runner v1|v2] [--max-model-len N] [--json]``
 
 No engine is started and no weight is read. Doctor runs the installed vLLM's own
-code on the two ``config.json`` files, exactly where a live run (``spectrace.tracer``)
+code on the two ``config.json`` files, exactly where a live run (``spectrace.recorder``)
 captures the same values, and feeds the results to the same pure audit
 (``spectrace.audit``):
 

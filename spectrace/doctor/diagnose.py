@@ -470,7 +470,7 @@ def _build(
 
     if build_error is not None:
         role, exc, phase = build_error
-        # as the live worker (tracer.layout.record_load_error): explained by the drafter's config findings
+        # as the live worker (recorder.layout.record_load_error): explained by the drafter's config findings
         draft_config = model_configs(vllm_config).get("draft")
         load = audit.explain_build_error(
             _error_text(exc),
@@ -492,7 +492,7 @@ def _weights_audit(
     report: Report, model: Any, manifest: Manifest, method: str | None, model_config: Any, own_checkpoint: bool,
     target_manifest: Manifest | None = None,
 ) -> list[Any]:
-    """The live run's weight audit (``spectrace.tracer.weights``) on the meta-built drafter: vLLM's own
+    """The live run's weight audit (``spectrace.recorder.weights``) on the meta-built drafter: vLLM's own
     ``load_weights`` fed meta tensors of the checkpoint's header shapes."""
     facts = report.models.setdefault("draft", {})
     if manifest.error is not None:
@@ -605,7 +605,7 @@ def _tap_audit(
     tapped: tuple[list[int] | None, str],
     runner: str,
 ) -> list[Any]:
-    """The live run's tap audit (``spectrace.tracer.taps.record_taps``) on the meta-built pair."""
+    """The live run's tap audit (``spectrace.recorder.taps.record_taps``) on the meta-built pair."""
     spec = vllm_config.speculative_config
     draft = kept.get("draft")
     facts = read_taps.tap_facts(vllm_config, kept["target"], draft)

@@ -187,7 +187,7 @@ def dry_load(model: Any, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> set
     """The parameter names vLLM's own ``load_weights`` fills from a checkpoint of ``tensors``,
     run on the meta-built ``model`` with meta tensors of the manifest's shapes (no data read).
 
-    As the live hook (``spectrace.tracer.weights``): the set ``AutoWeightsLoader.load_weights``
+    As the live hook (``spectrace.recorder.weights``): the set ``AutoWeightsLoader.load_weights``
     returns for the whole model, else what the model's ``load_weights`` returns. Raises what the
     model's loader raises (a shape it refuses, a loader that needs data).
     """

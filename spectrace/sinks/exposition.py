@@ -11,7 +11,7 @@ processes vLLM starts afterwards through ``SPECTRACE_METRICS_DIR``.
 process is gone (exited, killed, a zombie, or its pid reused by another process)
 is skipped and removed at the next scrape, so a dead engine's series leave
 ``/metrics`` at once. The API server registers it in vLLM's registry
-(``spectrace.tracer.api_server``); an offline engine serves it on a standalone
+(``spectrace.recorder.api_server``); an offline engine serves it on a standalone
 endpoint (:func:`serve_standalone`).
 
 Each re-exposed sample carries ``pid`` and the labels vLLM's own series carry
@@ -50,12 +50,12 @@ _DIR_PREFIX = "spectrace-metrics-"
 # A file the collector reads: <pid>.<start time>.prom, both non-zero (``1.prom`` or
 # ``1.0.prom`` would skip the liveness check, so they are never read).
 # <pid>.<start time>.prom; a shipping engine process's own losses: <pid>.<start time>.shipper.prom
-# (spectrace.tracer.losses), beside its pipeline process's file
+# (spectrace.recorder.losses), beside its pipeline process's file
 _FILE_NAME = re.compile(r"([1-9][0-9]*)\.([1-9][0-9]*)(?:\.shipper)?" + re.escape(SUFFIX))
 MAX_FILE_BYTES = 4 << 20  # one process's series are a few kB; a larger file is skipped
 
 # Labels vLLM's own series carry, for this process: model_name (the served model
-# name) and engine (the DP engine index). Set by spectrace.tracer.api_server hooks.
+# name) and engine (the DP engine index). Set by spectrace.recorder.api_server hooks.
 PROCESS_LABELS: dict[str, str] = {}
 
 _dir_lock = threading.Lock()

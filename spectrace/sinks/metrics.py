@@ -26,11 +26,12 @@ Common attributes, on every series so PromQL can group by them: ``model``,
 ``draft_model``, ``method``, ``run_id``. The engine's thread never touches an
 instrument: counters are added to once per flush from aggregated counts.
 
-Fed from the flush's records by :class:`MetricsSink` (the first sink of a process with metrics: the
+Fed from the flush's records by :class:`MetricsSink` alone (the first sink of a process with metrics): the
 ``verify_counts``, ``acceptance_lengths``, ``step_shapes``, ``context_boundaries``, ``draft_budget``,
-``speculation_steps`` and ``findings`` rows of each batch); the values that are not records — the run
-judge's estimates, per-flush slice counts, the layout's verdicts, taps, run info, error counts — by
-the code that computes them.
+``speculation_steps`` and ``findings`` rows of each batch, and its value records (``batch.values``,
+``spectrace.values``: the run judge's speed-up estimates, per-flush slice counts, the layout's verdicts, taps, run
+info, error counts, drops), which the code that computes them hands to the pipeline. Nothing outside
+``spectrace/sinks/`` calls an instrument.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 
+from spectrace import values as value_records
 from spectrace.audit import codes
 from spectrace.audit.rules import active
 from spectrace.pipeline import Batch, Sink
@@ -297,6 +299,47 @@ class MetricsSink(Sink):
             run_id = None if part.run_id == "none" else part.run_id
             rows = part.arrow.select([c for c in columns if c in part.arrow.column_names]).to_pylist()
             handle(self, metrics, rows, run_id, self._labels(run_id))
+        for value in batch.values:
+            handle = self._VALUES.get(type(value))
+            if handle is not None:
+                handle(self, metrics, value)
+
+    # -- value records (spectrace.values) ----------------------------------------
+
+    def _run_info(self, metrics: Metrics, value: value_records.RunInfo) -> None:
+        metrics.run_info(value.info, self._labels(value.run_id), value.vllm_version, value.spectrace_version)
+
+    def _layout(self, metrics: Metrics, value: value_records.LayoutVerdicts) -> None:
+        metrics.layout(value.rows, self._labels(value.run_id))
+
+    def _taps(self, metrics: Metrics, value: value_records.Taps) -> None:
+        metrics.taps(value.rows, self._labels(value.run_id))
+
+    def _speedup(self, metrics: Metrics, value: value_records.Speedup) -> None:
+        labels = self._labels(value.run_id)
+        if value.by_k:
+            metrics.speedup_by_k(value.by_k, value.rank, labels)
+        metrics.speedup_estimate(value.estimate, value.rank, labels)
+
+    def _slice_counts(self, metrics: Metrics, value: value_records.SliceCounts) -> None:
+        metrics.slices(value.counts, self._labels(value.run_id))
+
+    def _error_counts(self, metrics: Metrics, value: value_records.ErrorCounts) -> None:
+        metrics.errors(value.counts)
+
+    def _dropped(self, metrics: Metrics, value: value_records.Dropped) -> None:
+        if value.count > 0:
+            metrics.dropped.add(value.count)
+
+    _VALUES = {
+        value_records.RunInfo: _run_info,
+        value_records.LayoutVerdicts: _layout,
+        value_records.Taps: _taps,
+        value_records.Speedup: _speedup,
+        value_records.SliceCounts: _slice_counts,
+        value_records.ErrorCounts: _error_counts,
+        value_records.Dropped: _dropped,
+    }
 
     def _verify_counts(self, metrics: Metrics, rows: list[dict], run_id: str | None, labels: dict[str, str]) -> None:
         metrics.verify_counts([r for r in rows if r["source"] == "engine_core"], labels)

@@ -62,7 +62,7 @@ def memory_runtime(root, run_id: str, **settings):
 
     from spectrace.settings import Settings
     from spectrace.sinks.memory import MemorySink
-    from spectrace.tracer import runtime, verify
+    from spectrace.recorder import runtime, verify
 
     rt = runtime.start(Settings(**{"enabled": True, "dir": Path(root), "exporters": (), "span_every_steps": 0,
                                    "pipeline": "thread", **settings}), hooks=[], make_capture=verify.VerifyCapture)

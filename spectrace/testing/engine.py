@@ -395,7 +395,7 @@ def _inject_fault(hook: str | None) -> None:
     if hook is None or not tracing_enabled():
         return
     from spectrace import plugin
-    from spectrace.tracer import runtime
+    from spectrace.recorder import runtime
 
     plugin.register()
     rt = runtime.get()
@@ -438,7 +438,7 @@ def _wait_for(path: Path, timeout_s: float = 300.0) -> None:
 def _exporter_stats() -> dict[str, Any]:
     """The pipeline's counters (``dropped``, ``errors``, ...) and each sink's own, by sink name."""
     try:
-        from spectrace.tracer import runtime
+        from spectrace.recorder import runtime
 
         rt = runtime.get()
         if rt is None:
@@ -450,7 +450,7 @@ def _exporter_stats() -> dict[str, Any]:
 
 def _current_run_id() -> str | None:
     try:
-        from spectrace.tracer import runtime
+        from spectrace.recorder import runtime
 
         rt = runtime.get()
         return rt.run.run_id if rt is not None and rt.run is not None else None
@@ -460,7 +460,7 @@ def _current_run_id() -> str | None:
 
 def _flush_spectrace() -> None:
     try:
-        from spectrace.tracer import runtime
+        from spectrace.recorder import runtime
 
         rt = runtime.get()
         if rt is not None:

@@ -117,7 +117,7 @@ class Server:
 
     def pipelines(self) -> set[int]:
         """The pipeline processes of the server's processes. They run outside its session (setsid,
-        spectrace.tracer.detached) and each names its traced process in ``SPECTRACE_PIPELINE_OF``."""
+        spectrace.recorder.detached) and each names its traced process in ``SPECTRACE_PIPELINE_OF``."""
         import os
 
         marks = {f"SPECTRACE_PIPELINE_OF={pid}".encode() for pid in self.pids()}

@@ -1,7 +1,7 @@
 """Pure readers of vLLM objects: what a config, a built model or a step holds, as plain data.
 
 The first stage of spectrace's flow (read vLLM → judge → record → export → query):
-the live hooks (``spectrace.tracer``) and ``spectrace doctor`` call the same readers,
+the live hooks (``spectrace.recorder``) and ``spectrace doctor`` call the same readers,
 so a fact about vLLM (a layer's window, the taps a target feeds, which config is the
 draft's) is read by one rule in one place. Nothing here records, exports or judges:
 no runtime, no OpenTelemetry; the judgement is ``spectrace.audit``'s.

@@ -8,7 +8,7 @@ vLLM or a traceback in ``doctor``). Cost: one ``open`` + two reads per file (a f
 model, a few hundred kB for a large one).
 
 What the loader filled is the set of parameter names ``AutoWeightsLoader.load_weights`` returns
-for the model being loaded (captured by ``spectrace.tracer.weights`` while vLLM's
+for the model being loaded (captured by ``spectrace.recorder.weights`` while vLLM's
 ``DefaultModelLoader.load_weights`` runs), copied before vLLM's own check adds its exempt names.
 """
 

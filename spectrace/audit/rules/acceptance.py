@@ -1,7 +1,7 @@
 """Acceptance arithmetic: context buckets, per-position counts, collapse detection.
 
 Pure functions and small classes over plain numbers; the live aggregator
-(``spectrace.tracer.verify``) and the tests use them alike.
+(``spectrace.recorder.verify``) and the tests use them alike.
 
 Per request-step, ``d`` drafted and ``a`` accepted tokens (greedy verification
 accepts a prefix): positions ``0..d-1`` were drafted, positions ``0..a-1``
