@@ -38,12 +38,7 @@ def test_mode_from_kwarg_then_default_then_prompt_tail():
     assert thinking.mode_from_prompt_tail([START, 9, 9, 9, 9, END, NL], START, END) is None
 
 
-def test_phase_marks_split_reasoning_and_answer_at_the_markers():
-    out = [START, 11, 12, END, NL, 13, 14]
-    assert thinking.phase_marks(out, START, END, False) == ["reasoning"] * 4 + ["answer"] * 3
-    # the prompt opened the block (thinking on): the response starts in the reasoning phase
-    assert thinking.phase_marks([11, END, 13], START, END, True) == ["reasoning", "reasoning", "answer"]
-    assert thinking.phase_marks([11, 12], START, END, False) == ["answer", "answer"]
+def test_phase_counts_sum_the_steps_of_each_phase():
     assert thinking.phase_counts([("reasoning", 3, 1), ("reasoning", 3, 0), ("answer", 3, 3)]) == {
         "reasoning": (2, 6, 1), "answer": (1, 3, 3)}
 

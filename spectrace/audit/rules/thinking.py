@@ -10,10 +10,10 @@ records its training mode; the request does:
   think block) means off; a prompt ending in an open ``<think>`` means on.
 
 ``thinking_mode`` gives the request's mode (``on`` / ``off`` / ``unknown``) and where it was read
-(``kwarg``, ``default``, ``prompt_tail``, ``none``). ``phase_marks`` splits a response's output tokens into
-its reasoning and answer phases at the think start / end tokens. The mode is one request-slice dimension
+(``kwarg``, ``default``, ``prompt_tail``, ``none``). ``PhaseTracker`` follows each request's
+output, step by step, into its reasoning and answer phases at the think start / end markers. The mode is one request-slice dimension
 (``spectrace.audit.rules.slices``: ``thinking_mode``); the run judge's Wilson comparison (``slice_gap``)
-of its values is ``THINKING_MODE_GAP``.
+of its values (and of the phases: ``phase_gap``) is ``THINKING_MODE_GAP``.
 """
 
 from __future__ import annotations
@@ -41,13 +41,6 @@ def _mode_of(value: Any) -> str | None:
             return "off"
         if word in _ON_WORDS or word in ("low", "medium", "high"):
             return "on"
-    return None
-
-
-def mode_from_kwargs(kwargs: dict[str, Any] | None) -> str | None:
-    for key in KWARGS:
-        if kwargs and key in kwargs and (mode := _mode_of(kwargs[key])) is not None:
-            return mode
     return None
 
 
@@ -102,32 +95,13 @@ def mode_from_prompt_tail(prompt_ids: Sequence[int] | None, start: int | Sequenc
 def thinking_mode(request_kwargs: dict[str, Any] | None, default_kwargs: dict[str, Any] | None = None,
                   prompt_ids: Sequence[int] | None = None, start_id: int | Sequence[int] | None = None,
                   end_id: int | Sequence[int] | None = None) -> tuple[str, str]:
-    """(mode, source): the request's kwarg, else the server's default kwarg, else the prompt's tail."""
-    if (mode := mode_from_kwargs(request_kwargs)) is not None:
-        return mode, "kwarg"
-    if (mode := mode_from_kwargs(default_kwargs)) is not None:
-        return mode, "default"
+    """(mode, source): the request's kwarg, else the server's default kwarg (``kwarg_mode``), else the prompt's
+    tail."""
+    if (found := kwarg_mode(request_kwargs, default_kwargs)) is not None:
+        return found[0], found[1]
     if (mode := mode_from_prompt_tail(prompt_ids, start_id, end_id)) is not None:
         return mode, "prompt_tail"
     return "unknown", "none"
-
-
-def phase_marks(output_ids: Sequence[int], start_id: int | None, end_id: int | None,
-                thinking_at_start: bool) -> list[str]:
-    """The phase each output token was produced in: ``reasoning`` inside a think block, ``answer`` after its end
-    (a marker token belongs to the phase it opens or closes: start -> reasoning, end -> reasoning)."""
-    phase = "reasoning" if thinking_at_start else "answer"
-    out = []
-    for token in output_ids:
-        if token == start_id:
-            phase = "reasoning"
-            out.append(phase)
-        elif token == end_id:
-            out.append("reasoning")
-            phase = "answer"
-        else:
-            out.append(phase)
-    return out
 
 
 class PhaseTracker:
