@@ -85,11 +85,16 @@ def _capture(rt, capture: ConfigCapture) -> None:
         rt.run.model_captures.append(capture)
 
 
+def _engine_up(rt, state, result, *args, **kwargs) -> None:
+    rt.end_run_span()
+
+
+def _engine_failed(rt, state, exc, *args, **kwargs) -> None:
+    rt.end_run_span(exc)
+
+
 # LLMEngine / AsyncLLM __init__: the engine is up (or failed): the run's root span ends
-wrap_engine_init = around(
-    after=[(None, lambda rt, state, result, *args, **kwargs: rt.end_run_span())],
-    failed=lambda rt, state, exc, *args, **kwargs: rt.end_run_span(exc),
-)
+wrap_engine_init = around(after=[(None, _engine_up)], failed=_engine_failed)
 
 
 def _serving(rt, state, result, engine=None, *args, **kwargs) -> None:
@@ -103,10 +108,7 @@ def _serving(rt, state, result, engine=None, *args, **kwargs) -> None:
 
 
 # AsyncLLM.__init__: as LLMEngine's, and the API server's own hooks install
-wrap_async_engine_init = around(
-    after=[(None, lambda rt, state, result, *args, **kwargs: rt.end_run_span()), (None, _serving)],
-    failed=lambda rt, state, exc, *args, **kwargs: rt.end_run_span(exc),
-)
+wrap_async_engine_init = around(after=[(None, _engine_up), (None, _serving)], failed=_engine_failed)
 
 
 def _request_finished(rt, processor, req_state, finish_reason, *args, **kwargs) -> None:
