@@ -38,7 +38,7 @@ def runs(zoo, scratch, cache_root):
                           drafter_changes=[START, *changes])
 
     specs = [
-        spec("step", [{"at_step": 150, "noise": 0.5, "seed": 2, "only": HEAD},
+        spec("step", [{"at_step": 150, "noise": 0.8, "seed": 2, "only": HEAD},
                       {**START, "at_step": 230, "restore": True}]),
         spec("decay", [{"at_step": 60 + 5 * i, "noise": 0.06, "seed": 10 + i, "only": HEAD} for i in range(140)]),
         spec("steady", []),

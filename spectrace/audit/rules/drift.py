@@ -346,7 +346,8 @@ class DriftDetector:
         change ``within`` block j lies inside it: the block's end is the onset, the end of the block before it the last
         moment before, as for a change at the boundary)."""
         blocks = self.blocks
-        before_blocks, after_blocks = blocks[:j], blocks[j:]
+        # a block the change falls inside holds both levels: in neither side's rates (nor its requests')
+        before_blocks, after_blocks = blocks[:j], blocks[j + 1:] if within and j + 1 < len(blocks) else blocks[j:]
         self._reference = _pooled(before_blocks) if before_blocks else _pooled(blocks[:1])
         self._good = 0
         before_requests: dict[str, list[int]] = {}
