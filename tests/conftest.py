@@ -72,9 +72,44 @@ def _mark_lanes(items) -> None:
 
 
 # Session fixtures that start engines several modules read. `make test` runs two pytest-xdist workers with
-# --dist loadfile: each module runs whole in one worker (its module fixtures start once); a session engine
-# read by modules of both workers starts in each. The modules reading these run first (they are the longest).
+# --dist loadfile: each module runs whole in one worker (its module fixtures start once), and the modules that
+# read the same session engines run in one worker too (ENGINE_GROUPS, pytest_xdist_make_scheduler below), so that
+# each engine starts once (in two workers it started twice: 45-50 s of engines each time).
 SHARED_ENGINES = ("traced_methods", "untraced_methods", "audit_runs", "tap_runs")
+ENGINE_GROUPS = {"traced_methods": "methods", "untraced_methods": "methods", "tap_runs": "methods",
+                 "audit_runs": "audit"}  # a session engine -> the work unit of every module that reads it
+
+
+def engine_group(path: Path) -> str | None:
+    """The work unit of a test module that reads a session engine (a parameter of any of its functions), else None;
+    read without importing it. A module reading engines of two groups would take the first: none does."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names = {arg.arg for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for arg in node.args.args}
+    groups = sorted({ENGINE_GROUPS[name] for name in names if name in ENGINE_GROUPS})
+    return f"engines:{groups[0]}" if groups else None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the modules that read the same session engines in one work unit (engine_group)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    groups: dict[str, str] = {}  # module -> work unit
+
+    class SharedEngineScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            if module not in groups:
+                groups[module] = engine_group(config.rootpath / module) or module
+            return groups[module]
+
+    return SharedEngineScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects

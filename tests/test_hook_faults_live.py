@@ -27,7 +27,7 @@ ASYNC_ONLY = {"frontend.async_llm_started"}  # AsyncLLM's start: `vllm serve`, n
 # runs), and none of them starts the run, installs other hooks or records what another records. The rest
 # run alone: a run that never began, a load that recorded nothing, changes what later hooks see.
 ALONE = {"frontend.create_engine_config", "frontend.llm_engine_started", "worker.load_model", *ASYNC_ONLY}
-GROUPS = 5
+GROUPS = 3
 
 
 def _engines() -> dict[str, list[str]]:
