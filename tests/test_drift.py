@@ -174,15 +174,14 @@ def _mixed_run(seed: int, scale) -> list[str]:
 
 def test_a_step_inside_a_block_is_a_step():
     """The change falls inside a block, which then holds both levels (tests/test_drift_live.py's step run in CI:
-    read as a decay). Before the plain step was fitted, 5 of these 40 seeded runs read the step as a decay."""
-    kinds = [_mixed_run(seed, lambda x: 0.55 if 3600 <= x < 5520 else 1.0) for seed in range(40)]
-    first = [k[0] if k else None for k in kinds]
-    assert first.count(drift.STEP) >= 39 and drift.DECAY not in first, first
-    assert sum(k[:2] == [drift.STEP, drift.RESTORED] for k in kinds) >= 38, kinds  # and back when the drafter is
+    read as a decay). Before the plain step was fitted, 2 of these 20 seeded runs read the step as a decay."""
+    kinds = [_mixed_run(seed, lambda x: 0.55 if 3600 <= x < 5520 else 1.0) for seed in range(20)]
+    assert [k[:1] for k in kinds] == [[drift.STEP]] * 20, kinds
+    assert sum(k[:2] == [drift.STEP, drift.RESTORED] for k in kinds) >= 19, kinds  # and back when the drafter is
 
 
 def test_a_decay_in_small_flushes_is_still_a_decay():
     """The twin: a steady decline in the same flushes is a decay, not a step whose block the plain step leaves out."""
-    kinds = [_mixed_run(seed, lambda x: max(1.0 - max(0, x - 1500) / 8000, 0.2)) for seed in range(40)]
+    kinds = [_mixed_run(seed, lambda x: max(1.0 - max(0, x - 1500) / 8000, 0.2)) for seed in range(20)]
     first = [k[0] if k else None for k in kinds]
-    assert first.count(drift.DECAY) >= 37, first
+    assert first.count(drift.DECAY) >= 19, first
