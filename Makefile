@@ -53,7 +53,8 @@ chromium:
 	  else echo "chromium missing: sudo apt-get install chromium"; exit 1; fi; }
 
 # Two workers (pytest-xdist): live tests wait on engines, servers and flushes much of the time, so two
-# share the two cores; each module runs whole in one worker (--dist loadfile; tests/conftest.py orders them).
+# share the two cores; each module runs whole in one worker (--dist loadfile), the modules that read the same
+# session engines in one worker together (tests/conftest.py's scheduler: each engine starts once).
 TEST_WORKERS ?= 2
 
 test: $(STAMP) prometheus postgres tmux chromium docs
