@@ -66,7 +66,8 @@ def v2_runs(zoo, scratch, cache_root):
     faulted = [dataclasses.replace(self_spec, name=f"self_faulted{i}", inject_fault=",".join(hooks))
                for i, hooks in enumerate(FAULT_GROUPS)]
     specs = _v2_specs(zoo) + faulted + _seed_specs(zoo, scratch / "v2-models")
-    # ngram last in each child (what it stops in: its test; after numba, no engine starts in the same child)
+    # ngram last in each child: it stops in the interpreter (its own test below), and after it has loaded numba no
+    # engine starts in the same child (run_engines)
     traced = run_engines(specs + [_ngram_spec(zoo)], store=store, cache_root=cache_root, log_file=scratch / "v2.log",
                          runner="v2")
     untraced = run_engines(_v2_specs(zoo) + [_ngram_spec(zoo)], store=None, traced=False, cache_root=cache_root,
