@@ -75,9 +75,9 @@ def _mark_lanes(items) -> None:
 # --dist loadfile: each module runs whole in one worker (its module fixtures start once), and the modules that
 # read the same session engines run in one worker too (ENGINE_GROUPS, pytest_xdist_make_scheduler below), so that
 # each engine starts once (in two workers it started twice: 45-50 s of engines each time).
-SHARED_ENGINES = ("traced_methods", "untraced_methods", "audit_runs", "tap_runs")
 ENGINE_GROUPS = {"traced_methods": "methods", "untraced_methods": "methods", "tap_runs": "methods",
                  "audit_runs": "audit"}  # a session engine -> the work unit of every module that reads it
+SHARED_ENGINES = tuple(ENGINE_GROUPS)
 
 
 def engine_group(path: Path) -> str | None:
