@@ -55,3 +55,34 @@ def test_without_the_internals_the_count_is_zero_and_nothing_raises():
     processor.force_flush()
     assert drops == [] and exporter.names == ["x"]
     processor.shutdown()
+
+
+def test_trace_and_span_ids_do_not_follow_the_random_module_vllm_seeds(tmp_path):
+    """vLLM seeds ``random`` at every engine start (``seed``, 0 by default); the SDK's default ids come from it, so
+    every run of a process, and every restart of a server, made the same trace id. A runtime's do not."""
+    import random
+
+    from spectrace.recorder import runtime
+    from spectrace.testing import memory_runtime
+
+    def ids(start):
+        got = []
+        for _ in range(2):
+            random.seed(0)
+            span = start()
+            got.append((span.get_span_context().trace_id, span.get_span_context().span_id))
+            span.end()
+        return got
+
+    default = TracerProvider().get_tracer("t")
+    try:
+        same = ids(lambda: default.start_span("a"))
+        assert same[0] == same[1]  # the SDK's default generator: the seed decides the ids
+        rt, _ = memory_runtime(tmp_path, "r")
+        try:
+            ours = ids(lambda: rt.start_span("spectrace.run", role="frontend"))
+        finally:
+            runtime.stop()
+        assert ours[0][0] != ours[1][0] and ours[0][1] != ours[1][1] and all(i for pair in ours for i in pair)
+    finally:
+        random.seed()

@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 import sys
 import threading
 import time
@@ -43,6 +44,7 @@ from typing import Any, Iterator
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import spectrace
@@ -57,6 +59,29 @@ from spectrace.recorder.runs import Run, new_run_id, vllm_version  # callers nam
 log = logging.getLogger("vllm.spectrace")
 
 _propagator = TraceContextTextMapPropagator()
+
+
+class SystemRandomIds(IdGenerator):
+    """Trace and span ids from the operating system's randomness (``random.SystemRandom``), not from the ``random``
+    module's global generator, which the OpenTelemetry SDK's default reads and vLLM seeds (``seed``, 0 by default):
+    with it every run of one process, and every restart of a server, made the same ids, so that their traces merged
+    into one in a tracing backend (three runs of one test engine shared a trace id)."""
+
+    def __init__(self) -> None:
+        self._random = random.SystemRandom()
+
+    def generate_span_id(self) -> int:
+        while not (span_id := self._random.getrandbits(64)):
+            pass
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        while not (trace_id := self._random.getrandbits(128)):
+            pass
+        return trace_id
+
+    def is_trace_id_random(self) -> bool:
+        return True
 
 
 def pipeline_shape(setting: str) -> str:
@@ -160,7 +185,7 @@ class Runtime:
             if self._tracer is not None:
                 return
             resource = self._resource(role)
-            provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            provider = TracerProvider(resource=resource, shutdown_on_exit=False, id_generator=SystemRandomIds())
             self.provider = provider
             self.shape.telemetry(provider, resource)
             self._tracer = provider.get_tracer("spectrace", spectrace.__version__)
