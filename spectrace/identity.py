@@ -22,3 +22,13 @@ def adopt(engine_pid: int) -> None:
     """Write every record of this process under ``engine_pid`` (a pipeline process, once, at start)."""
     global _adopted
     _adopted = int(engine_pid)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -43,6 +43,34 @@ def test_window_only_is_swa_dropped_and_runs_full(audit_runs):
     assert layout == [("unspecified", WINDOW, "full", None, "full", None, "FullAttentionSpec", False)]
 
 
+def test_each_finding_is_an_event_on_a_span_under_the_span_it_was_read_in(audit_runs):
+    """The collector judges what the hooks read: the frontend's findings hang on a ``spectrace.audit`` span under the
+    run's root span, the worker's under its ``spectrace.worker.load_model`` span; each finding is one event there."""
+    import json
+
+    con, results, _ = audit_runs
+    # every run its own trace, and no span id twice (vLLM seeds `random` at each engine start: the SDK's default ids
+    # repeated, and three runs of this one process shared a trace)
+    assert con.execute("select trace_id from spans group by trace_id having count(distinct run_id) > 1").fetchall() == []
+    assert con.execute("select span_id from spans group by span_id having count(*) > 1").fetchall() == []
+    run_id = results["window_only"].run_id
+    spans = {span_id: (name, parent, json.loads(attributes), json.loads(events or "[]")) for span_id, name, parent,
+             attributes, events in con.execute("select span_id, name, parent_span_id, attributes, events from spans "
+                                               "where run_id = ?", [run_id]).fetchall()}
+    audits = {span_id: span for span_id, span in spans.items() if span[0] == "spectrace.audit"}
+    by_role = {}
+    for name, parent, attributes, events in audits.values():
+        role = attributes["spectrace.process.role"]
+        assert spans[parent][0] == {"frontend": "spectrace.run", "worker": "spectrace.worker.load_model"}[role]
+        by_role.setdefault(role, []).extend(e["name"].removeprefix("spectrace.finding.") for e in events)
+    rows = {}
+    for code, role in con.execute("select code, process_role from findings where run_id = ?", [run_id]).fetchall():
+        rows.setdefault(role, []).append(code)
+    assert {role: sorted(codes) for role, codes in by_role.items()} == {
+        role: sorted(codes) for role, codes in rows.items() if role in ("frontend", "worker")}
+    assert "SWA_DROPPED" in by_role["frontend"] and "LAYOUT_MISMATCH" in by_role["worker"]
+
+
 def test_refused_drafter_still_leaves_its_findings(audit_runs):
     con, results, _ = audit_runs
     result = results["layer_types_no_flag"]

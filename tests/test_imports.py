@@ -25,7 +25,8 @@ PACKAGES = ("spectrace", "tools", "bench")  # the product and the repo's own too
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("spectrace", "spectrace.records", "spectrace.bands", "spectrace.settings", "spectrace.console",
                 "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types",
-                "spectrace.values", "spectrace.buffer")),
+                "spectrace.values", "spectrace.buffer", "spectrace.load_facts", "spectrace.config_dicts",
+                "spectrace.readings", "spectrace.sink")),
     ("audit", ("spectrace.audit",)),  # pure judgement; audit.rules inside it
     ("vllm_objects", ("spectrace.vllm_objects",)),  # pure readers of vLLM objects (they name the audit's fields)
     ("pipeline", ("spectrace.pipeline",)),  # the flush: buffer, batches, the Sink protocol
@@ -239,10 +240,9 @@ def test_only_the_plugin_imports_the_recorder():
 
 
 # What the collector imports of the recorder: the shipment and its record types, the runtime it builds in a pipeline
-# process (runs, roles, telemetry), the loss ledgers it writes, and the findings' emitter.
+# process (runs, roles, telemetry) and the loss ledgers it writes.
 COLLECTOR_READS = {"spectrace.recorder", "spectrace.recorder.wire", "spectrace.recorder.verify", "spectrace.recorder.verify.capture",
-                   "spectrace.recorder.verify.run_config", "spectrace.recorder.runtime", "spectrace.recorder.losses",
-                   "spectrace.recorder.audit_live"}
+                   "spectrace.recorder.verify.run_config", "spectrace.recorder.runtime", "spectrace.recorder.losses"}
 
 
 def test_read_and_audit_record_nothing():
@@ -262,16 +262,10 @@ def test_read_and_audit_record_nothing():
 # (pipeline, sinks, store, lake, collector) and the array libraries it needs (numpy, pyarrow).
 NOT_IN_THE_RECORDER = ("numpy", "pyarrow", "spectrace.audit", "spectrace.pipeline", "spectrace.sinks",
                        "spectrace.store", "spectrace.lake", "spectrace.collector")  # the run rules: spectrace.audit.rules
-# Where the recorder still does one of those, each named with what it does. Judged in vLLM's processes today (the
-# facts of a load or a config, judged where they are read): moving them to the collector means shipping those facts
-# as records first. The thread shape hosts the collector in the traced process (Runtime's one choice of shape), and
-# the API server's /metrics reads the exposition sink's files.
+# Where the recorder still does one of those, each named with what it does: the thread shape hosts the collector in
+# the traced process (Runtime's one choice of shape), and the API server's /metrics reads the exposition sink's
+# files. (The load-time judges left the recorder: it hands their facts on, spectrace.load_facts.)
 RECORDER_DEBTS = {
-    "spectrace.recorder.audit_live": {"spectrace.audit"},  # the frontend's and engine core's static judge
-    "spectrace.recorder.layout": {"spectrace.audit"},  # the worker's layout plans and LAYOUT_MISMATCH
-    "spectrace.recorder.taps": {"spectrace.audit"},  # the worker's taps audit
-    "spectrace.recorder.weights": {"spectrace.audit"},  # the worker's weights, dtype, rope and draft-settings audits
-    "spectrace.recorder.verify.run_config": {"spectrace.audit"},  # RunConfig's context: the static judge's causes
     "spectrace.recorder.runtime": {"spectrace.collector", "spectrace.sinks"},  # the thread shape; common_labels
     "spectrace.recorder.shipper": {"spectrace.sinks"},  # the exposition directory the pipeline process writes into
     "spectrace.recorder.api_server": {"spectrace.sinks"},  # the API server's /metrics collector

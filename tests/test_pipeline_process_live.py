@@ -90,6 +90,31 @@ def test_rows_are_the_engines_and_the_pipeline_is_another_process(process_runs):
     assert exporters == {f"pipeline process (pid {shipper['pid']})"}
 
 
+# What the vLLM process must not load in the process shape: the judging (the audit, the collector's judges and
+# drain), the flush (pipeline, sinks' batches, store, lake) and the array libraries spectrace's own flush uses
+JUDGING_AND_FLUSH = ("spectrace.audit", "spectrace.collector", "spectrace.pipeline", "spectrace.store",
+                     "spectrace.lake", "spectrace.sinks.metrics", "spectrace.sinks.spans", "spectrace.arrow_types")
+
+
+def test_the_vllm_process_records_and_its_pipeline_process_judges(process_runs):
+    """One process held vLLM's frontend, engine core and worker (VLLM_ENABLE_V1_MULTIPROCESSING=0): after two
+    engines, no judge and no flush of spectrace's was ever loaded in it. The load-time judges' rows and findings
+    are in the store all the same, written by the pipeline process under the roles that read them."""
+    store, results = process_runs
+    loaded = results["seeded"].spectrace_modules
+    assert "spectrace.recorder.runtime" in loaded and "spectrace.recorder.shipper" in loaded, loaded
+    assert [m for m in loaded if m.startswith(JUDGING_AND_FLUSH)] == [], " ".join(loaded)
+    con = spectrace.store.open(store)
+    for name in ("self", "seeded"):
+        run_id = results[name].run_id
+        written = dict(con.execute(
+            "select 'layout', count(*) from attention_layout where run_id = ? and process_role = 'worker' union all "
+            "select 'weights', count(*) from model_weights where run_id = ? and process_role = 'worker' union all "
+            "select 'fields', count(*) from config_fields where run_id = ? and process_role = 'frontend'",
+            [run_id] * 3).fetchall())
+        assert written["layout"] > 0 and written["weights"] == 2 and written["fields"] > 0, (name, written)
+
+
 def test_a_killed_pipeline_process_is_started_again(zoo, scratch, cache_root, untraced_methods):
     """SPECTRACE_INJECT_FAULT=pipeline_process: the first pipeline process SIGKILLs itself on a message with engine
     steps (its third or later)."""

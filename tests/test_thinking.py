@@ -221,7 +221,7 @@ def _with_markers(rt):
     from spectrace.recorder.verify.run_config import RunConfig
 
     facts = RunConfig.__new__(RunConfig)
-    facts.__setstate__((([], set(), None, None), {}, None, None, (OPEN, CLOSE)))
+    facts.__setstate__((None, {}, None, None, (OPEN, CLOSE)))
     rt.verify.run_facts[RUN] = facts
 
 

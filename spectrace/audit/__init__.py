@@ -40,7 +40,7 @@ Finding codes are stable and documented in docs/reference/codes.md (generated fr
 
 from spectrace.audit import codes
 from spectrace.audit.causality import audit_causality
-from spectrace.audit.config_dicts import (
+from spectrace.config_dicts import (
     ATTENTION_FIELDS,
     DFLASH_FIELDS,
     FULL,

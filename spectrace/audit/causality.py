@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import SLIDING, LayerPlan, _dflash, _get, _layer_kind, _num_layers
+from spectrace.config_dicts import SLIDING, LayerPlan, _dflash, _get, _layer_kind, _num_layers
 from spectrace.audit.findings import Finding
 from spectrace.audit.pair import architecture_method
 

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from spectrace.audit import codes
 from spectrace.audit.rules import drift
 from spectrace.audit.rules.speedup_figure import SPEEDUP_UNMEASURED
-from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
+from spectrace.config_dicts import MODEL_FREE_METHODS, _declared_window, _get, _is_window, _resolved_window
 from spectrace.audit.findings import Finding
 from spectrace.audit.window import target_window
 from spectrace.bands import band_bounds

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import _get
+from spectrace.config_dicts import _get
 from spectrace.audit.findings import Finding
 
 _ALIASES = {

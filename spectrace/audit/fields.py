@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import _BOOKKEEPING, _MISSING, _get
+from spectrace.config_dicts import _BOOKKEEPING, _MISSING, _get
 from spectrace.audit.findings import Finding
+from spectrace.readings import Stage, is_speculators  # noqa: F401  (audit.fields.Stage: the name judges use)
 
 # Keys of a speculators-format config that describe the checkpoint, not the drafter's arithmetic:
 # vLLM reads them itself (the method, the verifier, k) or they are the format's own bookkeeping.
@@ -87,19 +88,6 @@ _INTENDED = frozenset({"max_position_embeddings"})
 
 
 @dataclass
-class Stage:
-    """One step of vLLM's resolution: the function, and the drafter's config after it (None: it raised)."""
-
-    rule: str
-    config: dict[str, Any] | None
-    error: str | None = None
-    # where this step put each declared top-level field its output does not hold by name: the output keys that
-    # change with that field's value (``vllm_objects.configs._moves`` probes vLLM's own updater); [] where none
-    # does (the step does not read it); a field it moved is not lost
-    moves: dict[str, list[str] | None] | None = None
-
-
-@dataclass
 class DrafterField:
     path: str  # where config.json declares it (``transformer_layer_config.norm_before_fc``)
     key: str  # where vLLM's config holds it (``norm_before_fc``)
@@ -129,10 +117,6 @@ def _method(declared: dict[str, Any] | None) -> str | None:
     from spectrace.audit.pair import architecture_method
 
     return architecture_method(declared)
-
-
-def is_speculators(declared: dict[str, Any] | None) -> bool:
-    return isinstance(declared, dict) and ("speculators_model_type" in declared or "speculators_config" in declared)
 
 
 def _leaves(declared: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectrace.audit.config_dicts import LayerPlan
+from spectrace.config_dicts import LayerPlan
 from spectrace.audit.curve import ContextBoundary, context_boundaries
 from spectrace.audit import codes
 from spectrace.audit.draft_settings import audit_draft_settings

@@ -8,7 +8,7 @@ from typing import Any
 from spectrace.audit import codes
 from spectrace.audit.causality import audit_causality
 from spectrace.audit.pair import RAISED_CONTEXT_METHODS
-from spectrace.audit.config_dicts import FULL, SLIDING, UNSPECIFIED, LayerPlan, _is_window, layer_plans
+from spectrace.config_dicts import FULL, SLIDING, UNSPECIFIED, LayerPlan, _is_window, layer_plans
 from spectrace.audit.findings import Finding
 from spectrace.audit.resolution import FieldDiff, audit_config, draft_root_causes
 from spectrace.audit.window import reapplied_window

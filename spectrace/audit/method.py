@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import _get, architecture
+from spectrace.config_dicts import _get, architecture
 from spectrace.audit.findings import Finding
 
 RULE_EAGLE_CONFIG = "vllm.transformers_utils.configs.eagle.EAGLEConfig.__init__ (architecture by method)"

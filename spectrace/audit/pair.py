@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import MODEL_FREE_METHODS, _get, architecture
+from spectrace.config_dicts import MODEL_FREE_METHODS, _get, architecture
 from spectrace.audit.findings import Finding
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import (
+from spectrace.config_dicts import (
     _BOOKKEEPING,
     _MISSING,
     ATTENTION_FIELDS,

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import _get
+from spectrace.config_dicts import _get
 from spectrace.audit.findings import Finding
 
 # Methods whose drafter reads the target's positions (and so must rotate them as the target does).

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import _get
+from spectrace.config_dicts import _get
 from spectrace.audit.findings import Finding
 from spectrace.console import bounded, listed
 

@@ -15,22 +15,13 @@ from typing import Any, Sequence
 
 from spectrace.audit import codes
 from spectrace.audit.findings import Finding
+from spectrace.readings import VocabTensor  # noqa: F401  (audit.vocab.VocabTensor: the name judges use)
 
 INTEGER_DTYPES = ("I64", "I32", "I16", "U32", "U16", "I8", "U8")
 MASK_DTYPES = ("BOOL", "U8")
 SHOWN = 8
 RULE = ("compute_logits of vLLM's reduced-vocabulary drafters (vllm.model_executor.models.llama_eagle3, qwen3_eagle3, "
         "qwen3_dflash, ...): target = i + draft_id_to_target_id[i], zeros until a d2t tensor loads")
-
-
-@dataclass
-class VocabTensor:
-    """One map tensor from the checkpoint: dtype and shape from its header, values when read (else ``error``)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    values: Sequence[int] | None = None
-    error: str | None = None
 
 
 def audit_vocab_map(

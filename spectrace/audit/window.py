@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectrace.audit import codes
-from spectrace.audit.config_dicts import SLIDING, _declared_window, _is_window, layer_plans
+from spectrace.config_dicts import SLIDING, _declared_window, _is_window, layer_plans
 from spectrace.audit.findings import Finding
 
 

@@ -18,6 +18,7 @@ asks which.
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from spectrace import sinks as sink_registry
 from spectrace.collector.drain import Drain
@@ -34,16 +35,33 @@ class Collector:
     def __init__(self, rt, source) -> None:
         self.rt = rt
         self.drain = Drain(source) if source is not None else None
+        self._facts: deque = deque()  # load-time readings waiting for the next flush's judge (flushes take turns)
 
     def pipeline(self):
         """The pipeline (its sources in order, the sinks of ``SPECTRACE_EXPORTER``) and each exporter's status."""
         rt = self.rt
-        sources = [self._drain] if self.drain is not None else []
+        sources = [self._judge]
+        sources += [self._drain] if self.drain is not None else []
         sources += [rt._flush_error_counts, rt._flush_metric_counters]
         return sink_registry.build(rt.settings, sources=sources, on_error=rt.count_error)
 
     def _drain(self) -> None:
         self.drain.drain(self.rt)
+
+    def facts(self, facts) -> None:
+        """A load-time hook's reading (``spectrace.load_facts.LoadFacts``: from this process's hooks, or shipped),
+        judged in the next flush (``spectrace.collector.judging``)."""
+        self._facts.append(facts)
+
+    def _judge(self) -> None:
+        from spectrace.collector import judging
+
+        while self._facts:
+            facts = self._facts.popleft()
+            try:
+                judging.judge(self.rt, facts)
+            except Exception as exc:  # one reading that does not judge costs its own findings only
+                self.rt.count_error(f"judge.{facts.kind}", exc)
 
     def telemetry(self, provider, resource) -> None:
         """The span processors (rows, OTLP) and metric readers (Prometheus, OTLP) of the sinks, and the metrics

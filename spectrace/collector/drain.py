@@ -30,8 +30,7 @@ import pyarrow as pa
 
 from spectrace.audit.rules import acceptance, slices, thinking
 from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
-from spectrace.recorder import audit_live
-from spectrace.collector import columns
+from spectrace.collector import columns, findings as findings_out, judging
 from spectrace.collector.timings import StepTimes
 from spectrace.recorder.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, ReadRequest, RequestNote
 from spectrace.recorder.verify.run_config import RunConfig
@@ -112,7 +111,7 @@ class Drain:
 
     def _emit(self, rt, run_id: str | None, findings: list, *, role: str = ENGINE, rank: int | None = None, span=None) -> None:
         if findings:
-            audit_live.emit_findings(rt, findings, role=role, rank=rank, span=span, run=rt.run_by_id(run_id))
+            findings_out.emit(rt, findings, role=role, rank=rank, span=span, run=rt.run_by_id(run_id))
 
     def _drain_engine(self, rt, steps: list[tuple]) -> None:
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
@@ -165,7 +164,7 @@ class Drain:
                 run = rt.run_by_id(run_id)
                 with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
                              attributes={"spectrace.event": drifted[0].code}) as span:
-                    audit_live.emit_findings(rt, drifted, role=ENGINE, span=span, run=run)
+                    findings_out.emit(rt, drifted, role=ENGINE, span=span, run=run)
             totals = self.request_totals
             first_ts = int(counted.ts[0])
             for req_id, n, d, a, e, h in zip(flush.ids, flush.steps.tolist(), flush.drafted.tolist(),
@@ -416,7 +415,7 @@ class Drain:
                 run = rt.run_by_id(run_id)
                 with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
                              attributes={"spectrace.event": findings[0].code}) as span:
-                    audit_live.emit_findings(rt, findings, role=ENGINE, span=span, run=run)
+                    findings_out.emit(rt, findings, role=ENGINE, span=span, run=run)
         else:  # what k pays: the worker's counts beside its step times
             self.step_times.accepted(run_id, rank, a_all, len(batch))
         return strata
@@ -473,7 +472,7 @@ class Drain:
         return self.source.config_of(run_id)
 
     def _curve(self, rt, run_id: str) -> RunCurve:
-        curve, new = self.judge.curve(run_id, self.config_of(run_id).context)
+        curve, new = self.judge.curve(run_id, lambda: judging.run_context(self.config_of(run_id)))
         if new and curve.boundaries:
             common = rt.common(ENGINE, run_id=run_id)
             rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **b.as_dict()} for b in curve.boundaries])

@@ -56,6 +56,8 @@ def apply(rt, shipment) -> None:
         _apply_spans(rt, shipment.spans)
     for table, rows in shipment.rows.items():
         rt.pipeline.extend(table, rows)
+    for facts in shipment.facts:  # the load-time readings: judged in the next flush (spectrace.collector.judging)
+        rt.shape.facts(facts)
     if rt.drain is not None:
         rt.drain.source.add(shipment)  # the Inbox: the drain takes the shipped records from it
     for exclude in shipment.agreements:

@@ -29,7 +29,8 @@ from spectrace.request_ids import client_ids
 from spectrace.values import RunInfo
 from spectrace.vllm_objects.configs import ConfigCapture, assign_roles, config_to_dict, read_declared, run_info, vllm_resolved
 from spectrace.vllm_objects.requests import chat_thinking
-from spectrace.recorder import api_server, audit_live, runtime
+from spectrace.load_facts import RESOLUTION
+from spectrace.recorder import api_server, resolution, runtime
 from spectrace.recorder.around import around
 from spectrace.recorder.hooks import Hook
 
@@ -263,5 +264,6 @@ def record_resolution(rt: "runtime.Runtime", run: "runtime.Run", engine_args: An
     if rt.metered:
         rt.pipeline.note(RunInfo(rt.run.run_id if rt.run is not None else None, dict(info), runtime.vllm_version(),
                                  spectrace.__version__))
-    audit_live.audit_resolution(rt, info, models, vllm_config, error_text)
+    rt.facts(RESOLUTION, resolution.resolution_facts(info, models, vllm_config, error_text), role=ROLE,
+             span=rt.run.root_span if rt.run is not None else None)
     rt.flush()

@@ -49,6 +49,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 import spectrace
 from spectrace import identity, redact
+from spectrace.load_facts import LoadFacts, plain
 from spectrace.values import Dropped, ErrorCounts, RunInfo
 from spectrace.vllm_objects.configs import run_info
 from spectrace.settings import ACTIVE_RUN_ENV, Settings, inherited
@@ -384,6 +385,15 @@ class Runtime:
         common = self.common(role, rank)
         self.pipeline.extend(table, [{**common, **row} for row in rows])
 
+    def facts(self, kind: str, facts: dict[str, Any], *, role: str, rank: int | None = None, span: Any = None) -> None:
+        """Hand a load-time hook's reading to the collector to judge (``spectrace.load_facts``): ``span``, where its
+        findings go (their span is that one's child). The hook flushes after it, so they are written by then."""
+        context = span.get_span_context() if span is not None else None
+        parent = (context.trace_id, context.span_id) if context is not None and context.is_valid else None
+        self.shape.facts(LoadFacts(kind, role, rank if rank is not None else self.ranks.get(role),
+                                   self.run.run_id if self.run is not None else None, time.time_ns(), parent,
+                                   plain(facts)))
+
     def flush(self) -> None:
         """Write everything buffered now (records a failing load must not lose)."""
         self.pipeline.flush()
@@ -398,8 +408,10 @@ class Runtime:
         start_time: int | None = None,
         run: "Run | None" = None,
         links: list | None = None,
+        parent: Any = None,
     ) -> Any:
-        """A span in the run's trace (default: the current run), with the common attributes set."""
+        """A span in the run's trace (default: the current run), with the common attributes set; ``parent``: an
+        OpenTelemetry context to start it under instead of the run's root."""
         run = run or self.run
         attrs: dict[str, Any] = {"spectrace.process.role": role}
         if run is not None:
@@ -408,7 +420,8 @@ class Runtime:
         if rank is not None:
             attrs["spectrace.rank"] = rank
         attrs.update({k: v for k, v in (attributes or {}).items() if v is not None})
-        parent = run.context if run is not None and run.traceparent else None
+        if parent is None:
+            parent = run.context if run is not None and run.traceparent else None
         return self.tracer.start_span(name, context=parent, attributes=attrs, start_time=start_time, links=links)
 
     @staticmethod

@@ -131,6 +131,13 @@ class ShipperShape:
     def check_agreement(self, exclude: str | None = None) -> None:
         self.rt.pipeline.check_agreement(exclude)
 
+    def facts(self, facts) -> None:
+        """A load-time hook's reading (``spectrace.load_facts.LoadFacts``): judged by the pipeline process. Pickled
+        once here first (a load's few readings): one that does not pickle raises into its hook's guard (counted),
+        never into the shipment that would carry it."""
+        pickle.dumps(facts, protocol=pickle.HIGHEST_PROTOCOL)
+        self.rt.pipeline.shipper.facts.append(facts)
+
     def at_start(self, first: bool) -> None:
         pass  # the pipeline process takes the host's loss ledgers at its start
 
@@ -206,6 +213,7 @@ class Shipper:
         self.pipeline = pipeline
         self.spans: deque = deque()
         self.agreements: deque = deque()  # runs begun: the agreement of every other run to judge (Shipment.agreements)
+        self.facts: deque = deque()  # load-time hooks' readings, for the pipeline process to judge (Shipment.facts)
         self.proc: detached.Detached | None = None
         self.started = 0  # pipeline processes started
         self.messages = 0
@@ -341,7 +349,7 @@ class Shipper:
             capture.let_go(engine, worker, proposals, host)  # sent as values: vLLM's threads drop them (capture)
         shipment.rows, shipment.values, shipment.dropped = self.pipeline.take()
         shipment.errors = self.rt.take_error_deltas()
-        for key, queue in (("spans", self.spans), ("agreements", self.agreements)):
+        for key, queue in (("spans", self.spans), ("agreements", self.agreements), ("facts", self.facts)):
             if queue:
                 setattr(shipment, key, [queue.popleft() for _ in range(len(queue))])
         shipment.state = self._state()

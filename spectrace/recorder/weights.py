@@ -12,24 +12,19 @@ vLLM 0.32 sites:
   being loaded, before vLLM's own check (``track_weights_loading``) adds its exempt names to it.
   EAGLE3's and DFlash's ``load_weights`` return nothing to vLLM, so vLLM's check never sees them.
 
-After ``Worker.load_model`` (``recorder.worker``), :func:`record_model_weights` writes one
-``model_weights`` row per model and judges the drafter (``spectrace.audit``): parameters no tensor
-reached, tensors nothing loaded, the RoPE its rotary modules run with against the target's. When
-vLLM refuses the load, :func:`record_failed_load` judges what was captured until then.
+After ``Worker.load_model`` (``recorder.worker``), :func:`record_model_weights` reads what each model holds and
+loaded (its checkpoint's headers, its parameters, the names filled, its rotary modules, what it shares with the
+target) for the collector to judge (``spectrace.collector.judging``: one ``model_weights`` row per model, and the
+drafter's parameters no tensor reached, tensors nothing loaded, the RoPE its rotary modules run with against the
+target's). When vLLM refuses the load, :func:`record_failed_load` reads what was captured until then.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from spectrace import audit
-from spectrace.audit.draft_settings import audit_draft_settings
-from spectrace.audit.dtype import declared_dtype
-from spectrace.audit.rope import audit_rope, rope_of, runtime_rope
-from spectrace.audit.weights import audit_head, audit_weights, target_head_shape, unloaded_parameters, unused_tensors
-from spectrace.recorder import audit_live
+from spectrace.load_facts import FAILED_LOAD, WEIGHTS
 from spectrace.recorder.around import around
 from spectrace.recorder.hooks import Hook
 from spectrace.vllm_objects import layers as read_layers
@@ -93,127 +88,69 @@ HOOKS = [
 # -- after load ---------------------------------------------------------------------------
 
 
-def _model_facts(
-    role: str, model_config: Any, model: Any, load: WeightLoad | None, shared: dict[str, str | None], own_checkpoint: bool
-) -> tuple[dict[str, Any], Any, list[str] | None]:
+def _model_facts(role: str, model_config: Any, model: Any, load: WeightLoad | None, own_checkpoint: bool) -> dict[str, Any]:
+    """What one built model holds and loaded, as plain values."""
     started = time.perf_counter()
     manifest = read_weights.read_manifest(model_config.model)
     manifest_ms = (time.perf_counter() - started) * 1000
-    parameters = read_weights.parameter_names(model) if model is not None else None
-    loaded = load.loaded if load is not None and load.model is model else None
-    declared = read_declared(model_config.model)
-    rotary = read_rope.model_rotary(model)
-    rope = rope_of(config_to_dict(model_config.hf_config))
-    row = {
+    return {
         "model_role": role,
         "model": str(model_config.model),
-        "checkpoint_files": len(manifest.files),
-        "checkpoint_tensors": len(manifest.tensors),
-        "checkpoint_dtypes": json.dumps(manifest.dtypes()),
-        "manifest_error": manifest.error,
+        "manifest": manifest,
         "manifest_ms": round(manifest_ms, 3),
+        "own_checkpoint": own_checkpoint,
         "quantization": load.quantization if load is not None else None,
-        "parameters": len(parameters) if parameters is not None else None,
-        "loaded": len(loaded) if loaded is not None else None,
-        "unloaded": json.dumps(
-            unloaded_parameters(parameters, loaded, shared, read_weights.inert_parameters(model))
-            if loaded is not None and parameters else None
-        ),
-        "unused_tensors": json.dumps(unused_tensors(manifest.tensors, loaded) if loaded is not None and own_checkpoint else None),
-        "embed_tokens": shared.get("embed_tokens"),
-        "lm_head": shared.get("lm_head"),
-        "declared_dtype": declared_dtype(declared),
-        "runtime_dtype": read_weights.model_dtype(model) if model is not None else None,
-        "declared_rope": json.dumps(rope.as_dict() if rope is not None else None),
-        "runtime_rope": json.dumps(rotary),
+        "parameters": read_weights.parameter_names(model),
+        "loaded": set(load.loaded) if load is not None and load.model is model and load.loaded is not None else None,
+        "inert": read_weights.inert_parameters(model),
+        "declared": read_declared(model_config.model),
+        "resolved": config_to_dict(model_config.hf_config),
+        "runtime_dtype": read_weights.model_dtype(model),
+        "rotary": read_rope.model_rotary(model),
     }
-    return row, manifest, parameters
 
 
 def record_model_weights(rt, worker: Any, role: str, rank: int | None, span: Any = None) -> None:
-    """``model_weights`` rows for target and drafter, and the drafter's weight and runtime-RoPE findings."""
+    """What target and drafter loaded, for the ``model_weights`` rows and the drafter's weight, head, runtime-RoPE
+    and draft-settings audits."""
     vllm_config = worker.vllm_config
     runner = worker.model_runner
     models = {"target": read_layers.target_model(runner), "draft": read_layers.draft_model(runner)}
     configs = model_configs(vllm_config)
     spec = vllm_config.speculative_config
-    method = spec.method if spec is not None else None
-    shared = read_weights.shared_with_target(models["draft"], models["target"])
-    rows, findings, manifests = [], [], {}
+    read = []
     for model_role, model_config in configs.items():
         model = models.get(model_role)
         if model is None:
             continue
-        load = rt.weight_loads.get(model_role)
+        # a drafter in the target's checkpoint (MTP) leaves the target's tensors to the target
         own_checkpoint = model_role == "target" or not same_model(str(model_config.model), str(configs["target"].model))
-        row, manifest, parameters = _model_facts(
-            model_role, model_config, model, load, shared if model_role == "draft" else {}, own_checkpoint
-        )
-        rows.append(row)
-        manifests[model_role] = manifest if manifest.error is None and own_checkpoint else None
-        if model_role == "draft":
-            # a drafter in the target's checkpoint (MTP) leaves the target's tensors to the target
-            findings += audit_weights(
-                "draft",
-                tensors=manifest.tensors if manifest.error is None and own_checkpoint else None,
-                parameters=parameters,
-                loaded=load.loaded if load is not None and load.model is model else None,
-                shared=shared,
-                quantization=row["quantization"],
-                inert=read_weights.inert_parameters(model),
-            )
-    if models.get("draft") is not None and "draft" in manifests:
-        # the drafter's own head against the module it computes its logits with (after vLLM's sharing)
-        own = getattr(models["draft"], "has_own_lm_head", None)
-        target = manifests.get("target")
-        findings += audit_head("draft", tensors=manifests["draft"].tensors if manifests["draft"] else None,
-                               shared=shared, has_own_lm_head=own if isinstance(own, bool) else None,
-                               target_shape=target_head_shape(target.tensors) if target else None)
-    findings += _runtime_rope(method, configs, models)
-    # draft settings the loaded runner ignores (speculative max_model_len, draft TP): the runtime answers
-    settings = draft_runtime(vllm_config, runner)
-    findings += audit_draft_settings(**settings) if settings else []
+        read.append(_model_facts(model_role, model_config, model, rt.weight_loads.get(model_role), own_checkpoint))
+    own = getattr(models["draft"], "has_own_lm_head", None) if models.get("draft") is not None else None
     rt.weight_loads.clear()  # hold no model past its engine's load
-    rt.records("model_weights", rows, role=role, rank=rank)
-    audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)
+    rt.facts(WEIGHTS, {
+        "models": read,
+        "shared": read_weights.shared_with_target(models["draft"], models["target"]),
+        "method": spec.method if spec is not None else None,
+        "has_own_lm_head": own if isinstance(own, bool) else None,
+        # draft settings the loaded runner ignores (speculative max_model_len, draft TP): the runtime answers
+        "draft_settings": draft_runtime(vllm_config, runner),
+    }, role=role, rank=rank, span=span)
     rt.flush()
 
 
-def _runtime_rope(method: str | None, configs: dict[str, Any], models: dict[str, Any]) -> list[audit.Finding]:
-    """The rotary modules' RoPE compared, when the configs agree (the config finding is the frontend's)."""
-    if "draft" not in configs or models.get("draft") is None:
-        return []
-    from_config = audit_rope(
-        method,
-        rope_of(config_to_dict(configs["target"].hf_config)),
-        rope_of(config_to_dict(configs["draft"].hf_config)),
-    )
-    if from_config:
-        return []
-    return audit_rope(
-        method,
-        runtime_rope(read_rope.model_rotary(models["target"])),
-        runtime_rope(read_rope.model_rotary(models["draft"])),
-        where="built rotary modules",
-    )
-
-
 def record_failed_load(rt, worker: Any, role: str, rank: int | None, span: Any = None) -> None:
-    """vLLM refused a load: the drafter's weight findings from what its loader filled before it raised."""
+    """vLLM refused a load: what the drafter's loader filled before it raised, for the weight audit."""
     load = rt.weight_loads.get("draft")
     rt.weight_loads.clear()
     draft = model_configs(worker.vllm_config).get("draft")
     if load is None or load.loaded is None or draft is None:
         return
-    manifest = read_weights.read_manifest(draft.model)
-    findings = audit_weights(
-        "draft",
-        tensors=manifest.tensors if manifest.error is None else None,
-        parameters=read_weights.parameter_names(load.model),
-        loaded=load.loaded,
-        shared={},
-        quantization=load.quantization,
-        inert=read_weights.inert_parameters(load.model),
-    )
-    audit_live.emit_findings(rt, findings, role=role, span=span, rank=rank)
+    rt.facts(FAILED_LOAD, {
+        "manifest": read_weights.read_manifest(draft.model),
+        "parameters": read_weights.parameter_names(load.model),
+        "loaded": set(load.loaded),
+        "quantization": load.quantization,
+        "inert": read_weights.inert_parameters(load.model),
+    }, role=role, rank=rank, span=span)
     rt.flush()

@@ -259,7 +259,8 @@ class Shipment:
     low-rate hooks wrote; ``values``: ``spectrace.values`` records; ``spans``: :func:`span_values`; ``errors``: hook
     error counts since the last shipment; ``dropped``: rows the engine's full buffer refused; ``dropped_steps``:
     steps the capture's full buffers refused; ``agreements``: for each run begun, the engine/worker agreement to
-    judge of every other run (its id: the one excluded); ``flush``: flush at once and acknowledge; ``final``: the
+    judge of every other run (its id: the one excluded); ``facts``: the load-time hooks' readings
+    (``spectrace.load_facts.LoadFacts``), for the collector to judge; ``flush``: flush at once and acknowledge; ``final``: the
     engine's orderly end."""
 
     seq: int = 0
@@ -279,11 +280,12 @@ class Shipment:
     dropped: int = 0
     dropped_steps: int = 0
     agreements: list = field(default_factory=list)
+    facts: list = field(default_factory=list)
     flush: bool = False
     final: bool = False
     version: int = VERSION
 
-    RECORDS = ("engine", "worker", "timings", "proposals", "host", "spans")  # what counts as records (lost, if lost)
+    RECORDS = ("engine", "worker", "timings", "proposals", "host", "spans", "facts")  # what counts as records (lost, if lost)
 
     def records(self) -> int:
         """The records it carries (what is counted as lost if it never reaches a pipeline process): the per-step

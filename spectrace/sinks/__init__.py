@@ -19,10 +19,13 @@ is the process's OpenTelemetry instruments, read by the ``prometheus`` and ``otl
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from spectrace.pipeline import Pipeline, Sink, Telemetry
 from spectrace.settings import Settings
+from spectrace.sink import Sink, Telemetry
+
+if TYPE_CHECKING:  # the pipeline is imported where one is built: a vLLM process reads the exposition module alone
+    from spectrace.pipeline import Pipeline
 
 log = logging.getLogger("vllm.spectrace")
 
@@ -75,6 +78,8 @@ def build(
     A sink that cannot be built (a missing extra, no catalog) is one log line and a status
     ``unavailable: ...``; the others run. An unknown name is logged and skipped.
     """
+    from spectrace.pipeline import Pipeline
+
     pipeline = Pipeline.from_settings(settings, sources=sources, on_error=on_error)
     status: dict[str, str] = {}
     unknown = [name for name in settings.exporters if name not in SINKS]

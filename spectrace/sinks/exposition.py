@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from spectrace import identity, settings
-from spectrace.store.compaction import pid_alive
-from spectrace.pipeline import Sink
+from spectrace.identity import pid_alive
+from spectrace.sink import Sink
 
 log = logging.getLogger("vllm.spectrace")
 

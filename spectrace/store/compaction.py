@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from spectrace.identity import pid_alive  # noqa: F401  (compaction.pid_alive: the store's name for it)
 from spectrace.store import files, schema
 
 log = logging.getLogger("vllm.spectrace")
@@ -487,16 +488,6 @@ def expire(root: Path, older_than_ns: int, *, keep_runs: set[str] = frozenset())
             record["segments"] += 1
             record["bytes"] += size
     return list(evicted.values())
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def writer_pid(writer: str) -> tuple[str, int]:

@@ -82,6 +82,9 @@ class EngineResult:
     # speculative metrics (RequestSpecDecodeMetrics.to_dict) where --per-request-spec-decode-metrics kept them
     requests: list[dict[str, Any]] = field(default_factory=list)
     drafter_changed_ns: list[int] = field(default_factory=list)  # when each of EngineSpec.drafter_changes was made
+    # spectrace's modules loaded in the child once this engine ran (the child's engines before it included): with
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0 one process holds vLLM's frontend, engine core and worker
+    spectrace_modules: list[str] = field(default_factory=list)
 
 
 K = 3  # draft tokens per step in the standard runs
@@ -292,6 +295,7 @@ def _child(request: dict[str, Any]) -> None:
             result.error = f"{type(exc).__name__}: {exc}"
         result.run_id = _current_run_id()
         result.seconds = round(time.time() - started, 2)
+        result.spectrace_modules = sorted(m for m in sys.modules if m == "spectrace" or m.startswith("spectrace."))
         results.append(asdict(result))
         del llm
         gc.collect()

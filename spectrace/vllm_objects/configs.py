@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spectrace.audit import MODEL_FREE_METHODS
+from spectrace.config_dicts import MODEL_FREE_METHODS
 
 
 def read_declared(model: str) -> dict[str, Any] | None:
@@ -193,7 +193,7 @@ def _qualname(obj: Any) -> str:
 
 def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[str, Any] | None,
                    final: dict[str, Any] | None, transformers_class: str | None = None) -> list[Any]:
-    """The drafter's config after each step of vLLM's resolution (``spectrace.audit.fields.Stage``), the
+    """The drafter's config after each step of vLLM's resolution (``spectrace.readings.Stage``), the
     speculators step computed by running the installed vLLM's own
     ``SpeculatorsConfig.extract_transformers_pre_trained_config`` (its algorithm updater) on a copy of
     ``declared``. ``final``: the config vLLM builds the drafter from (``hf_config``), None where it did
@@ -201,7 +201,7 @@ def drafter_stages(declared: dict[str, Any] | None, transformers_resolved: dict[
     """
     import copy
 
-    from spectrace.audit.fields import Stage, is_speculators
+    from spectrace.readings import Stage, is_speculators
 
     stages: list[Stage] = []
     if is_speculators(declared):
@@ -302,7 +302,7 @@ def _flat(overrides: dict[str, Any]) -> dict[str, Any]:
 def hf_override_facts(vllm_config: Any) -> list[dict[str, Any]] | None:
     """Per key of the run's dict ``--hf-overrides``: the value asked, the target's and the drafter's resolved
     values (``audit.draft_settings``); None without a model drafter or with a callable override."""
-    from spectrace.audit.config_dicts import _get
+    from spectrace.config_dicts import _get
 
     configs = model_configs(vllm_config) if vllm_config is not None else {}
     overrides = getattr(configs.get("target"), "hf_overrides", None)

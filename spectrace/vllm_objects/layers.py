@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spectrace.audit import FULL, LINEAR, SLIDING
+from spectrace.config_dicts import FULL, LINEAR, SLIDING
 
 _INDEX = re.compile(r"layers\.(\d+)\.")
 

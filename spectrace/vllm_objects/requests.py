@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectrace.audit.rules import thinking
+from spectrace import readings
 
 # SamplingParams fields generation_config.json can set (ModelConfig.get_diff_sampling_param), and
 # their neutral values: a default "in force" is one the request holds that differs from neutral
@@ -31,7 +31,7 @@ def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: A
                        think_markers: Any = None) -> dict[str, Any]:
     """Plain values of one request; ``None`` where vLLM holds nothing (a pooling request, not yet scheduled).
     ``think_markers`` (start ids, end ids; ``think_markers``) with the prompt's ids give the thinking mode from
-    the rendered prompt's tail (``spectrace.audit.rules.thinking``)."""
+    the rendered prompt's tail (``spectrace.readings.mode_from_prompt_tail``)."""
     p = sampling_params
     out: dict[str, Any] = dict.fromkeys(
         ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
@@ -54,7 +54,7 @@ def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: A
         out["prompt_tokens"] = int(prefill_stats.num_prompt_tokens)
         out["cached_tokens"] = int(prefill_stats.num_cached_tokens)
     if think_markers is not None and prompt_token_ids is not None:
-        mode = thinking.mode_from_prompt_tail(prompt_token_ids, *think_markers)
+        mode = readings.mode_from_prompt_tail(prompt_token_ids, *think_markers)
         if mode is not None:
             out["thinking_mode"], out["thinking_source"] = mode, "prompt_tail"
     return out
@@ -63,8 +63,8 @@ def request_parameters(sampling_params: Any, lora_request: Any, prefill_stats: A
 def chat_thinking(request_kwargs: Any, default_kwargs: Any) -> tuple[str, str, str] | None:
     """(mode, source, key) a chat request's ``chat_template_kwargs`` set (``kwarg``) or the server's
     ``--default-chat-template-kwargs`` did (``default``); None where neither names the mode
-    (``spectrace.audit.rules.thinking.kwarg_mode``)."""
-    return thinking.kwarg_mode(request_kwargs, default_kwargs)
+    (``spectrace.readings.kwarg_mode``)."""
+    return readings.kwarg_mode(request_kwargs, default_kwargs)
 
 
 def think_markers(vllm_config: Any) -> tuple[list[int], list[int]] | None:

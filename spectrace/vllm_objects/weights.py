@@ -158,7 +158,7 @@ def read_vocab_maps(model: str | Path) -> tuple[bool, dict[str, Any]]:
     dtype is an integer or boolean one and it holds at most ``MAX_MAP_ELEMENTS`` (else ``error`` says why).
     Never raises: an unreadable checkpoint reads as not read.
     """
-    from spectrace.audit.vocab import VocabTensor
+    from spectrace.readings import VocabTensor
 
     manifest = read_manifest(model)
     if manifest.error is not None:

@@ -1,16 +1,16 @@
 """What the drain reads of one run's ``VllmConfig`` (``RunConfig``), read once and shipped as plain values.
 
-The engine core keeps each run's ``VllmConfig`` (``Capture.note_config``); the drain needs four parts of it:
-the context (boundaries, root causes, method, parallel drafting: the static judge, ``audit.judge``), the
-generation_config sampling defaults, the prefix-cache facts, the scheduler facts and the reasoning parser's think
-markers.
+The engine core keeps each run's ``VllmConfig`` (``Capture.note_config``); the drain needs five parts of it:
+the context facts (what the static judge reads of the run's configs: the collector judges them into boundaries,
+root causes and method, ``spectrace.collector.judging.run_context``), the generation_config sampling defaults, the
+prefix-cache facts, the scheduler facts and the reasoning parser's think markers. Nothing here judges.
 """
 
 from __future__ import annotations
 
 import logging
 
-from spectrace import audit
+from spectrace.load_facts import plain
 from spectrace.vllm_objects.configs import prefix_cache_facts, scheduler_facts
 from spectrace.vllm_objects.requests import generation_defaults, think_markers
 
@@ -21,7 +21,7 @@ _UNREAD = object()
 
 class RunConfig:
     """What the drain reads of one run's VllmConfig, as plain values, each part read once on first use: the
-    context (boundaries, root-cause codes, method, parallel drafting: ``_run_context``), the generation_config
+    context facts (``audit.RunFacts``' keywords and parallel drafting: ``_context_facts``), the generation_config
     sampling defaults, the prefix-cache facts and the scheduler facts. A config this reader does not know gives
     the neutral value of the part it fails (no boundaries, no defaults, no facts), never an error.
 
@@ -47,8 +47,9 @@ class RunConfig:
             setattr(self, slot, value)
         return value
 
-    def context(self) -> tuple[list, set[str], str | None, bool | None]:
-        return self._read("_context", lambda c: _run_context(c, self._layers()), ([], set(), None, None))
+    def context_facts(self) -> tuple[dict, bool] | None:
+        """(``audit.RunFacts``' keywords, parallel drafting) of the run's configs, or None where unread."""
+        return self._read("_context", lambda c: _context_facts(c, self._layers()), None)
 
     def defaults(self) -> dict:
         return self._read("_defaults", lambda c: generation_defaults(c.model_config), {})
@@ -64,23 +65,23 @@ class RunConfig:
         return self._read("_think", think_markers, None)
 
     def __getstate__(self):
-        return (self.context(), self.defaults(), self.prefix(), self.scheduler(), self.think())
+        return (self.context_facts(), self.defaults(), self.prefix(), self.scheduler(), self.think())
 
     def __setstate__(self, state) -> None:
         self._config, self._layers = None, lambda: None
         self._context, self._defaults, self._prefix, self._scheduler, self._think = state
 
 
-def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list, set[str], str | None, bool | None]:
-    """(boundaries, root-cause codes, method, parallel drafting) of one run's configs: ``audit.judge``.
+def _context_facts(vllm_config, runtime_layers: dict | None = None) -> tuple[dict, bool]:
+    """What the static judge reads of one run's configs (``audit.RunFacts``' keywords; ``runs_in``: the dtypes as
+    text), and whether the drafter drafts in parallel.
 
     ``runtime_layers``: what the models run, where a worker loaded them in this process
     (``note_layout``). With workers in other processes (tensor parallelism, the
     multiprocess executor) the engine core holds no built model and no layer rows reach it,
-    so it judges the layout from the configs alone and a LAYOUT_MISMATCH cannot be a root here. The drafter's
+    so the layout is judged from the configs alone and a LAYOUT_MISMATCH cannot be a root there. The drafter's
     vocabulary map is read here too (``DRAFT_VOCAB_MAP_*``: the root of a collapse and of one-id drafts).
     """
-    from spectrace.audit.dtype import dtype_name
     from spectrace.vllm_objects.configs import config_to_dict, model_configs, read_declared
     from spectrace.vllm_objects.weights import read_vocab_maps
 
@@ -90,14 +91,13 @@ def _run_context(vllm_config, runtime_layers: dict | None = None) -> tuple[list,
         {"model_role": role, "declared": read_declared(c.model), "transformers_resolved": config_to_dict(c.hf_config)}
         for role, c in configs.items()
     ]
-    facts = audit.RunFacts(models, getattr(spec, "method", None), max_model_len=vllm_config.model_config.max_model_len,
-                           runtime_layers=runtime_layers,
-                           runs_in={role: dtype_name(getattr(c, "dtype", None)) for role, c in configs.items()},
-                           # the d2t map (small, bounded): a missing one is the root of a collapse and of wrong-id drafts
-                           vocab_maps=read_vocab_maps(configs["draft"].model) if "draft" in configs else None)
-    judged = audit.judge(facts)
-    # judged.roots holds the uncertain info suspects too (an EAGLE drafter's own RoPE: ROPE_DIFFERS), a collapse's
-    # likely causes
-    return judged.boundaries, judged.roots, facts.method, bool(getattr(spec, "parallel_drafting", False))
-
-
+    facts = {
+        "models": models,
+        "method": getattr(spec, "method", None),
+        "max_model_len": vllm_config.model_config.max_model_len,
+        "runtime_layers": runtime_layers,
+        "runs_in": {role: None if getattr(c, "dtype", None) is None else str(c.dtype) for role, c in configs.items()},
+        # the d2t map (small, bounded): a missing one is the root of a collapse and of wrong-id drafts
+        "vocab_maps": read_vocab_maps(configs["draft"].model) if "draft" in configs else None,
+    }
+    return plain(facts), bool(getattr(spec, "parallel_drafting", False))
