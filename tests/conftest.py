@@ -4,7 +4,8 @@ Every engine run is real vLLM 0.32 on CPU in a child process (plugins load
 per process). Engines that tests share are started once per session.
 
 Lanes: a test that needs vLLM or torch is marked ``vllm``, one that needs a server
-(Prometheus, promtool, amtool, PostgreSQL, the OTLP receiver; tmux) ``server``: a live module
+(Prometheus, promtool, amtool, PostgreSQL, the OTLP receiver; tmux) ``server``, a pure one that takes seconds of
+its own (an exhaustive search, a deadline) ``slow``: a live module
 says so in its ``pytestmark``, and a test that requests a fixture below that needs one
 is marked here. ``pytest --unit`` (``make unit``) runs the rest, imports no module marked
 ``vllm`` or ``server`` as a whole, and fails when torch or vLLM got imported anyway.
@@ -26,7 +27,7 @@ from spectrace.testing.engine import EngineSpec, method_specs, run_engines
 
 WINDOW = 64
 
-UNIT = "not vllm and not server"
+UNIT = "not vllm and not server and not slow"
 HEAVY = ("torch", "vllm")  # what the unit lane must never import
 LANE_OF_FIXTURE = {
     "zoo": "vllm", "cache_root": "vllm",  # every engine fixture below requests them

@@ -95,6 +95,7 @@ def test_raw_segments_merge_into_parts_then_one_hour_file(tmp_path):
     assert table.column("ts").to_pylist() == sorted(table.column("ts").to_pylist())
 
 
+@pytest.mark.slow  # every cut point of three compactions: 25-30 s of the fast lane's minute
 @pytest.mark.parametrize("age_s", [0, 15, 30], ids=["not-ready", "ready", "inputs-deletable"])
 def test_every_intermediate_state_of_a_compaction_counts_each_row_once(tmp_path_factory, monkeypatch, age_s):
     """A reader between any two file operations of a compaction, and after one cut short at

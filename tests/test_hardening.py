@@ -339,7 +339,7 @@ import stat as stat_mode  # noqa: E402
 import pytest  # noqa: E402
 
 from spectrace.cli import main  # noqa: E402
-from spectrace.store import files as store_files  # noqa: E402
+from spectrace import files as store_files  # noqa: E402
 
 
 def _modes(root):

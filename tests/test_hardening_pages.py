@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from spectrace.testing import store_pipeline
 from test_top import ACCEPTED, DRAFTED, LENGTHS, Pages, spectrace_page, vllm_page
@@ -151,6 +152,7 @@ class _Slow:
         self.sock.close()
 
 
+@pytest.mark.slow  # it waits out the page deadline (10 s), twice
 def test_a_server_sending_a_byte_a_second_holds_top_and_diff_no_longer_than_the_page_deadline():
     from spectrace.top import PAGE_DEADLINE_S
 

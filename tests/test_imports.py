@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("spectrace", "spectrace.records", "spectrace.bands", "spectrace.settings", "spectrace.console",
                 "spectrace.identity", "spectrace.redact", "spectrace.request_ids", "spectrace.arrow_types",
                 "spectrace.values", "spectrace.buffer", "spectrace.load_facts", "spectrace.config_dicts",
-                "spectrace.readings", "spectrace.sink")),
+                "spectrace.readings", "spectrace.sink", "spectrace.files")),
     ("audit", ("spectrace.audit",)),  # pure judgement; audit.rules inside it
     ("vllm_objects", ("spectrace.vllm_objects",)),  # pure readers of vLLM objects (they name the audit's fields)
     ("pipeline", ("spectrace.pipeline",)),  # the flush: buffer, batches, the Sink protocol

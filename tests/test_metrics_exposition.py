@@ -82,7 +82,7 @@ def test_a_flush_rewrites_the_exposition_file_before_the_store_writes_its_segmen
     from spectrace.pipeline import Pipeline
     from spectrace.settings import Settings
     from spectrace.sinks import build
-    from spectrace.store import files
+    from spectrace import files
 
     monkeypatch.setattr(exposition, "_dir", None)
     monkeypatch.delenv(exposition.DIR_ENV, raising=False)

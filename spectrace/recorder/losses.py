@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import Any
+
+from spectrace import files, identity
 
 HOOK = "shipper.lost_records"  # internal_errors.hook of a ledger's row
 FOLDER = ".lost"
@@ -33,14 +34,8 @@ _NAME = re.compile(r"(?P<host>[A-Za-z0-9_.-]{1,255})\.(?P<pid>[1-9][0-9]*)\.(?P<
 
 
 def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot (as the exposition files are named; read here: importing
-    ``spectrace.sinks.exposition`` would load the store's package, DuckDB with it, into vLLM's process), else "0"."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:
-            fields = stat_file.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return "0"
-    return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else "0"
+    """The process's start time in clock ticks since boot (as the exposition files are named), else "0"."""
+    return identity.start_time(pid) or "0"
 
 
 def _safe_host(host: str) -> str:
@@ -67,16 +62,8 @@ class Ledger:
         if unreported <= 0:
             self.remove()
             return
-        # the store's modes (spectrace.store.files, not imported: its package loads DuckDB into vLLM's process)
-        folder_mode, file_mode = (0o750, 0o640) if self.settings.store_group else (0o700, 0o600)
-        folder = self.path.parent
-        os.makedirs(folder.parent, mode=folder_mode, exist_ok=True)
-        try:
-            os.mkdir(folder, folder_mode)
-        except FileExistsError:
-            info = os.lstat(folder)
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-                raise OSError(f"{folder} is not this user's folder: refused") from None
+        folder_mode, file_mode = files.modes(self.settings.store_group)  # the store's
+        files.make_folder(self.path.parent, Path(self.settings.dir), folder_mode)  # another user's: UnsafeFolder
         doc = {"pid": self.pid, "host": self.host, "run_id": run_id, "records": int(unreported), "lost_in_all": int(total),
                "messages": int(messages), "reasons": reasons[-8:], "ts": time.time_ns()}
         _replace(self.path, json.dumps(doc).encode(), file_mode)
@@ -115,19 +102,8 @@ class Ledger:
 
 def _replace(path: Path, data: bytes, mode: int) -> None:
     """``data`` as the file ``path``: through a hidden name created here (never through a planted link), renamed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    files.write_durably(path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"), path, mode,
+                        lambda out: out.write(data), sync=False)
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -137,18 +113,6 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{value(v)}"' for k, v in labels.items()) + "}"
 
 
-def _alive(pid: int, start: str) -> bool:
-    """Is ``pid`` running and the process that started at ``start`` (without /proc: whether the pid exists)?"""
-    if os.path.isdir("/proc/self"):
-        now = _start_time(pid)
-        return now != "0" and (start == "0" or now == start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def claim(settings, host: str) -> list[tuple[Path, dict[str, Any]]]:
@@ -166,7 +130,7 @@ def claim(settings, host: str) -> list[tuple[Path, dict[str, Any]]]:
     out = []
     for entry in entries:
         match = _NAME.fullmatch(entry.name)
-        if match is None or match["host"] != mine or _alive(int(match["pid"]), match["start"]):
+        if match is None or match["host"] != mine or identity.alive(int(match["pid"]), match["start"]):
             continue
         claimed = folder / f".claimed.{os.getpid()}.{entry.name}"
         try:

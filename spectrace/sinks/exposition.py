@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from spectrace import identity, settings
-from spectrace.identity import pid_alive
+from spectrace.files import write_durably
+from spectrace.identity import alive as _alive, start_time as _start_time  # noqa: F401  (exposition._alive: tests)
 from spectrace.sink import Sink
 
 log = logging.getLogger("vllm.spectrace")
@@ -156,24 +157,6 @@ def _sweep(root: Path) -> None:
 # -- processes --------------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), else None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[19].decode() if len(fields) > 19 and fields[0] not in (b"Z", b"X") else None
-
-
-def _alive(pid: int, start: str | None) -> bool:
-    """Is ``pid`` a running process (not a zombie) that started at ``start``?"""
-    if os.path.isdir("/proc/self"):
-        now = _start_time(pid)
-        return now is not None and (start in (None, "0") or now == start)
-    return pid_alive(pid)  # no /proc: the pid exists, whenever it started
-
-
 # -- writing (every traced process) -------------------------------------------
 
 
@@ -243,18 +226,8 @@ class ProcessFile:
     def _replace(self, text: bytes) -> None:
         # An unpredictable temporary name, created (never opened if it exists, never
         # through a symlink) 0600, then renamed over the file: a planted name is never followed.
-        tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}.tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(text)
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_durably(self.path.with_name(f".{self.path.name}.{secrets.token_hex(8)}.tmp"), self.path, 0o600,
+                      lambda out: out.write(text), sync=False)
 
     def close(self) -> None:
         """Stop writing and remove the file (a process that exits stops contributing)."""

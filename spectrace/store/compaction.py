@@ -46,7 +46,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spectrace.identity import pid_alive  # noqa: F401  (compaction.pid_alive: the store's name for it)
-from spectrace.store import files, schema
+from spectrace import files
+from spectrace.store import schema
 
 log = logging.getLogger("vllm.spectrace")
 

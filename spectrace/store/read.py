@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from spectrace.bands import render_sql
 from spectrace.store import compaction
 from spectrace.store import schema as segment_schema
-from spectrace.store.files import owner as store_owner
+from spectrace.files import owner as store_owner
 from spectrace.records import TABLES, columns
 
 

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 from spectrace import identity
 from spectrace.pipeline import Batch, Sink
 from spectrace.settings import Settings
-from spectrace.store import compaction, files
+from spectrace import files
+from spectrace.store import compaction
 
 log = logging.getLogger("vllm.spectrace")
 

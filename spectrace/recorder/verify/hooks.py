@@ -250,16 +250,21 @@ def wrap_bookkeeping_sync(original, hook: str):
             drafts = scheduler_output.scheduled_spec_decode_tokens
             rt = runtime.active(hook) if drafts else None
             if rt is not None:
-                valid, row_of = bookkeeping_sampled(result)
-                if valid:
-                    rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                                              drafts, valid, row_of)
-                rt.verify.release_one()
+                worker_step(rt, drafts, *bookkeeping_sampled(result))
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return result
 
     return _bookkeeping_sync
+
+
+def worker_step(rt, drafts, sampled, row_of) -> None:
+    """One worker step (V1's and V2's hooks): its drafts and sampled rows, where it sampled any, under the run and
+    rank; then one record let go (``Capture.release_one``)."""
+    if sampled:
+        rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER), drafts, sampled,
+                                  row_of)
+    rt.verify.release_one()
 
 
 def wrap_execute_model(original, hook: str):

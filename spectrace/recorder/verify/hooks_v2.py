@@ -31,8 +31,7 @@ import time
 
 from spectrace.recorder import runtime
 from spectrace.recorder.hooks import Hook
-from spectrace.recorder.verify.capture import WORKER
-from spectrace.recorder.verify.hooks import wrap_execute_model
+from spectrace.recorder.verify.hooks import worker_step, wrap_execute_model
 
 _DRAFTS = "_spectrace_drafts"  # set on an AsyncOutput: its rows' draft counts
 
@@ -86,12 +85,8 @@ def wrap_get_output(original, hook: str):
         try:
             drafts = self.__dict__.pop(_DRAFTS, None)
             rt = runtime.active(hook) if drafts is not None else None
-            if rt is not None:
-                sampled = output.sampled_token_ids
-                if sampled:  # rows aligned with the drafts per row: no request-id index
-                    rt.verify.add_worker_step(rt.run.run_id if rt.run is not None else None, rt.ranks.get(WORKER),
-                                              drafts, sampled, None)
-                rt.verify.release_one()
+            if rt is not None:  # rows aligned with the drafts per row: no request-id index
+                worker_step(rt, drafts, output.sampled_token_ids, None)
         except Exception as exc:
             runtime.count_hook_error(hook, exc)
         return output

@@ -1,4 +1,5 @@
-"""How the store's folders and files are made: private modes, no followed links, durable renames.
+"""How spectrace's folders and files are made: private modes, no followed links, durable renames (a leaf: the store's
+segments, and the files a vLLM process writes itself, the shipper's loss ledger and the exposition files).
 
 The store holds model paths, request ids and, with ``SPECTRACE_RECORD_TOKENS=1``, draft token ids.
 Its folders are made ``0700`` and its files ``0600`` (``0750`` / ``0640`` with
