@@ -1,12 +1,13 @@
 """The audit: pure functions that turn captured config and layout into findings.
 
-Nothing here imports vLLM or touches a process: the live hooks
-(``spectrace.recorder``) and ``spectrace doctor`` feed the same functions with
-plain dicts, and the unit tests feed them hand-written ones. One module per topic:
+Nothing here imports vLLM or touches a process: the collector (``spectrace.collector.judging``, on what the live
+hooks read) and ``spectrace doctor`` feed the same functions with plain dicts, and the unit tests feed them
+hand-written ones; no vLLM process imports it in the process shape (what readers and judges share is in the leaves
+``spectrace.config_dicts`` and ``spectrace.readings``). One module per topic:
 
 - ``codes``: the registry of finding codes (code, severities, meaning, fix)
 - ``findings``: the ``Finding`` record
-- ``config_dicts``: reading config dicts (layer kinds, windows, per-layer plans)
+- ``spectrace.config_dicts`` (a leaf, re-exported here): reading config dicts (layer kinds, windows, per-layer plans)
 - ``resolution``: declared vs resolved config (``SWA_DROPPED``, ``FIELD_*``)
 - ``layout``: what runs vs its config (``LAYOUT_MISMATCH``), and each layer's verdict
 - ``pair``: method, vocabulary, context of target + drafter

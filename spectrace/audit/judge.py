@@ -2,8 +2,8 @@
 
 The composition: config → pair → method chain and sampler → refusal → token budget → layout → root causes → boundaries.
 
-The frontend (``recorder.audit_live``), the engine core (``recorder.verify``) and
-``spectrace doctor`` each gather what their process can know and call
+The collector (``collector.judging``: on what the frontend read of a run's resolution, and on what the engine core
+read of its configs and runtime layout) and ``spectrace doctor`` each gather what can be known there and call
 :func:`judge`, so the composition (config → pair → refusal → layout → root causes
 → boundaries) is written once and a fact one caller lacks is visibly ``None``
 instead of a step it skips.

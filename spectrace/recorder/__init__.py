@@ -1,1 +1,2 @@
-"""Everything that hooks vLLM. Imported only when SPECTRACE=1."""
+"""Everything that hooks vLLM: it records and reads, and judges nothing (``spectrace.load_facts``). Imported only
+when SPECTRACE=1."""

@@ -20,7 +20,8 @@ What is shipped (:meth:`Shipper.collect`): the engine's per-step records (each s
 once, ``wire.PackedDrafts``; lengths, rows, and the cached requests' ids and computed tokens), the worker's
 step times, the proposals' totals, each request's parameters once its prefill is known (read here, once
 per request: the pipeline process imports neither vLLM nor torch), each run's config facts once (``RunConfig``:
-read here, the pipeline process holds no VllmConfig), the rows the low-rate hooks wrote, finished
+read here, the pipeline process holds no VllmConfig), the load-time hooks' readings (``LoadFacts``, plain values,
+for its judge), the rows the low-rate hooks wrote, finished
 spans as plain values, the value records the hooks made for the metrics (``spectrace.values``: run info, the
 layout's verdicts, taps), hook error counts, drops, and the process's state (runs, roles, ranks, the labels vLLM's
 series carry): one typed ``wire.Shipment``.
