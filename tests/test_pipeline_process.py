@@ -265,11 +265,13 @@ def test_an_engine_killed_with_a_step_in_flight_is_not_judged_a_disagreement(tmp
     assert "ended without its last message" in capfd.readouterr().err
 
 
-# a stand-in for the pipeline process: what it read until EOF, written to a file once its stdin closes
+# a stand-in for the pipeline process: what it read until EOF, written to a file once its stdin closes (renamed into
+# place: a file created and then written was once read empty in between, under load)
 ECHO = """
-import sys
+import os, sys
 data = sys.stdin.buffer.read()
-open(OUT, "wb").write(data)
+open(OUT + ".tmp", "wb").write(data)
+os.replace(OUT + ".tmp", OUT)  # whole or not there: the test reads it as soon as it exists
 """
 PARENT = """
 import sys, time
