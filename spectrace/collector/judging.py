@@ -63,6 +63,11 @@ def _emit(rt, facts: load_facts.LoadFacts, findings: list, name: str = "spectrac
         span.end()
 
 
+def _dtypes(by_role: dict | None) -> dict | None:
+    """Each role's dtype as the audit names it (``dtype_name``: the readers ship vLLM's and the headers' text)."""
+    return {role: dtype_name(value) for role, value in by_role.items()} if by_role is not None else None
+
+
 def _rows(rt, facts: load_facts.LoadFacts, table: str, rows: list[dict[str, Any]]) -> None:
     common = rt.common(facts.role, facts.rank, run_id=facts.run_id)
     rt.pipeline.extend(table, [{**common, **row} for row in rows])
@@ -74,8 +79,7 @@ def _rows(rt, facts: load_facts.LoadFacts, table: str, rows: list[dict[str, Any]
 def _resolution(rt, facts, *, runs_in: dict | None, checkpoint_dtypes: dict, **run_facts: Any) -> None:
     """``audit.judge`` on what the frontend knows (it builds no model: the layout is judged at the worker's)."""
     judged = audit.judge(audit.RunFacts(
-        runs_in={role: dtype_name(value) for role, value in runs_in.items()} if runs_in is not None else None,
-        checkpoint_dtypes={role: dtype_name(value) for role, value in checkpoint_dtypes.items()},
+        runs_in=_dtypes(runs_in), checkpoint_dtypes=_dtypes(checkpoint_dtypes),
         **run_facts))
     _rows(rt, facts, "config_fields", [d.as_row() for d in judged.diffs])
     _emit(rt, facts, judged.findings)
@@ -215,7 +219,6 @@ def run_context(config) -> tuple[list, set[str], str | None, bool | None]:
         return [], set(), None, None
     run_facts, parallel = dict(read[0]), read[1]
     runs_in = run_facts.pop("runs_in", None)
-    facts = audit.RunFacts(runs_in={role: dtype_name(v) for role, v in runs_in.items()} if runs_in else runs_in,
-                           **run_facts)
+    facts = audit.RunFacts(runs_in=_dtypes(runs_in), **run_facts)
     judged = audit.judge(facts)
     return judged.boundaries, judged.roots, facts.method, parallel
