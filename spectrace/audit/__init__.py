@@ -25,12 +25,15 @@ hand-written ones; no vLLM process imports it in the process shape (what readers
 - ``draft_settings``: draft settings accepted and never applied (``DRAFT_SETTING_IGNORED``)
 - ``ranks``: agreement within one engine (``RANK_DISAGREEMENT``, ``VERIFY_DISAGREEMENT``)
 - ``judge``: the static judge — one function that composes them for a run's facts (config, layout, taps)
-- ``run_judge``: the run judge — the records each flush produces in, the run rules' findings out, once each
+- ``batch``: what the run judge is fed (one flush's ``RunBatch``: a ``RunObservation`` per run) and gives back
+  (``Judged``: ``Verdict``s, the live speed-up windows, the rules that failed)
+- ``run_judge``: the run judge — ``RunJudge.observe(batch)``: each flush's records in, the run rules' findings out,
+  once each
 - ``store_judge``: one run's verdicts from a store or lake (``judge_store``): what ``spectrace report`` renders
 - ``rules/``: the run rules' arithmetic (acceptance and the collapse detector, request slices, what k pays, the one
   speed-up figure's words, which findings are active)
 
-``run_judge``, ``store_judge`` and ``rules`` are imported by name, not from here: they need NumPy, which the
+``batch``, ``run_judge``, ``store_judge`` and ``rules`` are imported by name, not from here: they need NumPy, which the
 static judge (the frontend's, doctor's) does not.
 
 Root causes and consequences: each root cause is one ``error`` (or ``warning``)

@@ -1,8 +1,8 @@
 """The run judge: a run's records as each flush produces them in, its findings out, each at most once per run.
 
-The drain (``spectrace.collector.drain``) counts a flush's steps into records (per-position counts, draft
-shapes, request counts and slices, the draft budget, step shapes, worker step sums) and hands each batch here; this
-module keeps what the rules need between batches (the accumulators below, one :class:`RunRecords` per run) and
+The drain (``spectrace.collector.drain``) counts a flush's steps into rows and, beside them, one
+:class:`~spectrace.audit.batch.RunBatch` (per run: per-position counts, draft shapes, slices, the draft budget, step
+shapes, worker step sums), which :meth:`RunJudge.observe` takes whole; this module keeps what the rules need between batches (the accumulators below, one :class:`RunRecords` per run) and
 returns the findings they give. One ``reported`` set per run says what was already said, for every rule: collapse
 and recovery, context and position cliffs, dummy drafts, slices, drafts never verified, dynamic k, speculation not
 paying, engine/worker agreement. The rules themselves are pure functions (``spectrace.audit.rules.acceptance``,
@@ -28,6 +28,7 @@ from spectrace.audit.curve import (
     position_cliff_finding,
 )
 from spectrace.audit.dynamic_k import k_thrashing, thrashing_finding
+from spectrace.audit.batch import ACCEPTANCE_SPAN, ENGINE, WORKER, Judged, RunBatch, RunObservation, Verdict
 from spectrace.audit.findings import Finding
 from spectrace.audit.ranks import disagreement_finding
 from spectrace.audit.requests import (
@@ -40,11 +41,10 @@ from spectrace.audit.requests import (
     unverified_finding,
 )
 
-ENGINE, WORKER = "engine_core", "worker"
-
-
 class RunJudge:
-    """Every run rule of one process, over the records its drain produces (one per ``spectrace.collector.drain.Drain``)."""
+    """Every run rule of one process, over the batches its drain hands it (one per ``spectrace.collector.drain.Drain``).
+
+    :meth:`observe` is the only entry: one :class:`~spectrace.audit.batch.RunBatch` per flush in, its findings out."""
 
     def __init__(self, *, collapse_threshold: float, collapse_window_tokens: int, collapse_min_tokens: int) -> None:
         self._collapse = dict(threshold=collapse_threshold, window=collapse_window_tokens, min_tokens=collapse_min_tokens)
@@ -60,47 +60,123 @@ class RunJudge:
             records = self.runs[run_id] = RunRecords(acceptance.CollapseDetector(**self._collapse))
         return records
 
-    def curve(self, run_id: str, context: Callable[[], tuple[list, set[str], str | None, bool | None]]) -> tuple["RunCurve", bool]:
-        """The run's acceptance curve, built on first use from its ``context`` (boundaries, root causes, method,
-        parallel drafting); whether it was built now (its boundaries are then new records)."""
+    def observe(self, batch: RunBatch) -> Judged:
+        """One flush's records, run by run, in the order the rules need them: the curve and the counts first, then
+        collapse and drift (said on an acceptance span), the budget, does speculation pay, and the run-wide rules
+        (dynamic k, the curve's cliffs and dummy drafts, slices, thinking phases); engine/worker agreement when the
+        batch closes runs. A rule that fails is reported in ``Judged.errors`` and costs no other rule its turn."""
+        judged = Judged()
+        for run_id, seen in batch.runs.items():
+            for name, rule in self._rules:
+                try:
+                    rule(self, run_id, seen, judged)
+                except Exception as exc:  # counted by the drain; the next rule still runs
+                    judged.errors.append((name, exc))
+        if batch.closing:
+            try:
+                for run_id, findings in self._agreement(exclude=batch.running):
+                    judged.verdicts.append(Verdict(run_id, findings))
+            except Exception as exc:
+                judged.errors.append(("agreement", exc))
+        return judged
+
+    # -- the rules, in the order observe runs them ------------------------------------------------
+
+    def _take(self, run_id: str | None, seen: RunObservation, judged: Judged) -> None:
+        """What a batch only adds: the curve, the totals, the shapes, slices, phases."""
+        if seen.totals:
+            for source, rank, drafted, accepted in seen.totals:
+                totals = self.totals.setdefault((source, run_id, rank), [0, 0])
+                totals[0] += drafted
+                totals[1] += accepted
         records = self.run(run_id)
-        if records.curve is None:
-            records.curve = RunCurve(*context())
-            return records.curve, True
-        return records.curve, False
+        if seen.context is not None and records.curve is None:
+            records.curve = RunCurve(*seen.context)
+        curve = records.curve
+        if curve is not None:
+            for bounds, drafted, accepted in seen.by_range:
+                curve.add_range(bounds, drafted, accepted)
+            if seen.draft_shapes:
+                curve.add_shapes(seen.draft_shapes)
+            if seen.positions is not None:
+                curve.add_positions(seen.positions.drafted_at, seen.positions.accepted_at)
+        if seen.shapes or seen.transitions:
+            records.switches.add(seen.shapes, seen.transitions)
+        run_slices = records.slices
+        if seen.defaults is not None:
+            run_slices.defaults = seen.defaults
+        if seen.prefix is not None:
+            run_slices.prefix = seen.prefix
+        for labels, new, drafted, accepted in seen.slices:
+            run_slices.add(labels, new, drafted, accepted)
+        if seen.prefix_hits is not None:
+            run_slices.prompt_tokens += seen.prefix_hits.prompt_tokens
+            run_slices.cached_tokens += seen.prefix_hits.cached_tokens
+            run_slices.requests_hit += seen.prefix_hits.requests_hit
+        if seen.phases:
+            records.phases.add(seen.phases)
 
-    # -- per-position counts: the collapse detector, the curve's cliffs, dummy drafts, agreement --------
-
-    def observe_counts(self, source: str, run_id: str, rank: int | None, drafted: int, accepted: int) -> None:
-        """A flush's verified totals of one side (engine core, or a worker rank): the agreement's inputs."""
-        totals = self.totals.setdefault((source, run_id, rank), [0, 0])
-        totals[0] += drafted
-        totals[1] += accepted
-
-    def observe_positions(self, run_id: str, drafted_at: np.ndarray, accepted_at: np.ndarray,
-                          marks: list | None = None) -> list[Finding]:
-        """The engine core's per-position counts of a flush (and its steps' marks): ACCEPTANCE_COLLAPSE, then
-        ACCEPTANCE_RECOVERED, as the collapse detector fires."""
+    def _collapse_rule(self, run_id: str | None, seen: RunObservation, judged: Judged) -> None:
+        """ACCEPTANCE_COLLAPSE, then ACCEPTANCE_RECOVERED, as the collapse detector fires on the flush's positions."""
+        if seen.positions is None:
+            return
         records = self.run(run_id)
-        if records.curve is not None:
-            records.curve.add_positions(drafted_at, accepted_at)
-        event = records.collapse.observe(drafted_at, accepted_at, marks)
+        event = records.collapse.observe(seen.positions.drafted_at, seen.positions.accepted_at, seen.positions.marks)
         if event is None:
-            return []
+            return
         collapse = collapse_finding(event, records.curve.roots if records.curve is not None else ())
-        return [collapse, *raised_findings(collapse)]
+        judged.verdicts.append(Verdict(run_id, [collapse, *raised_findings(collapse)], span=ACCEPTANCE_SPAN))
 
-    def observe_drift(self, run_id: str, ts_ns: int, strata: dict[tuple[str, int], tuple[int, int]],
-                      requests: dict[str, tuple[int, int]], k: int) -> list[Finding]:
-        """The engine core's verified drafts of a flush, per (context range, position) and per request:
-        ACCEPTANCE_STEP_CHANGE or ACCEPTANCE_DECAY with its start, then ACCEPTANCE_RESTORED (rules.drift)."""
-        events = self.run(run_id).drift.observe(ts_ns, strata, requests, k)
+    def _drift_rule(self, run_id: str | None, seen: RunObservation, judged: Judged) -> None:
+        """ACCEPTANCE_STEP_CHANGE or ACCEPTANCE_DECAY with its start, then ACCEPTANCE_RESTORED (rules.drift)."""
+        if seen.drift is None:
+            return
+        events = self.run(run_id).drift.observe(*seen.drift)
         if not events:
-            return []
+            return
         ranks = sorted({rank for source, run, rank in self.totals if source == WORKER and run == run_id and rank is not None})
-        return [drift_finding(event, ranks) for event in events]
+        judged.verdicts.append(Verdict(run_id, [drift_finding(event, ranks) for event in events], span=ACCEPTANCE_SPAN))
 
-    def curve_findings(self, run_id: str) -> list[Finding]:
+    def _budget_rule(self, run_id: str | None, seen: RunObservation, judged: Judged) -> None:
+        """DRAFTS_UNVERIFIED once per run, with the token-budget findings that explain it. Requests count only once
+        the run proposes (no proposals seen: asynchronous scheduling, or the hook off: nothing to compare)."""
+        if seen.budget is None:
+            return
+        budget = self.run(run_id).budget
+        budget.proposed += seen.budget.proposed
+        budget.verified += seen.budget.verified
+        if not budget.proposed:
+            return
+        budget.requests += seen.new_requests
+        records = self.run(run_id)
+        evidence = records.first(codes.DRAFTS_UNVERIFIED,
+                                 lambda: unverified_drafts(budget.proposed, budget.verified, budget.requests, seen.k))
+        if evidence is not None:
+            facts = seen.scheduler
+            judged.verdicts.append(Verdict(run_id, [unverified_finding(
+                evidence, token_budget_findings(**facts) if facts else [])]))
+
+    def _speculation_rule(self, run_id: str | None, seen: RunObservation, judged: Judged) -> None:
+        """Each worker rank's step sums of the flush (``speculation_steps``): the speed-up over the detector's
+        window, and SPECULATION_NOT_PAYING once (rank 0 speaks: every rank times the same steps)."""
+        for rank, sums in seen.speculation.items():
+            detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
+            evidence = detector.observe(sums)
+            judged.windows[(run_id, rank)] = detector.window()
+            if evidence is not None and not rank:
+                judged.verdicts.append(Verdict(run_id, [not_paying_finding(evidence)], role=WORKER, rank=rank))
+
+    def _run_rules(self, run_id: str | None, seen: RunObservation, judged: Judged) -> None:
+        """The run-wide rules, over the run so far: dynamic k, the curve, slices, thinking phases."""
+        findings = (self._switch_findings(run_id, seen.scheduler) + self._curve_findings(run_id)
+                    + self._slice_findings(run_id, seen.k, seen.method) + self._phase_findings(run_id, seen.k))
+        if findings:
+            judged.verdicts.append(Verdict(run_id, findings))
+
+    _rules = (("take", _take), ("collapse", _collapse_rule), ("drift", _drift_rule), ("budget", _budget_rule),
+              ("speculation", _speculation_rule), ("run", _run_rules))
+
+    def _curve_findings(self, run_id: str) -> list[Finding]:
         """CONTEXT_CLIFF, POSITION_CLIFF and DUMMY_DRAFTS over the curve so far."""
         records = self.run(run_id)
         curve = records.curve
@@ -125,7 +201,7 @@ class RunJudge:
                 kind=kind))
         return findings
 
-    def agreement(self, *, exclude: str | None = None) -> list[tuple[str, list[Finding]]]:
+    def _agreement(self, *, exclude: str | None = None) -> list[tuple[str, list[Finding]]]:
         """VERIFY_DISAGREEMENT for each run not yet judged (but ``exclude``, the one still running) where both the
         engine core and a worker rank counted: (run, its findings)."""
         judged = []
@@ -140,9 +216,9 @@ class RunJudge:
             judged.append((run_id, findings))
         return judged
 
-    # -- request slices, the token budget, dynamic k -----------------------------------------------
+    # -- request slices, thinking phases, dynamic k -----------------------------------------------
 
-    def slice_findings(self, run_id: str, k: int, method: str | None) -> list[Finding]:
+    def _slice_findings(self, run_id: str, k: int, method: str | None) -> list[Finding]:
         """SLICE_ACCEPTANCE_LOW once per run and dimension (THINKING_MODE_GAP for ``thinking_mode``); PREFIX_HITS_DROPPED
         once per run."""
         records = self.run(run_id)
@@ -164,7 +240,7 @@ class RunJudge:
             findings.append(dropped_hits_finding(evidence, method))
         return findings
 
-    def phase_findings(self, run_id: str, k: int) -> list[Finding]:
+    def _phase_findings(self, run_id: str, k: int) -> list[Finding]:
         """THINKING_MODE_GAP once per run for the thinking phases: the verify steps drafted in reasoning against
         those drafted in the answer (``thinking.phase_gap``)."""
         records = self.run(run_id)
@@ -175,18 +251,7 @@ class RunJudge:
         gap = records.first(f"{codes.THINKING_MODE_GAP}:thinking_phase", lambda: thinking.phase_gap(phases.by_phase, k))
         return [thinking_finding(gap)] if gap is not None else []
 
-    def budget_findings(self, run_id: str, k: int, scheduler: Callable[[], dict | None]) -> list[Finding]:
-        """DRAFTS_UNVERIFIED once per run, with the token-budget findings that explain it."""
-        records = self.run(run_id)
-        budget = records.budget
-        evidence = records.first(codes.DRAFTS_UNVERIFIED,
-                                 lambda: unverified_drafts(budget.proposed, budget.verified, budget.requests, k))
-        if evidence is None:
-            return []
-        facts = scheduler()
-        return [unverified_finding(evidence, token_budget_findings(**facts) if facts else [])]
-
-    def switch_findings(self, run_id: str, scheduler: Callable[[], dict | None]) -> list[Finding]:
+    def _switch_findings(self, run_id: str, facts: dict | None) -> list[Finding]:
         """DYNAMIC_K_THRASHING once per run, with the run's drafts never verified."""
         records = self.run(run_id)
         switches = records.switches
@@ -195,7 +260,7 @@ class RunJudge:
         switches.changed = False
         if codes.DYNAMIC_K_THRASHING in records.reported:
             return []
-        facts = scheduler() or {}
+        facts = facts or {}
         evidence = records.first(codes.DYNAMIC_K_THRASHING,
                                  lambda: k_thrashing(switches.by_shape, switches.transitions, facts.get("dynamic_k")))
         if evidence is None:
@@ -204,19 +269,9 @@ class RunJudge:
         drafts = None
         if budget.proposed:
             drafts = {"proposed": budget.proposed, "verified": budget.verified,
-                      "requests": budget.requests + budget.new_requests, "num_speculative_tokens": facts["k"]}
+                      "requests": budget.requests, "num_speculative_tokens": facts["k"]}
         return [thrashing_finding(evidence, drafts, token_budget_findings(**facts), max_num_seqs=facts["max_num_seqs"],
                                   max_num_batched_tokens=facts["max_num_batched_tokens"])]
-
-    # -- does speculation pay? ----------------------------------------------------------------
-
-    def observe_speculation(self, run_id: str | None, rank: int | None, sums: dict[str, float]) -> tuple[dict | None, list[Finding]]:
-        """A worker rank's step sums of a flush (``speculation_steps``): the speed-up over the detector's window,
-        and SPECULATION_NOT_PAYING once (rank 0 speaks: every rank times the same steps)."""
-        detector = self.paying.setdefault((run_id, rank), acceptance.PayingDetector())
-        evidence = detector.observe(sums)
-        findings = [not_paying_finding(evidence)] if evidence is not None and not rank else []
-        return detector.window(), findings
 
 
 class RunRecords:
@@ -246,55 +301,32 @@ class RunRecords:
         return None
 
 
-class ShapeCounts:
-    """One (run, batch band, k)'s verified steps of a flush: steps, request-steps, drafted, accepted, k switches."""
-
-    __slots__ = ("steps", "request_steps", "drafted", "accepted", "switches")
-
-    def __init__(self) -> None:
-        self.steps = self.request_steps = self.drafted = self.accepted = self.switches = 0
-
-    def add(self, mark: acceptance.StepMark, switched: bool) -> None:
-        self.steps += 1
-        self.request_steps += mark.pos0_drafted
-        self.drafted += mark.drafted
-        self.accepted += mark.accepted
-        self.switches += switched
-
-
 class RunBudget:
     """One run's draft tokens proposed and verified so far, and the requests that verified drafts."""
 
-    __slots__ = ("proposed", "verified", "requests", "new_requests")
+    __slots__ = ("proposed", "verified", "requests")
 
     def __init__(self) -> None:
-        self.proposed = self.verified = self.requests = self.new_requests = 0
+        self.proposed = self.verified = self.requests = 0
 
 
 class RunSwitches:
-    """One run's verified steps and k switches: the k of its last verified step (kept across flushes), steps and
-    switches by (batch band, k), switches by (k before, k after)."""
+    """One run's verified steps and k switches so far: steps and switches by (batch band, k), switches by
+    (k before, k after). Which step switched is the drain's to read (it keeps each run's last k)."""
 
-    __slots__ = ("last_k", "by_shape", "transitions", "changed")
+    __slots__ = ("by_shape", "transitions", "changed")
 
     def __init__(self) -> None:
-        self.last_k: int | None = None
         self.by_shape: dict[tuple[str, int], tuple[int, int]] = {}
         self.transitions: dict[tuple[int, int], int] = {}
         self.changed = False
 
-    def step(self, k: int) -> bool:
-        """One verified step that drafted ``k``: whether the run's previous verified step drafted another k."""
-        last, self.last_k = self.last_k, k
-        if last is None or last == k:
-            return False
-        pair = (last, k)
-        self.transitions[pair] = self.transitions.get(pair, 0) + 1
-        return True
-
-    def add(self, band: str, k: int, steps: int, switches: int) -> None:
-        n, s = self.by_shape.get((band, k), (0, 0))
-        self.by_shape[(band, k)] = (n + steps, s + switches)
+    def add(self, shapes: dict[tuple[str, int], tuple[int, int]], transitions: dict[tuple[int, int], int]) -> None:
+        for shape, (steps, switches) in shapes.items():
+            n, s = self.by_shape.get(shape, (0, 0))
+            self.by_shape[shape] = (n + steps, s + switches)
+        for pair, n in transitions.items():
+            self.transitions[pair] = self.transitions.get(pair, 0) + n
         self.changed = True
 
 
@@ -373,10 +405,10 @@ class RunCurve:
         self.draft_rows = self.repeated_rows = self.repeated_drafted = self.repeated_accepted = 0
         self.repeated_by_token: dict[int, int] = {}
 
-    def add_range(self, bounds: tuple[int, int | None], drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
+    def add_range(self, bounds: tuple[int, int | None], drafted: int, accepted: int) -> None:
         total = self.by_range.setdefault(bounds, [0, 0])
-        total[0] += int(drafted_at.sum())
-        total[1] += int(accepted_at.sum())
+        total[0] += drafted
+        total[1] += accepted
 
     def add_positions(self, drafted_at: np.ndarray, accepted_at: np.ndarray) -> None:
         if self.drafted_at is None:

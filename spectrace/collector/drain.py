@@ -5,8 +5,10 @@ source holds (the hooks' capture in the traced process, or the collector's inbox
 rows, per-position counts by context range (``verify_counts``), acceptance lengths and
 one-token draft rows; the worker's steps (``WorkerStep``) the worker-side counts; the
 worker's step times (``StepTiming``) ``speculation_steps``. Each batch of records goes to the
-run judge (``spectrace.audit.run_judge``: collapse, cliffs, dummy drafts, slices, the token budget,
-dynamic k, speculation not paying, engine/worker agreement), whose findings are emitted here.
+run judge as one ``RunBatch`` (``spectrace.audit.batch``; ``RunJudge.observe``: collapse, cliffs, dummy drafts,
+slices, the token budget, dynamic k, speculation not paying, engine/worker agreement), whose findings are emitted
+here. What the drain keeps between flushes is what its rows need (each run's last k, its curve's context, its
+generation defaults); what the rules keep is the judge's.
 
 Counting rules follow vLLM's ``Scheduler.update_from_output`` /
 ``make_spec_decoding_stats``: accepted = max(sampled - num_sampled_per_step, 0),
@@ -29,13 +31,14 @@ import numpy as np
 import pyarrow as pa
 
 from spectrace.audit.rules import acceptance, slices, thinking
-from spectrace.audit.run_judge import RunCurve, RunJudge, ShapeCounts
+from spectrace.audit.batch import Budget, Drift, Positions, PrefixHits, RunBatch, RunObservation
+from spectrace.audit.run_judge import RunJudge
 from spectrace.collector import columns, findings as findings_out, judging
 from spectrace.collector.timings import StepTimes
 from spectrace.recorder.verify.capture import ENGINE, MAX_ACTIVE_SLICES, WORKER, ReadRequest, RequestNote
 from spectrace.recorder.verify.run_config import RunConfig
 from spectrace.recorder.wire import drafts_total
-from spectrace.values import SliceCounts
+from spectrace.values import SliceCounts, Speedup
 from spectrace.vllm_objects.requests import defaults_in_force, request_parameters
 
 log = logging.getLogger("vllm.spectrace")
@@ -66,10 +69,17 @@ class Drain:
         self.slice_of: dict[str, dict[str, str] | None] = {}  # request id -> its slice (None: no note)
         self.request_totals: dict[str, RequestTotals] = {}  # request id -> its counts so far, until it finishes
         self.phases: dict[str, thinking.PhaseTracker] = {}  # run id -> each request's phase (a reasoning parser's runs)
+        # per run, what its rows need across flushes (the oldest run forgotten past MAX_RUNS)
+        self.contexts: dict[str | None, tuple] = {}  # the curve's context (judging.run_context) and its range edges
+        self.last_k: dict[str | None, int] = {}  # the k of the run's last verified step (its k switches)
+        self.reads: dict[str | None, tuple[dict, dict | None]] = {}  # generation defaults, prefix-cache facts
+        self.proposing: dict[str | None, None] = {}  # runs whose drafter proposals were seen (the draft budget)
 
     # -- background ------------------------------------------------------------
 
-    def drain(self, rt) -> None:
+    def drain(self, rt, *, closing: bool = False, running: str | None = None) -> None:
+        """One flush: rows, then one batch to the run judge and its findings out. ``closing``: the runs but
+        ``running`` are over (engine/worker agreement is judged)."""
         with self._lock:
             if self.judge is None:
                 settings = rt.settings
@@ -77,6 +87,7 @@ class Drain:
                                       collapse_window_tokens=settings.collapse_window_tokens,
                                       collapse_min_tokens=settings.collapse_min_tokens)
             source = self.source
+            batch = RunBatch(closing=closing, running=running)
             finished = source.take_finished()  # first: the steps before each are in the engine steps taken next
             engine = source.take_engine_steps()
             worker = source.take_worker_steps()
@@ -89,31 +100,51 @@ class Drain:
                 rt.pipeline.count_dropped(dropped)
             proposals = source.take_proposals()
             if engine:
-                self._drain_engine(rt, engine)
+                self._drain_engine(rt, engine, batch)
             for run_id, ts, requests in finished:
                 self._end_requests(rt, run_id, ts, requests)
             if proposals or engine:
-                self._drain_budget(rt, proposals, engine)
-            yielded = self._drain_worker(rt, worker) if worker else {}
+                self._drain_budget(rt, proposals, engine, batch)
+            yielded = self._drain_worker(rt, worker, batch) if worker else {}
             host = source.take_host_steps()
             if host:  # before the worker's timings: the live estimate prices this flush's host steps too
                 self.step_times.drain_host(rt, host)
             timings = source.take_timings()
             if timings:
-                self.step_times.drain(rt, timings, yielded, self.judge, self._emit)
+                for (run_id, rank), sums in self.step_times.drain(rt, timings, yielded).items():
+                    batch.run(run_id).speculation[rank] = sums
             source.let_go(engine, worker, proposals, host)  # counted: vLLM's threads drop them (capture)
-            judge = self.judge
-            for run_id in list(judge.runs):  # the run's configs are read only where a rule needs them
-                scheduler = lambda run_id=run_id: self.config_of(run_id).scheduler()  # noqa: E731
-                k = int(rt.run_k(run_id) or 1)
-                self._emit(rt, run_id, judge.switch_findings(run_id, scheduler) + judge.curve_findings(run_id)
-                           + judge.slice_findings(run_id, k, _method(rt, run_id)) + judge.phase_findings(run_id, k))
+            self._judge(rt, batch)
 
-    def _emit(self, rt, run_id: str | None, findings: list, *, role: str = ENGINE, rank: int | None = None, span=None) -> None:
-        if findings:
-            findings_out.emit(rt, findings, role=role, rank=rank, span=span, run=rt.run_by_id(run_id))
+    def _judge(self, rt, batch: RunBatch) -> None:
+        """The flush's batch to the run judge: each run's k, method and (where its engine core ran here) scheduler
+        facts added; its findings emitted, a rule's fault counted, the live speed-up of each timed rank noted."""
+        for run_id, seen in batch.runs.items():
+            seen.k = int(rt.run_k(run_id) or 1)
+            seen.method = _method(rt, run_id)
+            if run_id in self.contexts or seen.budget is not None:
+                seen.scheduler = self.config_of(run_id).scheduler()
+        judged = self.judge.observe(batch)
+        for name, exc in judged.errors:
+            rt.count_error("drain." + name, exc)
+        for verdict in judged.verdicts:
+            if not verdict.findings:
+                continue
+            run = rt.run_by_id(verdict.run_id)
+            if verdict.span is None:
+                findings_out.emit(rt, verdict.findings, role=verdict.role, rank=verdict.rank, run=run)
+                continue
+            with rt.span(verdict.span, role=verdict.role, run=run,
+                         attributes={"spectrace.event": verdict.findings[0].code}) as span:
+                findings_out.emit(rt, verdict.findings, role=verdict.role, rank=verdict.rank, span=span, run=run)
+        if rt.metered:  # the judge's estimates: value records (spectrace.values), for the metrics sink
+            for run_id, seen in batch.runs.items():
+                for rank in seen.speculation:
+                    window = judged.windows.get((run_id, rank))
+                    rt.pipeline.note(Speedup(run_id, rank, window["speedup_estimate"] if window else None,
+                                             self.step_times.speedup_by_k(rt, run_id, rank) or []))
 
-    def _drain_engine(self, rt, steps: list[tuple]) -> None:
+    def _drain_engine(self, rt, steps: list[tuple], batch: RunBatch) -> None:
         """The engine core's steps of one flush, counted as columns (``columns``: no loop per request-step)."""
         runs: dict[str, columns.RunColumns] = {}
         ended: list[tuple[str | None, int, list[str]]] = []  # (run, ts, requests) that finished in a step
@@ -139,32 +170,23 @@ class Drain:
             counted = run.count()
             if counted is None:
                 continue
-            marks, step_bands, by_shape = self._steps(rt, run_id, counted)
+            seen = batch.run(run_id)
+            marks, step_bands, by_shape = self._steps(rt, run_id, counted, seen)
             arr = counted.table()  # one array per run: the counts, the band positions and the rows share it
             self._verify_rows(rt, common, run_id, counted)
             band_rows += _band_positions(common, run_id, arr, step_bands)
-            curve = self._curve(rt, run_id)
             shapes = acceptance.repeated_rows(counted.tokens, counted.starts, counted.lengths, counted.accepted)
-            curve.add_shapes(shapes)
+            seen.draft_shapes = shapes
             if shapes["rows"]:
                 rt.pipeline.append(
                     "draft_shapes",
                     {**common, "run_id": run_id, "ts": time.time_ns(), "rows": shapes["rows"], "repeated_rows": shapes["repeated"],
                      "repeated_drafted": shapes["repeated_drafted"], "repeated_accepted": shapes["repeated_accepted"]},
                 )
-            strata = self._count(rt, ENGINE, run_id, None, arr, marks)
+            strata = self._count(rt, ENGINE, run_id, None, arr, seen, marks)
             flush = counted.per_request()
-            try:  # a rule's fault is counted and costs no record of the flush
-                drifted = self.judge.observe_drift(run_id, int(counted.ts.max()), strata, dict(zip(
-                    flush.ids, zip(flush.drafted.tolist(), flush.accepted.tolist()))), int(counted.drafted.max()))
-            except Exception as exc:
-                rt.count_error("drain.drift", exc)
-                drifted = []
-            if drifted:
-                run = rt.run_by_id(run_id)
-                with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
-                             attributes={"spectrace.event": drifted[0].code}) as span:
-                    findings_out.emit(rt, drifted, role=ENGINE, span=span, run=run)
+            seen.drift = Drift(int(counted.ts.max()), strata, dict(zip(
+                flush.ids, zip(flush.drafted.tolist(), flush.accepted.tolist()))), int(counted.drafted.max()))
             totals = self.request_totals
             first_ts = int(counted.ts[0])
             for req_id, n, d, a, e, h in zip(flush.ids, flush.steps.tolist(), flush.drafted.tolist(),
@@ -180,26 +202,24 @@ class Drain:
                      "request_steps": c.request_steps, "drafted": c.drafted, "accepted": c.accepted,
                      "k_switches": c.switches} for (band, k), c in by_shape.items()]
             shape_rows += rows
-            switches = self.judge.run(run_id).switches
-            for (band, k), c in by_shape.items():
-                switches.add(band, k, c.steps, c.switches)
+            seen.shapes = {shape: (c.steps, c.switches) for shape, c in by_shape.items()}
         if shape_rows:
             rt.pipeline.extend("step_shapes", shape_rows)
         if band_rows:
             rt.pipeline.extend("band_positions", band_rows)
         if per_request:
-            self._drain_slices(rt, per_request)
+            self._drain_slices(rt, per_request, batch)
         for run_id, per_step in sampled_of.items():  # after the slices: a request's mode is known at its first step
             counted = runs[run_id].count()
             if counted is not None:
                 try:
-                    self._drain_phases(rt, run_id, counted, per_step)
+                    self._drain_phases(rt, run_id, counted, per_step, batch)
                 except Exception as exc:
                     rt.count_error("drain.phases", exc)
         for run_id, ts, finished in ended:
             self._end_requests(rt, run_id, ts, finished)
 
-    def _drain_phases(self, rt, run_id: str, counted: "columns.Counted", per_step: list) -> None:
+    def _drain_phases(self, rt, run_id: str, counted: "columns.Counted", per_step: list, batch: RunBatch) -> None:
         """``thinking_phases``: the flush's request-steps by the phase (reasoning / answer) each was drafted in,
         read off the tokens every row of the earlier steps emitted against the reasoning parser's think markers
         (``thinking.PhaseTracker``); to the judge, whose ``THINKING_MODE_GAP`` compares the phases. Tokens of a
@@ -228,7 +248,7 @@ class Drain:
         if not steps:
             return
         by_phase = thinking.phase_counts(steps)
-        self.judge.run(run_id).phases.add(by_phase)
+        batch.run(run_id).phases = by_phase
         common = rt.common(ENGINE, run_id=run_id)
         now = time.time_ns()
         rt.pipeline.extend("thinking_phases", [
@@ -281,13 +301,14 @@ class Drain:
                              links=self._links([req_id]), attributes=attributes)
         span.end(end_time=max(end_ns, request.first_ts))
 
-    def _steps(self, rt, run_id: str, counted: "columns.Counted"):
+    def _steps(self, rt, run_id: str, counted: "columns.Counted", seen: RunObservation):
         """Per step of the run that counted something: its mark (the collapse onset), its batch band and k (the
-        step shapes and k switches), a sampled span."""
+        step shapes and k switches: ``seen.transitions``), a sampled span."""
         marks: list[acceptance.StepMark] = []
         step_bands: list[tuple[str, int]] = []
         by_shape: dict[tuple[str, int], ShapeCounts] = {}
-        switches = self.judge.run(run_id).switches
+        last_k = self.last_k.get(run_id)
+        transitions = seen.transitions
         n_at, drafted_at, accepted_at, pos0_at = (a.tolist() for a in counted.per_step)
         for i, (ts, step_no, n, drafted, accepted, pos0, context, k) in enumerate(zip(
                 counted.ts.tolist(), counted.step_no.tolist(), n_at, drafted_at, accepted_at, pos0_at,
@@ -299,10 +320,16 @@ class Drain:
             shape = by_shape.get((band, k))
             if shape is None:
                 shape = by_shape[(band, k)] = ShapeCounts()
-            shape.add(mark, switches.step(k))
+            switched = last_k is not None and last_k != k
+            if switched:
+                transitions[(last_k, k)] = transitions.get((last_k, k), 0) + 1
+            last_k = k
+            shape.add(mark, switched)
             step_bands.append((band, n))
             marks.append(mark)
             self._maybe_step_span(rt, ts, step_no, run_id, counted, i)
+        if last_k is not None:
+            _remember(self.last_k, run_id, last_k)
         return marks, step_bands, by_shape
 
     def _verify_rows(self, rt, common: dict, run_id: str, counted: "columns.Counted") -> None:
@@ -342,7 +369,7 @@ class Drain:
             "draft_token_ids": draft_ids,
         }, n)
 
-    def _drain_worker(self, rt, steps: list[tuple]) -> dict[tuple[str, int | None], tuple[int, int]]:
+    def _drain_worker(self, rt, steps: list[tuple], batch: RunBatch) -> dict[tuple[str, int | None], tuple[int, int]]:
         """Counts the worker's steps (as columns); per (run, rank): (draft rows, tokens yielded) for the cross-check."""
         per_key: dict[tuple[str, int | None], columns.WorkerColumns] = {}
         for ts, run_id, rank, drafts, valid_lens, row_of in steps:  # WorkerStep
@@ -357,19 +384,21 @@ class Drain:
             if counted is None:
                 continue
             drafted, accepted = counted
-            self._count(rt, WORKER, run_id, rank, np.column_stack((drafted, accepted, np.full(len(drafted), -1))))
+            self._count(rt, WORKER, run_id, rank, np.column_stack((drafted, accepted, np.full(len(drafted), -1))),
+                        batch.run(run_id))
             yielded[(run_id, rank)] = (len(drafted), int(accepted.sum()) + len(drafted))
         return yielded
 
     def _count(
-        self, rt, source: str, run_id: str, rank: int | None, batch: np.ndarray, marks: list | None = None
+        self, rt, source: str, run_id: str, rank: int | None, batch: np.ndarray, seen: RunObservation,
+        marks: list | None = None
     ) -> dict[tuple[str, int], tuple[int, int]]:
-        """The flush's counts as rows, and to the judge; returns them per (context range, position)."""
+        """The flush's counts as rows, and into ``seen`` for the judge; returns them per (context range, position)."""
         arr = np.asarray(batch, dtype=np.int64)
         drafted, accepted, ctx = arr[:, 0], arr[:, 1], arr[:, 2]
         k = int(drafted.max())
-        curve = self._curve(rt, run_id) if source == ENGINE else None
-        edges = curve.edges if curve is not None else acceptance.range_edges()
+        engine = source == ENGINE
+        edges = self._context(rt, run_id, seen) if engine else acceptance.range_edges()
         labels = acceptance.range_labels(edges)
         bounds = acceptance.range_bounds(edges)
         ranges = acceptance.range_indices(edges, np.maximum(ctx, 0))
@@ -381,8 +410,8 @@ class Drain:
             mask = ranges == r
             d_at, a_at = acceptance.position_counts(drafted[mask], accepted[mask], k)
             low = bounds[int(r)][0]
-            if curve is not None:
-                curve.add_range(bounds[int(r)], d_at, a_at)
+            if engine:
+                seen.by_range.append((bounds[int(r)], int(d_at.sum()), int(a_at.sum())))
             for position in range(k):
                 if d_at[position] == 0 and a_at[position] == 0:
                     continue
@@ -407,15 +436,10 @@ class Drain:
         ]
         rt.pipeline.extend("verify_counts", rows)
         rt.pipeline.extend("acceptance_lengths", length_rows)
-        self.judge.observe_counts(source, run_id, rank, int(drafted.sum()), int(accepted.sum()))
+        seen.totals.append((source, rank, int(drafted.sum()), int(accepted.sum())))
         d_all, a_all = acceptance.position_counts(drafted, accepted, k)
-        if source == ENGINE:
-            findings = self.judge.observe_positions(run_id, d_all, a_all, marks)
-            if findings:
-                run = rt.run_by_id(run_id)
-                with rt.span("spectrace.verify.acceptance", role=ENGINE, run=run,
-                             attributes={"spectrace.event": findings[0].code}) as span:
-                    findings_out.emit(rt, findings, role=ENGINE, span=span, run=run)
+        if engine:
+            seen.positions = Positions(d_all, a_all, marks)
         else:  # what k pays: the worker's counts beside its step times
             self.step_times.accepted(run_id, rank, a_all, len(batch))
         return strata
@@ -471,17 +495,25 @@ class Drain:
         """What the drain reads of the run's VllmConfig (the source's: read in the engine's process)."""
         return self.source.config_of(run_id)
 
-    def _curve(self, rt, run_id: str) -> RunCurve:
-        curve, new = self.judge.curve(run_id, lambda: judging.run_context(self.config_of(run_id)))
-        if new and curve.boundaries:
-            common = rt.common(ENGINE, run_id=run_id)
-            rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **b.as_dict()} for b in curve.boundaries])
-        return curve
+    def _context(self, rt, run_id: str, seen: RunObservation) -> list:
+        """The run's curve context (its configs judged once: boundaries, root causes, method, parallel drafting)
+        into ``seen``; returns the context range edges its boundaries set. ``context_boundaries`` on first read."""
+        known = self.contexts.get(run_id)
+        if known is None:
+            context = judging.run_context(self.config_of(run_id))
+            known = (context, acceptance.range_edges([b.tokens for b in context[0]]))
+            _remember(self.contexts, run_id, known)
+            if context[0]:
+                common = rt.common(ENGINE, run_id=run_id)
+                rt.pipeline.extend("context_boundaries", [{**common, "ts": time.time_ns(), **b.as_dict()} for b in context[0]])
+        seen.context = known[0]
+        return known[1]
 
     # -- request slices: the parameters the drafter never sees ----------------------
 
-    def _drain_slices(self, rt, per_request: dict[tuple[str, str], tuple]) -> None:
-        """``request_counts`` per request; ``request_slices`` once per request, at its first verified step."""
+    def _drain_slices(self, rt, per_request: dict[tuple[str, str], tuple], batch: RunBatch) -> None:
+        """``request_counts`` per request; ``request_slices`` once per request, at its first verified step; each
+        run's slices, new requests and prefix-cache hits into the batch."""
         now = time.time_ns()
         count_rows, slice_rows = [], []
         by_slice: dict[str, dict[tuple[str, str], tuple[int, int]]] = defaultdict(dict)  # this flush, for the metrics
@@ -493,13 +525,14 @@ class Drain:
             count_rows.append({**common, "ts": now, "request_id": req_id, "request_steps": steps,
                                "drafted": drafted, "accepted": accepted, "emitted": emitted,
                                "histogram": _int_list(histogram)})
+            seen = batch.run(run_id)
             if req_id in self.slice_of:
                 labels, new = self.slice_of[req_id], False
             else:
-                labels, new = self._read_slice(run_id, req_id, common, now, slice_rows), True
-                self.judge.run(run_id).budget.new_requests += 1
+                labels, new = self._read_slice(run_id, req_id, common, now, slice_rows, seen), True
+                seen.new_requests += 1
             if labels is not None:
-                self.judge.run(run_id).slices.add(labels, new, drafted, accepted)
+                seen.slices.append((labels, new, drafted, accepted))
                 if rt.metered:
                     flush_counts = by_slice[run_id]  # (dimension, value) -> (drafted, accepted) of this flush
                     for item in labels.items():
@@ -510,41 +543,46 @@ class Drain:
         rt.pipeline.extend("request_slices", slice_rows)
         rt.pipeline.extend("request_counts", count_rows)
 
-    def _read_slice(self, run_id: str, req_id: str, common: dict, now: int, rows: list) -> dict[str, str] | None:
+    def _read_slice(self, run_id: str, req_id: str, common: dict, now: int, rows: list,
+                    seen: RunObservation) -> dict[str, str] | None:
         note = self.requests.pop(req_id, None)
         labels = None
         if note is not None:
             params = note.params if type(note) is ReadRequest else request_parameters(
                 note.sampling_params, note.lora_request, note.prefill_stats, note.prompt_token_ids, note.think_markers)
             labels = slices.request_slice(params)
-            defaults = self._defaults(run_id)  # also reads the run's prefix-cache facts
-            run_slices = self.judge.run(run_id).slices
-            prefix = run_slices.prefix or {}
+            defaults, prefix = self._reads_of(run_id)
+            seen.defaults, seen.prefix = defaults, prefix
+            prefix = prefix or {}
             rows.append({**common, "ts": now, "request_id": req_id, **params,
                          "generation_defaults": json.dumps(defaults_in_force(params, defaults)),
                          "slice": json.dumps(labels), "block_size": prefix.get("block_size"),
                          "eagle_block_drop": prefix.get("eagle_block_drop")})
             if params["prompt_tokens"]:
-                run_slices.prompt_tokens += params["prompt_tokens"]
-                run_slices.cached_tokens += params["cached_tokens"]
-                run_slices.requests_hit += params["cached_tokens"] > 0
+                hits = seen.prefix_hits or PrefixHits(0, 0, 0)
+                seen.prefix_hits = PrefixHits(hits.prompt_tokens + params["prompt_tokens"],
+                                              hits.cached_tokens + params["cached_tokens"],
+                                              hits.requests_hit + (params["cached_tokens"] > 0))
         if len(self.slice_of) >= MAX_ACTIVE_SLICES:
             self.slice_of.pop(next(iter(self.slice_of)))
         self.slice_of[req_id] = labels
         return labels
 
-    def _defaults(self, run_id: str) -> dict:
-        """The run's generation_config sampling defaults (read once per run, off the engine's threads)."""
-        run_slices = self.judge.run(run_id).slices
-        if run_slices.defaults is None:
+    def _reads_of(self, run_id: str) -> tuple[dict, dict | None]:
+        """The run's generation_config sampling defaults and prefix-cache facts (read once per run, off the
+        engine's threads)."""
+        reads = self.reads.get(run_id)
+        if reads is None:
             facts = self.config_of(run_id)
-            run_slices.defaults, run_slices.prefix = facts.defaults(), facts.prefix()
-        return run_slices.defaults
+            reads = (facts.defaults(), facts.prefix())
+            _remember(self.reads, run_id, reads)
+        return reads
 
     # -- the token budget: drafts proposed vs drafts verified ------------------------
 
-    def _drain_budget(self, rt, proposals: list, engine: list) -> None:
-        """``draft_budget`` per run and flush; DRAFTS_UNVERIFIED (the run judge)."""
+    def _drain_budget(self, rt, proposals: list, engine: list, batch: RunBatch) -> None:
+        """``draft_budget`` per run and flush, once the run's drafter proposals are seen (asynchronous scheduling,
+        or the hook off: none, so nothing to compare); into the batch for DRAFTS_UNVERIFIED."""
         proposed: dict[str | None, int] = defaultdict(int)
         verified: dict[str | None, list[int]] = defaultdict(lambda: [0, 0])
         for run_id, drafts in proposals:  # Proposal (as shipped: their total)
@@ -555,19 +593,15 @@ class Drain:
             counts[1] += 1
         now = time.time_ns()
         for run_id in proposed.keys() | verified.keys():
-            budget = self.judge.run(run_id).budget
-            budget.proposed += proposed.get(run_id, 0)
+            seen = batch.run(run_id)
             v, steps = verified.get(run_id, (0, 0))
-            budget.verified += v
-            if not budget.proposed:  # no proposals seen (asynchronous scheduling, the hook off): nothing to compare
-                budget.new_requests = 0
+            seen.budget = Budget(proposed.get(run_id, 0), v)
+            if proposed.get(run_id):
+                _remember(self.proposing, run_id, None)
+            if run_id not in self.proposing:
                 continue
             rt.pipeline.append("draft_budget", {**rt.common(ENGINE, run_id=run_id), "ts": now, "proposed": proposed.get(run_id, 0),
-                                                "verified": v, "steps": steps, "new_requests": budget.new_requests})
-            budget.requests += budget.new_requests
-            budget.new_requests = 0
-            self._emit(rt, run_id, self.judge.budget_findings(run_id, int(rt.run_k(run_id) or 1),
-                                                              self.config_of(run_id).scheduler))
+                                                "verified": v, "steps": steps, "new_requests": seen.new_requests})
 
     # -- agreement ---------------------------------------------------------------
 
@@ -578,10 +612,7 @@ class Drain:
         process exits), so a step in flight between worker and engine core
         never counts as a disagreement.
         """
-        self.drain(rt)
-        with self._lock:
-            for run_id, findings in self.judge.agreement(exclude=exclude):
-                self._emit(rt, run_id, findings)
+        self.drain(rt, closing=True, running=exclude)
 
 
 def _band_positions(common: dict, run_id: str, arr: np.ndarray, steps: list[tuple[str, int]]) -> list[dict]:
@@ -606,6 +637,16 @@ NO_FLAGS = (None, None)
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)  # (greedy, structured output) of a request the hook never saw added
 
 
+MAX_RUNS = 64  # runs the drain keeps per-run reads of (a long-lived server starts one per engine start)
+
+
+def _remember(per_run: dict, run_id, value) -> None:
+    """``per_run[run_id] = value``, forgetting the oldest run past :data:`MAX_RUNS`."""
+    if run_id not in per_run and len(per_run) >= MAX_RUNS:
+        per_run.pop(next(iter(per_run)))
+    per_run[run_id] = value
+
+
 def _method(rt, run_id: str | None) -> str | None:
     run = rt.run_by_id(run_id)
     return run.info.get("method") if run is not None else None
@@ -614,6 +655,23 @@ def _method(rt, run_id: str | None) -> str | None:
 def _int_list(values: list[int]) -> str:
     """A list of ints as JSON text (``json.dumps``'s, at a fifth of its cost: one a request a flush)."""
     return "[" + ", ".join(map(str, values)) + "]"
+
+
+class ShapeCounts:
+    """One (run, batch band, k)'s verified steps of a flush: steps, request-steps, drafted, accepted, k switches."""
+
+    __slots__ = ("steps", "request_steps", "drafted", "accepted", "switches")
+
+    def __init__(self) -> None:
+        self.steps = self.request_steps = self.drafted = self.accepted = self.switches = 0
+
+    def add(self, mark: acceptance.StepMark, switched: bool) -> None:
+        self.steps += 1
+        self.request_steps += mark.pos0_drafted
+        self.drafted += mark.drafted
+        self.accepted += mark.accepted
+        self.switches += switched
+
 
 
 class RequestTotals:

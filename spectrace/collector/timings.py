@@ -12,7 +12,6 @@ import time
 import numpy as np
 
 from spectrace.audit.rules import speedup
-from spectrace.values import Speedup
 from spectrace.recorder.verify.capture import WORKER, HostStep, StepTiming, host_tokens
 
 
@@ -31,10 +30,10 @@ class StepTimes:
             counts = self.by_k_counts[(run_id, rank)] = AcceptedSoFar()
         counts.add(accepted_at, request_steps)
 
-    def drain(self, rt, timings: list[StepTiming], yielded: dict, judge, emit) -> None:
-        """A flush's step times: ``decode_steps``, ``chunk_steps`` and ``speculation_steps`` rows; each rank's sums
-        to the run judge (``judge.observe_speculation``) and its findings to ``emit``; what k pays so far to the
-        metrics. ``yielded``: per (run, rank), the request-steps and tokens its verified drafts gave."""
+    def drain(self, rt, timings: list[StepTiming], yielded: dict) -> dict[tuple[str | None, int | None], dict[str, int]]:
+        """A flush's step times: ``decode_steps``, ``chunk_steps`` and ``speculation_steps`` rows; returns each
+        (run, rank)'s sums over its steps with drafts, for the run judge (does speculation pay?). ``yielded``: per
+        (run, rank), the request-steps and tokens its verified drafts gave."""
         keys = ("steps", "step_ns", "draft_ns", "scheduled_tokens", "scheduled_tokens_sq", "tokens_x_verify_ns", "requests")
         totals: dict[tuple, dict[str, int]] = {}
         shapes: dict[tuple, StepSums] = {}  # (run, rank, requests, drafts): decode-only steps
@@ -74,14 +73,10 @@ class StepTimes:
         for (run_id, rank), t in totals.items():
             t["request_steps"], t["tokens"] = yielded.get((run_id, rank), (0, 0))
             rt.pipeline.append("speculation_steps", {**rt.common(WORKER, rank, run_id=run_id), "ts": now, **t})
-            window, not_paying = judge.observe_speculation(run_id, rank, t)
             whole = self.by_k_costs.setdefault((run_id, rank), dict.fromkeys(keys, 0))
             for key in keys:
                 whole[key] += t[key]
-            if rt.metered:  # the judge's estimates: value records (spectrace.values), for the metrics sink
-                rt.pipeline.note(Speedup(run_id, rank, window["speedup_estimate"] if window else None,
-                                         self.speedup_by_k(rt, run_id, rank) or []))
-            emit(rt, run_id, not_paying, role=WORKER, rank=rank)
+        return totals
 
     def drain_host(self, rt, steps: list[HostStep]) -> None:
         """A flush's host steps (engine core, frontend): one ``host_steps`` row per (run, role) with the sums that fit
