@@ -7,13 +7,21 @@ its range is one log line (the variable, the value, the default used instead)
 and tracing goes on with the default (:meth:`spectrace.settings.Settings.from_env`);
 a failure to start (a missing dependency) is one log line and vLLM runs untraced:
 tracing never stops the engine.
+
+vLLM also loads general plugins in its model-inspection subprocess
+(``python -m vllm.model_executor.models.registry``, run when its registry cache
+is cold): that process runs no engine, so spectrace stays off there too.
 """
+
+import sys
 
 from spectrace.settings import tracing_enabled
 
+INSPECTION_MAIN = "vllm.model_executor.models.registry"  # the module vLLM runs as __main__ to inspect model classes
+
 
 def register() -> None:
-    if not tracing_enabled():
+    if not tracing_enabled() or _inspecting():
         return
     try:
         from spectrace.recorder import stages
@@ -25,3 +33,9 @@ def register() -> None:
         logging.getLogger("vllm.spectrace").error(
             "spectrace: tracing is off in this process: %s: %s", type(exc).__name__, exc
         )
+
+
+def _inspecting() -> bool:
+    """Whether this process is vLLM's model-inspection subprocess (its ``__main__`` is the registry module)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == INSPECTION_MAIN

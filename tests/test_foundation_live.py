@@ -85,6 +85,35 @@ def test_tracing_on_patches_and_unpatches(tmp_path):
     assert {statuses[h] for h in later} == {"elsewhere"}
 
 
+_INSPECTION_SCRIPT = textwrap.dedent(
+    """
+    import json, os
+    from vllm.model_executor.models.registry import _run_in_subprocess
+
+    def inspect():  # what vLLM's model-inspection child saw: it loaded the plugin, which started nothing
+        import os, sys
+        return {"pid": os.getpid(), "plugin": "spectrace.plugin" in sys.modules,
+                "recorder": sorted(m for m in sys.modules if m.startswith("spectrace.recorder"))}
+
+    print(json.dumps({"parent": os.getpid(), "child": _run_in_subprocess(inspect)}))
+    """
+)
+
+
+def test_the_model_inspection_subprocess_loads_the_plugin_and_traces_nothing(tmp_path):
+    """vLLM runs ``python -m vllm.model_executor.models.registry`` to inspect model classes when its registry cache
+    is cold, and loads general plugins there; spectrace wrote ``hooks`` rows under that child's pid and the run it
+    inherited. It runs no engine: the plugin stays off in it."""
+    proc = subprocess.run([sys.executable, "-c", _INSPECTION_SCRIPT], env=base_env(tmp_path / "store"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    child = result["child"]
+    assert child["pid"] != result["parent"] and child["plugin"]  # vLLM's own child, and it loaded the plugin
+    assert child["recorder"] == []  # which started nothing
+    assert not (tmp_path / "store").exists()  # and wrote nothing (the parent runs no engine either)
+
+
 def test_runs_and_spans_of_several_engines_in_one_process(traced_methods):
     store, results = traced_methods
     con = spectrace.store.open(store)
