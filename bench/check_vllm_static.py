@@ -18,6 +18,10 @@
    the meta-device build are vLLM's own code; the platform's rules are the CPU platform's, not CUDA's. Each
    runner that vLLM has (``--runner v1`` is refused with one line where it has only V2).
 
+4. vLLM's model-inspection subprocess is still ``python -m`` the module the plugin stays off in
+   (``spectrace.plugin.INSPECTION_MAIN``), and still loads general plugins: otherwise the plugin's guard no longer
+   matches it (a warning line, not a failure: that child would write ``hooks`` rows again, nothing worse).
+
 The result goes to ``bench/results/vllm-VERSION-check.json`` and the README's version table reads it.
 Exit code 1 when a hook site does not fit or doctor does not name SWA_DROPPED; what does not fit is printed.
 """
@@ -107,6 +111,16 @@ def try_doctor(root: Path, runner: str) -> dict:
     return out
 
 
+def inspection(root: Path) -> dict:
+    """Whether this vLLM's model-inspection child is the one the plugin recognises (step 4 above)."""
+    from spectrace.plugin import INSPECTION_MAIN
+
+    path = root / Path(*INSPECTION_MAIN.split(".")).with_suffix(".py")
+    source = path.read_text() if path.is_file() else ""
+    runs_itself = f'"-m", "{INSPECTION_MAIN}"' in source and 'if __name__ == "__main__"' in source
+    return {"module": INSPECTION_MAIN, "runs_as_main": runs_itself, "loads_plugins": "load_general_plugins" in source}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.check_vllm_static")
     which = parser.add_mutually_exclusive_group()
@@ -128,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     doctor = [try_doctor(root, runner) for runner in ("v1", "v2")]
     for d in doctor:
         print(f"doctor --runner {d['runner']}: exit {d['exit_code']}", *d.get("findings", d.get("output", [])), sep="\n  ")
+    inspected = inspection(root)
+    if not (inspected["runs_as_main"] and inspected["loads_plugins"]):
+        print(f"warning: vllm {version}'s model inspection no longer runs `python -m {inspected['module']}` with "
+              "plugins loaded: the plugin's guard (spectrace.plugin._inspecting) does not recognise its child")
     result = {"version": version, "source": f"vllm=={version} wheel, unpacked", "hooks": problems, "retired": retired,
-              "doctor": doctor}
+              "doctor": doctor, "inspection": inspected}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"vllm-{version}-check.json").write_text(json.dumps(result, indent=1) + "\n")
     unfit = sorted(name for name, found in problems.items() if found)
