@@ -2,10 +2,10 @@
 
 The drain (``spectrace.collector.drain``) counts a flush's steps into rows and, beside them, one
 :class:`~spectrace.audit.batch.RunBatch` (per run: per-position counts, draft shapes, slices, the draft budget, step
-shapes, worker step sums), which :meth:`RunJudge.observe` takes whole; this module keeps what the rules need between batches (the accumulators below, one :class:`RunRecords` per run) and
-returns the findings they give. One ``reported`` set per run says what was already said, for every rule: collapse
-and recovery, context and position cliffs, dummy drafts, slices, drafts never verified, dynamic k, speculation not
-paying, engine/worker agreement. The rules themselves are pure functions (``spectrace.audit.rules.acceptance``,
+shapes, worker step sums), which :meth:`RunJudge.observe` takes whole; this module keeps what the rules need between
+batches (the accumulators below, one :class:`RunRecords` per run) and returns the findings they give. One
+``reported`` set per run says what was already said, for every rule: collapse and recovery, context and position
+cliffs, dummy drafts, slices, drafts never verified, dynamic k, speculation not paying, engine/worker agreement. The rules themselves are pure functions (``spectrace.audit.rules.acceptance``,
 ``spectrace.audit.rules.slices``, the ``audit`` finding builders); nothing here reads vLLM or writes a row.
 """
 
