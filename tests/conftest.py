@@ -96,10 +96,17 @@ def engine_group(path: Path) -> str | None:
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile, with the modules that read the same session engines in one work unit (engine_group)."""
+    """--dist loadfile, with the modules that read the same session engines in one work unit (engine_group), handed
+    out in the collection's order (pytest_collection_modifyitems: shared engines, live modules, fast ones)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    # xdist's default (--loadscope-reorder) hands out the units by their number of tests, most first: the fast
+    # modules' many parametrized tests went first and the one-test live modules, the longest (test_metrics_endpoint_live,
+    # test_dashboards_live, test_serve_live: 1.5-5 minutes each), last, where one worker ran them while the other
+    # had nothing left to take. Live first, fast last: the last units are seconds long, the workers end together.
+    config.option.loadscopereorder = False
 
     groups: dict[str, str] = {}  # module -> work unit
 

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.server]
 COLLAPSE = "SpectraceAcceptanceCollapse"
 
 
-def _serve(zoo, cache_root, store, drafter, base, results, linger_s, stop):
-    spec = EngineSpec(
+def _spec(zoo, drafter, linger_s, stop):
+    return EngineSpec(
         name=drafter,
         target=zoo["target"],
         speculative={"method": "draft_model", "model": zoo[drafter], "num_speculative_tokens": 3},
@@ -31,9 +31,15 @@ def _serve(zoo, cache_root, store, drafter, base, results, linger_s, stop):
         linger_s=linger_s,  # and stay up (gauges vanish with the process) while the test queries
         stop_file=str(stop),
     )
+
+
+def _serve(zoo, cache_root, store, base, results, scratch):
+    """The healthy drafter's engine, then the one that disagrees, in one child (one vLLM start-up, one endpoint
+    ``base``): the second begins when the test has what it needs of the first (its stop file)."""
     results.update(
         run_engines(
-            [spec],
+            [_spec(zoo, "draft_self", 60.0, scratch / "dash-self.stop"),
+             _spec(zoo, "draft_seeded", 5.0, scratch / "dash-seeded.stop")],
             store=store,
             cache_root=cache_root,
             env={
@@ -60,16 +66,17 @@ def _alert_states(prom, instance_port):
 
 def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
     rules = scratch / "spectrace-rules.yaml"
-    rules.write_text(to_yaml(alerts.prometheus_rules("test")))
+    # the test profile's rules, evaluated every second instead of every 5 s: the same expressions, windows and `for:`,
+    # each state change seen up to 4 s sooner
+    rules.write_text(to_yaml(alerts.prometheus_rules(alerts.TEST.replace(evaluation_interval="1s"))))
     base = free_port()
     targets = [f"127.0.0.1:{base}"]  # an offline engine: one endpoint (SPECTRACE_PROMETHEUS_PORT) for all its processes
     with PrometheusServer(scratch / "prom-dash", targets=targets, rule_files=[rules]) as prom:
-        # A healthy drafter (the target itself): data everywhere, the collapse alert stays inactive.
         results: dict = {}
-        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-self", "draft_self", base, results, 60.0,
-                                                        scratch / "dash-self.stop"))
+        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-store", base, results, scratch))
         runner.start()
         try:
+            # A healthy drafter (the target itself): data everywhere, the collapse alert stays inactive.
             wait_until(lambda: prom.api("query", query="sum(rate(spectrace_verify_drafted_tokens_total[15s])) > 0")["result"],
                        240, "drafted tokens in Prometheus")
             time.sleep(20)  # longer than the test profile's window + for:
@@ -84,21 +91,15 @@ def test_panels_and_collapse_alert_on_real_runs(zoo, scratch, cache_root):
             health = wait_until(lambda: (h := {r["name"]: (r.get("health"), r.get("lastError") or "") for g in prom.api(
                 "rules")["groups"] for r in g["rules"] if r.get("type") == "alerting"}) and all(
                 v[0] != "unknown" for v in h.values()) and h, 60, "every alert rule evaluated")
-        finally:
+            # A drafter that disagrees, next in the same child: the collapse alert goes firing in Prometheus' own rule
+            # state.
             (scratch / "dash-self.stop").touch()
-            runner.join(timeout=300)
-        assert results["draft_self"].ok, results["draft_self"].error
-
-        # A drafter that disagrees: the collapse alert goes firing in Prometheus' own rule state.
-        results = {}
-        runner = threading.Thread(target=_serve, args=(zoo, cache_root, scratch / "dash-seeded", "draft_seeded", base, results, 5.0,
-                                                        scratch / "dash-seeded.stop"))
-        runner.start()
-        try:
             wait_until(lambda: "firing" in _alert_states(prom, base), 240, "the collapse alert to fire")
         finally:
+            (scratch / "dash-self.stop").touch()
             (scratch / "dash-seeded.stop").touch()
             runner.join(timeout=300)
+        assert results["draft_self"].ok, results["draft_self"].error
         assert results["draft_seeded"].ok, results["draft_seeded"].error
     assert [t for _, t, _ in empty] == []
     assert "firing" not in healthy_states and "pending" not in healthy_states

@@ -24,7 +24,10 @@ GOOD = f"spectrace_good_total{{pid=\"{os.getpid()}\"}} 7.0\n"
 def fresh_dir(monkeypatch):
     """server_dir resolves anew, and the variable it sets is undone after the test."""
     monkeypatch.setattr(exposition, "_dir", None)
-    monkeypatch.delenv(exposition.DIR_ENV, raising=False)
+    # set, then deleted: monkeypatch records the variable's absence and restores it (delenv alone, the variable
+    # absent, records nothing: server_dir's value leaked into the xdist worker and every later engine it started)
+    monkeypatch.setenv(exposition.DIR_ENV, "")
+    monkeypatch.delenv(exposition.DIR_ENV)
 
 
 def _good(directory: Path) -> Path:

@@ -98,7 +98,7 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
             deadline = time.time() + 240
             while (empty := empty_panels()) and time.time() < deadline:
                 time.sleep(1.0)
-            assert not empty and traffic.is_alive(), (empty, dropped)
+            assert not empty and traffic.is_alive(), (empty, dropped, _what_the_page_had(scratch, server.pid, prom))
             print(f"metrics endpoint live: {len(dropped)} requests dropped by the server under load: {dropped[:3]}")
             stop.set()
             traffic.join(timeout=120)
@@ -141,6 +141,32 @@ def test_serve_exposes_every_process_on_the_api_port(zoo, scratch, cache_root):
                 os.killpg(server.pid, signal.SIGKILL)
         log.close()
     assert not [p for p in os.listdir("/tmp") if p.startswith(f"spectrace-metrics-{server.pid}-")]
+
+
+def _what_the_page_had(scratch, server_pid, prom):
+    """On a failure: each process's exposition file (its process, age, spectrace families), Prometheus's last scrapes
+    of the port, and spectrace's warnings from the server's log: a file missing or stale (its pipeline process stuck
+    or gone), a file without the series, or scrapes that failed (an instant query of a gauge is empty after one)."""
+    files = []
+    try:
+        directory = _metrics_dir(server_pid)
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            try:
+                with open(f"/proc/{name.split('.')[0]}/comm") as comm:
+                    process = comm.read().strip()
+            except OSError:
+                process = "gone"
+            with open(path) as text:
+                families = sorted({line.split()[2] for line in text if line.startswith("# TYPE spectrace")})
+            files.append((name, process, f"{time.time() - os.stat(path).st_mtime:.1f} s old", families))
+    except (OSError, ValueError) as exc:
+        files.append(repr(exc))
+    scrapes = {q: [r["value"][1] for r in prom.api("query", query=q)["result"]]
+               for q in ("up", "scrape_duration_seconds", "count_over_time(up[1m]) - sum_over_time(up[1m])")}
+    log = (scratch / "metrics-serve.log").read_text(errors="replace").splitlines()
+    warnings = [line for line in log if "spectrace" in line and ("WARNING" in line or "ERROR" in line)][-20:]
+    return {"files": files, "scrapes": scrapes, "spectrace warnings": warnings}
 
 
 def _metrics_dir(pid):

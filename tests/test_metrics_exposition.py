@@ -14,7 +14,10 @@ from spectrace.sinks import exposition, metrics
 
 def _page(tmp_path, monkeypatch, feed) -> str:
     monkeypatch.setattr(exposition, "_dir", None)
-    monkeypatch.delenv(exposition.DIR_ENV, raising=False)
+    # set, then deleted: monkeypatch records the variable's absence and restores it (delenv alone, the variable
+    # absent, records nothing: server_dir's value leaked into the xdist worker and every later engine it started)
+    monkeypatch.setenv(exposition.DIR_ENV, "")
+    monkeypatch.delenv(exposition.DIR_ENV)
     sink = exposition.ExpositionSink(tmp_path / "metrics")
     m = metrics.Metrics([sink.metric_reader()], Resource.create({}))
     try:
@@ -85,7 +88,10 @@ def test_a_flush_rewrites_the_exposition_file_before_the_store_writes_its_segmen
     from spectrace import files
 
     monkeypatch.setattr(exposition, "_dir", None)
-    monkeypatch.delenv(exposition.DIR_ENV, raising=False)
+    # set, then deleted: monkeypatch records the variable's absence and restores it (delenv alone, the variable
+    # absent, records nothing: server_dir's value leaked into the xdist worker and every later engine it started)
+    monkeypatch.setenv(exposition.DIR_ENV, "")
+    monkeypatch.delenv(exposition.DIR_ENV)
     pipeline, _ = build(Settings(dir=tmp_path / "store", metrics_dir=tmp_path / "metrics",
                                  exporters=("duckdb", "prometheus")))
     assert isinstance(pipeline, Pipeline)
