@@ -7,8 +7,8 @@ one-token draft rows; the worker's steps (``WorkerStep``) the worker-side counts
 worker's step times (``StepTiming``) ``speculation_steps``. Each batch of records goes to the
 run judge as one ``RunBatch`` (``spectrace.audit.batch``; ``RunJudge.observe``: collapse, cliffs, dummy drafts,
 slices, the token budget, dynamic k, speculation not paying, engine/worker agreement), whose findings are emitted
-here. What the drain keeps between flushes is what its rows need (each run's last k, its curve's context, its
-generation defaults); what the rules keep is the judge's.
+here. What the drain keeps between flushes is what its rows need (each run's last k, its curve's context, whether
+it proposes); what the rules keep is the judge's.
 
 Counting rules follow vLLM's ``Scheduler.update_from_output`` /
 ``make_spec_decoding_stats``: accepted = max(sampled - num_sampled_per_step, 0),
@@ -72,7 +72,6 @@ class Drain:
         # per run, what its rows need across flushes (the oldest run forgotten past MAX_RUNS)
         self.contexts: dict[str | None, tuple] = {}  # the curve's context (judging.run_context) and its range edges
         self.last_k: dict[str | None, int] = {}  # the k of the run's last verified step (its k switches)
-        self.reads: dict[str | None, tuple[dict, dict | None]] = {}  # generation defaults, prefix-cache facts
         self.proposing: dict[str | None, None] = {}  # runs whose drafter proposals were seen (the draft budget)
 
     # -- background ------------------------------------------------------------
@@ -551,7 +550,8 @@ class Drain:
             params = note.params if type(note) is ReadRequest else request_parameters(
                 note.sampling_params, note.lora_request, note.prefill_stats, note.prompt_token_ids, note.think_markers)
             labels = slices.request_slice(params)
-            defaults, prefix = self._reads_of(run_id)
+            facts = self.config_of(run_id)  # each part read once per run (RunConfig), off the engine's threads
+            defaults, prefix = facts.defaults(), facts.prefix()
             seen.defaults, seen.prefix = defaults, prefix
             prefix = prefix or {}
             rows.append({**common, "ts": now, "request_id": req_id, **params,
@@ -567,16 +567,6 @@ class Drain:
             self.slice_of.pop(next(iter(self.slice_of)))
         self.slice_of[req_id] = labels
         return labels
-
-    def _reads_of(self, run_id: str) -> tuple[dict, dict | None]:
-        """The run's generation_config sampling defaults and prefix-cache facts (read once per run, off the
-        engine's threads)."""
-        reads = self.reads.get(run_id)
-        if reads is None:
-            facts = self.config_of(run_id)
-            reads = (facts.defaults(), facts.prefix())
-            _remember(self.reads, run_id, reads)
-        return reads
 
     # -- the token budget: drafts proposed vs drafts verified ------------------------
 
